@@ -1,0 +1,34 @@
+# Two commands a newcomer needs: `make demo` runs Zeroscale, `make test` runs the tests.
+# Each sets up everything it needs first (Debian packages, a virtual environment, Kafka's jars).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo serve test lint perf setup system-packages clean
+
+$(STAMP): pyproject.toml
+	./scripts/setup-system.sh
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Until `zeroscale demo` lands: the adapter on the local example config (loopback, no auth).
+demo: setup
+	$(VENV)/bin/zeroscale serve --config deploy/local/zeroscale.yaml
+
+serve: demo
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: setup lint
+	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,8 @@
+"""Zeroscale: scale-to-zero for the Kubernetes HorizontalPodAutoscaler."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("zeroscale")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"

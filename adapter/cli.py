@@ -1,0 +1,65 @@
+"""The `zeroscale` command: one subcommand per job, each in the module that owns it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from adapter import __version__
+from adapter.config import CONFIG_ENV, ConfigError, ZeroscaleConfig, load_config
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _add_config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", type=Path, default=None, help=f"YAML config file (default: ${CONFIG_ENV})")
+
+
+def _load(args: argparse.Namespace) -> ZeroscaleConfig:
+    try:
+        return load_config(args.config)
+    except ConfigError as err:
+        for problem in err.problems:
+            print(f"config error: {problem}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from adapter.api.run import run_adapter
+
+    return run_adapter(_load(args))
+
+
+def _check(args: argparse.Namespace) -> int:
+    from adapter.check import check_sources
+
+    config = _load(args)
+    print(f"config ok: {len(config.sources)} source(s), {len(config.metrics)} metric(s)")
+    return asyncio.run(check_sources(config))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zeroscale", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"zeroscale {__version__}")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the external metrics API server (the adapter)")
+    _add_config_option(serve)
+    serve.set_defaults(run=_serve)
+
+    check = commands.add_parser("check", help="validate a config file and try every source once")
+    _add_config_option(check)
+    check.set_defaults(run=_check)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run: Command = args.run
+    return run(args)

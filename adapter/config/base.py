@@ -1,0 +1,104 @@
+"""Building blocks shared by every part of the configuration."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def _parse_duration(value: object) -> object:
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a string like 500ms, 5s, 2m, 1h")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match is None:
+            raise ValueError(f"{value!r} is not a duration: use seconds or a string like 500ms, 5s, 2m, 1h")
+        return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    return value
+
+
+# Seconds, written in the config as a number or "500ms" / "5s" / "2m" / "1h".
+Duration = Annotated[float, BeforeValidator(_parse_duration), Field(ge=0)]
+
+
+class Strict(BaseModel):
+    """Every config model refuses unknown keys, so a typo is an error and not a silent default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SecretFile(Strict):
+    """A secret is named by the file that holds it; its content is read when needed and never logged."""
+
+    file: Path
+
+    def read(self) -> str:
+        return self.file.read_text(encoding="utf-8").strip()
+
+    def __repr__(self) -> str:
+        return f"SecretFile(file={str(self.file)!r})"
+
+
+class TLSClientFiles(Strict):
+    """TLS towards a queue system: CA bundle and optional client certificate and key, all files."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    verify_hostname: bool = True
+
+
+class SelectorLabel(Strict):
+    """A label the HPA's selector may (or must) give, and the pattern its values must match.
+
+    The pattern keeps an HPA from making the adapter read arbitrary keys or groups.
+    """
+
+    pattern: str = ".+"
+    required: bool = False
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, pattern: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ValueError(f"not a valid regular expression: {err}") from err
+        return pattern
+
+    def allows(self, value: str) -> bool:
+        return re.fullmatch(self.pattern, value) is not None
+
+
+class SourceBase(Strict):
+    """Connection settings for one queue system; subclasses add `type` and their own keys."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
+
+
+class MetricBase(Strict):
+    """One external metric the HPA can ask for; subclasses add `type`, `query` and fixed parameters."""
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$")
+    source: str
+    # Labels the HPA's selector supplies; anything else in an `=`/`in` requirement is refused.
+    labels: dict[str, SelectorLabel] = Field(default_factory=dict)
+    # Empty: every namespace may read this metric.
+    namespaces: list[str] = Field(default_factory=list)
+    interval: Duration | None = None
+    max_staleness: Duration | None = None
+    # A workload is active (KEDA IsActive) when the value is at least this.
+    activation_threshold: float = 1.0
+
+    @property
+    def key(self) -> str:
+        """Metric names are matched case-insensitively: the HPA always asks in lower case."""
+        return self.name.lower()

@@ -1,0 +1,21 @@
+"""How to reach the Kubernetes API (TokenReview, SubjectAccessReview, ConfigMap, scale, EndpointSlices)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from adapter.config.base import Duration, Strict
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class KubeAPIConfig(Strict):
+    """Defaults are the in-cluster ones; outside a cluster set `kubeconfig` or `url` and the files."""
+
+    kubeconfig: Path | None = None
+    url: str | None = None
+    ca_file: Path | None = None
+    token_file: Path | None = None
+    client_cert_file: Path | None = None
+    client_key_file: Path | None = None
+    timeout: Duration = 10.0

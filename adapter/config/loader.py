@@ -1,0 +1,94 @@
+"""Reads the YAML file, applies environment overrides, and reports every problem at once."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from adapter.config.model import ZeroscaleConfig
+
+CONFIG_ENV = "ZEROSCALE_CONFIG"
+
+
+class ConfigError(Exception):
+    """The configuration was refused; `problems` holds one line per problem, naming file and key path."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def _key_path(loc: Iterable[int | str], document: Any) -> str:
+    """Render a pydantic location as `metrics[2].labels.group`, skipping the union tag pydantic inserts."""
+    parts: list[str] = []
+    node = document
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+            node = node[item] if isinstance(node, list) and item < len(node) else None
+            continue
+        if isinstance(node, dict) and item not in node and node.get("type") == item:
+            continue  # the discriminator tag, not a key the user wrote
+        parts.append(f".{item}" if parts else item)
+        node = node.get(item) if isinstance(node, dict) else None
+    return "".join(parts) or "(top level)"
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError([f"{path}: cannot read the config file: {err.strerror}"]) from err
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError([f"{path}: not valid YAML: {err}"]) from err
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigError([f"{path}: the top level must be a mapping of keys, not {type(document).__name__}"])
+    return document
+
+
+def _cross_references(config: ZeroscaleConfig, origin: str) -> list[str]:
+    problems: list[str] = []
+    for kind, names in (
+        ("source", [source.name for source in config.sources]),
+        ("metric", [metric.key for metric in config.metrics]),
+    ):
+        for name, count in Counter(names).items():
+            if count > 1:
+                problems.append(f"{origin}: {kind}s: the name {name!r} is used {count} times; names must be unique")
+    for index, metric in enumerate(config.metrics):
+        source = config.source_named(metric.source)
+        where = f"{origin}: metrics[{index}].source"
+        if source is None:
+            defined = ", ".join(sorted(s.name for s in config.sources)) or "none"
+            problems.append(f"{where}: no source named {metric.source!r} is defined (defined: {defined})")
+        elif source.type != metric.type:
+            problems.append(
+                f"{where}: source {metric.source!r} is of type {source.type!r} "
+                f"but the metric is of type {metric.type!r}"
+            )
+    return problems
+
+
+def load_config(path: Path | str | None = None) -> ZeroscaleConfig:
+    """Load `path` (or $ZEROSCALE_CONFIG, or nothing) with environment overrides; raise ConfigError."""
+    chosen = path if path is not None else os.environ.get(CONFIG_ENV)
+    document = _read_yaml(Path(chosen)) if chosen else {}
+    origin = str(chosen) if chosen else "(environment)"
+    try:
+        config = ZeroscaleConfig(**document)
+    except ValidationError as err:
+        raise ConfigError([f"{origin}: {_key_path(e['loc'], document)}: {e['msg']}" for e in err.errors()]) from None
+    problems = _cross_references(config, origin)
+    if problems:
+        raise ConfigError(problems)
+    return config

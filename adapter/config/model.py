@@ -1,0 +1,45 @@
+"""The whole configuration: one YAML file plus `ZEROSCALE_` environment overrides."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from adapter.config.server import CacheConfig, ServerConfig
+from adapter.config.static import StaticMetric, StaticSource
+
+# Each queue system adds its pair of models here; `type` picks the member.
+SourceConfig = Annotated[StaticSource, Field(discriminator="type")]
+MetricConfig = Annotated[StaticMetric, Field(discriminator="type")]
+
+
+class ZeroscaleConfig(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ZEROSCALE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    sources: list[SourceConfig] = Field(default_factory=list)
+    metrics: list[MetricConfig] = Field(default_factory=list)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The environment wins over the file (passed as init values); no .env files, no secrets dir:
+        # secrets are files named in the config.
+        return (env_settings, init_settings)
+
+    def source_named(self, name: str) -> Any:
+        return next((source for source in self.sources if source.name == name), None)

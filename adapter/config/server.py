@@ -1,0 +1,76 @@
+"""Settings of `zeroscale serve`: listening, TLS and authentication of the external metrics API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from adapter.config.base import Duration, Strict
+from adapter.config.kube import KubeAPIConfig
+
+
+class ServingTLSConfig(Strict):
+    """Certificate and key files (reloaded when they change), or a self-signed pair made at start."""
+
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    self_signed_sans: list[str] = Field(default_factory=lambda: ["localhost", "127.0.0.1"])
+    min_version: Literal["1.2", "1.3"] = "1.2"
+
+
+class RequestHeaderConfig(Strict):
+    """Front-proxy (aggregator) client-certificate authentication, SPEC 4.2.
+
+    With `client_ca_file` unset, the CA and names are read and watched from the
+    `kube-system/extension-apiserver-authentication` ConfigMap.
+    """
+
+    client_ca_file: Path | None = None
+    allowed_names: list[str] = Field(default_factory=list)
+    username_headers: list[str] = Field(default_factory=lambda: ["X-Remote-User"])
+    uid_headers: list[str] = Field(default_factory=lambda: ["X-Remote-Uid"])
+    group_headers: list[str] = Field(default_factory=lambda: ["X-Remote-Group"])
+    extra_headers_prefix: list[str] = Field(default_factory=lambda: ["X-Remote-Extra-"])
+    from_configmap: bool = True
+
+
+class AuthConfig(Strict):
+    """Authentication is on by default; off is accepted only when every listener is on loopback."""
+
+    enabled: bool = True
+    request_header: RequestHeaderConfig = Field(default_factory=RequestHeaderConfig)
+    # CA for ordinary client certificates (the cluster's `client-ca-file`), optional.
+    client_ca_file: Path | None = None
+    token_review: bool = True
+    always_allow_groups: list[str] = Field(default_factory=lambda: ["system:masters"])
+    always_allow_paths: list[str] = Field(default_factory=lambda: ["/healthz", "/livez", "/readyz"])
+    allow_cache_ttl: Duration = 10.0
+    deny_cache_ttl: Duration = 10.0
+    token_cache_ttl: Duration = 10.0
+    cache_size: int = Field(default=10_000, ge=1)
+    kubernetes: KubeAPIConfig = Field(default_factory=KubeAPIConfig)
+
+
+class ServerConfig(Strict):
+    bind: str = "0.0.0.0"
+    port: int = Field(default=6443, ge=0, le=65535)
+    metrics_bind: str = "0.0.0.0"
+    metrics_port: int = Field(default=8080, ge=0, le=65535)
+    tls: ServingTLSConfig = Field(default_factory=ServingTLSConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    max_header_bytes: int = Field(default=16_384, ge=1024)
+    max_connections: int = Field(default=4096, ge=1)
+    header_timeout: Duration = 10.0
+    idle_timeout: Duration = 120.0
+
+
+class CacheConfig(Strict):
+    """Defaults for every series; a metric may override `interval` and `max_staleness`."""
+
+    interval: Duration = 5.0
+    max_staleness: Duration = 60.0
+    idle_ttl: Duration = 600.0
+    query_timeout: Duration = 10.0
+    max_series: int = Field(default=10_000, ge=1)

@@ -1,0 +1,205 @@
+"""The series cache: background refresh, one shared query per cold read, staleness, a size bound.
+
+A series (metric, namespace, selector) is born on its first read, refreshed in the
+background every `interval` for as long as someone reads it, and dropped after `idle_ttl`
+without reads. A failed refresh keeps the last good value until it is older than
+`max_staleness`; after that the read fails with 503. No path produces a zero that the
+source did not report (DESIGN rule 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+
+from adapter.config.server import CacheConfig
+from adapter.metrics.catalogue import Catalogue, SeriesKey
+from adapter.metrics.errors import MetricUnavailable
+from adapter.sources.base import Source, SourceError, SourceQuery
+from adapter.telemetry import cache as telemetry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A value as served: the sum of a query's samples, with the labels the selector fixed."""
+
+    metric: str
+    value: Decimal
+    labels: Mapping[str, str]
+    timestamp: float  # wall-clock time of the source read
+
+
+class _Series:
+    def __init__(self, key: SeriesKey, query: SourceQuery, source: Source, config: CacheConfig) -> None:
+        metric = query.metric
+        self.key = key
+        self.query = query
+        self.source = source
+        self.interval = metric.interval if metric.interval is not None else config.interval
+        self.max_staleness = metric.max_staleness if metric.max_staleness is not None else config.max_staleness
+        self.reading: Reading | None = None
+        self.read_at = 0.0  # monotonic time of `reading`
+        self.error: str | None = None
+        self.failed_at = 0.0
+        self.last_access = 0.0
+        self.in_flight: asyncio.Task[None] | None = None
+        self.loop_task: asyncio.Task[None] | None = None
+        self.wake = asyncio.Event()
+        self.labels = {key: ",".join(values) for key, values in query.params.items()}
+
+    def fresh(self, now: float) -> bool:
+        return self.reading is not None and now - self.read_at <= self.max_staleness
+
+
+class MetricCache:
+    def __init__(
+        self,
+        catalogue: Catalogue,
+        sources: Mapping[str, Source],
+        config: CacheConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._catalogue = catalogue
+        self._sources = sources
+        self._config = config
+        self._clock = clock
+        self._series: dict[SeriesKey, _Series] = {}
+        self._by_query: dict[SourceQuery, _Series] = {}
+        for source in sources.values():
+            source.set_change_listener(self._on_change)
+
+    @property
+    def catalogue(self) -> Catalogue:
+        return self._catalogue
+
+    def series_count(self) -> int:
+        return len(self._series)
+
+    async def read(self, name: str, namespace: str, selector: str) -> Reading:
+        """The current value of a series; raises MetricError (404, 400 or 503)."""
+        key, query = self._catalogue.resolve(name, namespace, selector)
+        series = self._series.get(key) or self._create(key, query)
+        now = self._clock()
+        series.last_access = now
+        if not series.fresh(now):
+            recently_failed = series.error is not None and now - series.failed_at < series.interval
+            if series.in_flight is not None or not recently_failed:
+                await asyncio.shield(self._refresh(series))
+            if not series.fresh(self._clock()):
+                raise self._unavailable(series)
+        assert series.reading is not None
+        telemetry.VALUE_AGE_SECONDS.labels(series.key.metric).observe(self._clock() - series.read_at)
+        return series.reading
+
+    def _unavailable(self, series: _Series) -> MetricUnavailable:
+        telemetry.STALE_READS.labels(series.key.metric).inc()
+        cause = series.error or "no value yet"
+        name = series.query.metric.name
+        if series.reading is None:
+            return MetricUnavailable(f"metric {name} has no value: {cause}")
+        age = self._clock() - series.read_at
+        return MetricUnavailable(
+            f"metric {name}: the last good value is {age:.0f}s old, older than max_staleness "
+            f"{series.max_staleness:g}s; latest error: {cause}"
+        )
+
+    def _create(self, key: SeriesKey, query: SourceQuery) -> _Series:
+        if len(self._series) >= self._config.max_series:
+            telemetry.SERIES_REFUSED.inc()
+            raise MetricUnavailable(
+                f"the cache already holds {len(self._series)} series (cache.max_series); "
+                "raise cache.max_series or narrow the HPAs' selectors"
+            )
+        source = self._sources[query.metric.source]
+        series = _Series(key, query, source, self._config)
+        self._series[key] = series
+        self._by_query[query] = series
+        telemetry.SERIES.labels(key.metric).inc()
+        source.watch(query)
+        series.loop_task = asyncio.create_task(self._keep_warm(series), name=f"series {key}")
+        return series
+
+    def _drop(self, series: _Series) -> None:
+        self._series.pop(series.key, None)
+        self._by_query.pop(series.query, None)
+        telemetry.SERIES.labels(series.key.metric).dec()
+        series.source.unwatch(series.query)
+
+    def _on_change(self, query: SourceQuery) -> None:
+        series = self._by_query.get(query)
+        if series is not None:
+            series.wake.set()
+
+    async def _keep_warm(self, series: _Series) -> None:
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(series.wake.wait(), series.interval)
+                series.wake.clear()
+                if self._clock() - series.last_access > self._config.idle_ttl:
+                    self._drop(series)
+                    return
+                await self._refresh(series)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug here must not leave a series without refreshes unnoticed
+            log.exception("refresh loop of %s stopped", series.key)
+            self._drop(series)
+
+    def _refresh(self, series: _Series) -> asyncio.Task[None]:
+        """Start a refresh, or join the one in flight (singleflight)."""
+        if series.in_flight is None:
+            series.in_flight = asyncio.create_task(self._query(series))
+            series.in_flight.add_done_callback(lambda _: setattr(series, "in_flight", None))
+        return series.in_flight
+
+    async def _query(self, series: _Series) -> None:
+        source_name = series.query.metric.source
+        started = self._clock()
+        try:
+            samples = await asyncio.wait_for(series.source.query(series.query), self._config.query_timeout)
+            if not samples:
+                raise SourceError("the source returned no value for this selector")
+        except TimeoutError:
+            self._failed(
+                series,
+                f"source {source_name} did not answer within {self._config.query_timeout:g}s (cache.query_timeout)",
+            )
+        except SourceError as err:
+            self._failed(series, f"source {source_name}: {err}")
+        except Exception as err:
+            log.exception("query of %s failed unexpectedly", series.key)
+            self._failed(series, f"source {source_name}: internal error {type(err).__name__}: {err}")
+        else:
+            series.reading = Reading(
+                metric=series.query.metric.name,
+                value=sum((sample.value for sample in samples), Decimal(0)),
+                labels=series.labels,
+                timestamp=time.time(),
+            )
+            series.read_at = self._clock()
+            series.error = None
+            telemetry.LAST_REFRESH.labels(series.key.metric).set(series.reading.timestamp)
+        finally:
+            telemetry.SOURCE_QUERY_SECONDS.labels(source_name).observe(self._clock() - started)
+
+    def _failed(self, series: _Series, message: str) -> None:
+        series.error = message
+        series.failed_at = self._clock()
+        telemetry.SOURCE_ERRORS.labels(series.query.metric.source, series.key.metric).inc()
+        log.warning("refresh of %s failed: %s", series.key, message)
+
+    async def close(self) -> None:
+        tasks = [t for s in self._series.values() for t in (s.loop_task, s.in_flight) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for series in list(self._series.values()):
+            self._drop(series)

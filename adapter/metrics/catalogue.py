@@ -1,0 +1,72 @@
+"""The catalogue: which metrics exist, and how an HPA's request becomes a source query."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from adapter.config.base import MetricBase
+from adapter.metrics.errors import BadSelector, MetricNotFound
+from adapter.metrics.selector import Operator, Selector, SelectorError, parse_selector
+from adapter.sources.base import SourceQuery
+
+
+@dataclass(frozen=True)
+class SeriesKey:
+    """One series: what the cache keeps warm and refreshes in the background."""
+
+    metric: str
+    namespace: str
+    selector: str
+
+
+class Catalogue:
+    def __init__(self, metrics: Sequence[MetricBase]) -> None:
+        self._metrics = {metric.key: metric for metric in metrics}
+
+    def names(self) -> list[str]:
+        """Metric names as discovery lists them: lower case, as the HPA asks for them."""
+        return sorted(self._metrics)
+
+    def metric(self, name: str) -> MetricBase:
+        found = self._metrics.get(name.lower())
+        if found is None:
+            raise MetricNotFound(f"the server could not find the metric {name} for namespaces")
+        return found
+
+    def resolve(self, name: str, namespace: str, selector_text: str) -> tuple[SeriesKey, SourceQuery]:
+        """Check a request against the metric's declared labels and patterns; raise MetricError."""
+        metric = self.metric(name)
+        if metric.namespaces and namespace not in metric.namespaces:
+            raise MetricNotFound(f"the server could not find the metric {name} for namespace {namespace}")
+        try:
+            selector = parse_selector(selector_text)
+        except SelectorError as err:
+            raise BadSelector(str(err)) from None
+        _check_labels(metric, selector)
+        params = {key: values for key in metric.labels if (values := selector.values_for(key)) is not None}
+        key = SeriesKey(metric.key, namespace, str(selector))
+        return key, SourceQuery(metric=metric, params=params, selector=selector)
+
+
+def _check_labels(metric: MetricBase, selector: Selector) -> None:
+    declared = metric.labels
+    for requirement in selector.requirements:
+        allowed = declared.get(requirement.key)
+        if allowed is None:
+            names = ", ".join(sorted(declared)) or "none"
+            raise BadSelector(
+                f"label {requirement.key!r} is not a selector label of metric {metric.name} "
+                f"(its labels: {names}); declare it under metrics[].labels to allow it"
+            )
+        if requirement.operator in (Operator.GREATER_THAN, Operator.LESS_THAN):
+            continue  # an integer bound, not a value of the label
+        for value in requirement.values:
+            if not allowed.allows(value):
+                raise BadSelector(
+                    f"value {value!r} of label {requirement.key!r} does not match the pattern "
+                    f"{allowed.pattern!r} that metric {metric.name} allows"
+                )
+    for key, label in declared.items():
+        if label.required and selector.values_for(key) is None:
+            raise BadSelector(f"metric {metric.name} needs the selector to give {key} (e.g. {key}=<value>)")

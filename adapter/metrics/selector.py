@@ -1,0 +1,207 @@
+"""The Kubernetes label-selector grammar (k8s.io/apimachinery labels.Parse), as the HPA sends it.
+
+`k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k` (exists), `!k` (does not exist),
+and `k>n` / `k<n` (integer comparisons), comma-separated.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME}$")
+_VALUE = re.compile(rf"^({_NAME})?$")
+_SPECIAL = "!=(),<>"
+
+
+class SelectorError(ValueError):
+    """The selector is not valid Kubernetes label-selector syntax (answered with 400)."""
+
+
+class Operator(Enum):
+    EQUALS = "="
+    NOT_EQUALS = "!="
+    IN = "in"
+    NOT_IN = "notin"
+    EXISTS = "exists"
+    DOES_NOT_EXIST = "!"
+    GREATER_THAN = ">"
+    LESS_THAN = "<"
+
+
+@dataclass(frozen=True)
+class Requirement:
+    key: str
+    operator: Operator
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        present = self.key in labels
+        value = labels.get(self.key, "")
+        match self.operator:
+            case Operator.EQUALS | Operator.IN:
+                return present and value in self.values
+            case Operator.NOT_EQUALS | Operator.NOT_IN:
+                return not present or value not in self.values
+            case Operator.EXISTS:
+                return present
+            case Operator.DOES_NOT_EXIST:
+                return not present
+            case Operator.GREATER_THAN | Operator.LESS_THAN:
+                if not present or not re.fullmatch(r"-?\d+", value):
+                    return False
+                bound = int(self.values[0])
+                return int(value) > bound if self.operator is Operator.GREATER_THAN else int(value) < bound
+
+    def __str__(self) -> str:
+        match self.operator:
+            case Operator.EXISTS:
+                return self.key
+            case Operator.DOES_NOT_EXIST:
+                return f"!{self.key}"
+            case Operator.IN | Operator.NOT_IN:
+                return f"{self.key} {self.operator.value} ({','.join(self.values)})"
+            case _:
+                return f"{self.key}{self.operator.value}{self.values[0]}"
+
+
+@dataclass(frozen=True)
+class Selector:
+    requirements: tuple[Requirement, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(requirement.matches(labels) for requirement in self.requirements)
+
+    def values_for(self, key: str) -> tuple[str, ...] | None:
+        """Values an `=`/`==`/`in` requirement gives `key`, or None when none does."""
+        for requirement in self.requirements:
+            if requirement.key == key and requirement.operator in (Operator.EQUALS, Operator.IN):
+                return requirement.values
+        return None
+
+    def __str__(self) -> str:
+        """Canonical form, as Go's `Selector.String()`: requirements sorted by key."""
+        return ",".join(str(r) for r in sorted(self.requirements, key=lambda r: r.key))
+
+
+def _tokens(text: str) -> list[str]:
+    tokens: list[str] = []
+    index = 0
+    while index < len(text):
+        char = text[index]
+        if char.isspace():
+            index += 1
+        elif text.startswith(("==", "!="), index):
+            tokens.append(text[index : index + 2])
+            index += 2
+        elif char in _SPECIAL:
+            tokens.append(char)
+            index += 1
+        else:
+            start = index
+            while index < len(text) and not text[index].isspace() and text[index] not in _SPECIAL:
+                index += 1
+            tokens.append(text[start:index])
+    return tokens
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens = _tokens(text)
+        self.position = 0
+
+    def peek(self) -> str | None:
+        return self.tokens[self.position] if self.position < len(self.tokens) else None
+
+    def take(self) -> str:
+        token = self.peek()
+        if token is None:
+            raise self.error("unexpected end of selector")
+        self.position += 1
+        return token
+
+    def error(self, message: str) -> SelectorError:
+        return SelectorError(f"unable to parse label selector {self.text!r}: {message}")
+
+    def key(self, token: str) -> str:
+        if token in _SPECIAL or token in ("==", "!=") or not _KEY.match(token) or len(token) > 316:
+            raise self.error(f"{token!r} is not a valid label key")
+        return token
+
+    def value(self, token: str) -> str:
+        if not _VALUE.match(token):
+            raise self.error(f"{token!r} is not a valid label value")
+        return token
+
+    def requirement(self) -> Requirement:
+        token = self.take()
+        if token == "!":
+            return Requirement(self.key(self.take()), Operator.DOES_NOT_EXIST)
+        key = self.key(token)
+        following = self.peek()
+        if following is None or following == ",":
+            return Requirement(key, Operator.EXISTS)
+        operator = self.take()
+        if operator in ("=", "=="):
+            return Requirement(key, Operator.EQUALS, (self.single_value(),))
+        if operator == "!=":
+            return Requirement(key, Operator.NOT_EQUALS, (self.single_value(),))
+        if operator in (">", "<"):
+            bound = self.take()
+            if not re.fullmatch(r"-?\d+", bound):
+                raise self.error(f"for {operator!r}, the value must be an integer, not {bound!r}")
+            kind = Operator.GREATER_THAN if operator == ">" else Operator.LESS_THAN
+            return Requirement(key, kind, (bound,))
+        if operator in ("in", "notin"):
+            kind = Operator.IN if operator == "in" else Operator.NOT_IN
+            return Requirement(key, kind, self.value_set())
+        raise self.error(f"expected an operator after {key!r}, found {operator!r}")
+
+    def single_value(self) -> str:
+        following = self.peek()
+        if following is None or following == ",":
+            return ""  # `k=` selects an empty value, as in Kubernetes
+        return self.value(self.take())
+
+    def value_set(self) -> tuple[str, ...]:
+        if self.take() != "(":
+            raise self.error("expected '(' after in/notin")
+        values: list[str] = []
+        while True:
+            token = self.take()
+            if token == ")" and not values:
+                break  # `k in ()` is an empty set
+            if token in (",", ")"):
+                values.append("")
+            else:
+                values.append(self.value(token))
+                token = self.take()
+            if token == ")":
+                break
+            if token != ",":
+                raise self.error(f"expected ',' or ')' in a value set, found {token!r}")
+        if not values:
+            raise self.error("a value set must not be empty")
+        return tuple(sorted(set(values)))
+
+    def parse(self) -> Selector:
+        requirements: list[Requirement] = []
+        while self.peek() is not None:
+            requirements.append(self.requirement())
+            token = self.peek()
+            if token is None:
+                break
+            if self.take() != ",":
+                raise self.error(f"expected ',' between requirements, found {token!r}")
+            if self.peek() is None:
+                raise self.error("a selector must not end with ','")
+        return Selector(tuple(sorted(requirements, key=lambda r: (r.key, r.operator.value, r.values))))
+
+
+def parse_selector(text: str) -> Selector:
+    """Parse a selector; the empty string selects everything."""
+    return _Parser(text).parse()
