@@ -1,0 +1,204 @@
+"""The catalogue and the series cache: validation, singleflight, staleness, idle drop, bounds, push."""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+
+import pytest
+
+from adapter.config.base import SelectorLabel
+from adapter.config.server import CacheConfig
+from adapter.config.static import StaticMetric, StaticSeries, StaticSource
+from adapter.metrics.cache import MetricCache
+from adapter.metrics.catalogue import Catalogue
+from adapter.metrics.errors import BadSelector, MetricNotFound, MetricUnavailable
+from adapter.sources.base import Sample, Source, SourceError, SourceQuery
+from adapter.sources.static import StaticValues
+
+
+class ScriptedSource(Source):
+    """A test stand-in for a queue system: answers with `value`, or fails with `failure`, and counts queries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.value = Decimal(7)
+        self.failure: str | None = None
+        self.queries = 0
+        self.delay = 0.0
+        self.watched: list[SourceQuery] = []
+
+    async def query(self, query: SourceQuery) -> list[Sample]:
+        self.queries += 1
+        await asyncio.sleep(self.delay)
+        if self.failure is not None:
+            raise SourceError(self.failure)
+        return [Sample(self.value)]
+
+    def watch(self, query: SourceQuery) -> None:
+        self.watched.append(query)
+
+    def unwatch(self, query: SourceQuery) -> None:
+        self.watched.remove(query)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def metric(**overrides: object) -> StaticMetric:
+    fields: dict[str, object] = {
+        "name": "Jobs",
+        "type": "static",
+        "source": "q",
+        "labels": {"queue": SelectorLabel(pattern="[a-z]+")},
+    }
+    fields.update(overrides)
+    return StaticMetric.model_validate(fields)
+
+
+def make_cache(source: Source, clock: Clock | None = None, **config: object) -> MetricCache:
+    settings = CacheConfig.model_validate({"interval": 3600, "max_staleness": 60, **config})
+    return MetricCache(Catalogue([metric()]), {"q": source}, settings, clock=clock or Clock())
+
+
+async def test_concurrent_cold_reads_share_one_query() -> None:
+    source = ScriptedSource()
+    source.delay = 0.05
+    cache = make_cache(source)
+    readings = await asyncio.gather(*(cache.read("jobs", "default", "queue=a") for _ in range(20)))
+    assert source.queries == 1
+    assert {r.value for r in readings} == {Decimal(7)}
+    assert readings[0].labels == {"queue": "a"}
+    assert readings[0].metric == "Jobs"
+    await cache.close()
+
+
+async def test_metric_names_match_case_insensitively() -> None:
+    cache = make_cache(ScriptedSource())
+    assert (await cache.read("JOBS", "default", "")).value == Decimal(7)
+    await cache.close()
+
+
+async def test_a_failed_refresh_serves_the_last_value_until_it_is_stale() -> None:
+    source = ScriptedSource()
+    clock = Clock()
+    cache = make_cache(source, clock, interval=1)
+    assert (await cache.read("jobs", "ns", "")).value == 7
+    source.failure = "broker down"
+    source.value = Decimal(0)  # must never be served: the source failed
+    clock.now += 30
+    assert (await cache.read("jobs", "ns", "")).value == 7
+    clock.now += 31
+    with pytest.raises(MetricUnavailable, match=r"older than max_staleness 60s; latest error: source q: broker down"):
+        await cache.read("jobs", "ns", "")
+    source.failure = None
+    clock.now += 2
+    assert (await cache.read("jobs", "ns", "")).value == 0
+    await cache.close()
+
+
+async def test_a_cold_series_whose_source_fails_answers_503_not_zero() -> None:
+    source = ScriptedSource()
+    source.failure = "authentication failed"
+    cache = make_cache(source)
+    with pytest.raises(MetricUnavailable, match="has no value: source q: authentication failed"):
+        await cache.read("jobs", "ns", "")
+    await cache.close()
+
+
+async def test_a_hung_source_times_out_with_a_message_naming_the_limit() -> None:
+    source = ScriptedSource()
+    source.delay = 5
+    cache = make_cache(source, query_timeout=0.05)
+    with pytest.raises(MetricUnavailable, match=r"did not answer within 0.05s \(cache.query_timeout\)"):
+        await cache.read("jobs", "ns", "")
+    await cache.close()
+
+
+async def test_series_refresh_in_the_background_and_drop_when_idle() -> None:
+    source = ScriptedSource()
+    clock = Clock()
+    cache = make_cache(source, clock, interval=0.02, idle_ttl=100)
+    await cache.read("jobs", "ns", "")
+    await asyncio.sleep(0.2)
+    assert source.queries >= 3
+    assert cache.series_count() == 1
+    assert len(source.watched) == 1
+    clock.now += 101
+    await asyncio.sleep(0.1)
+    assert cache.series_count() == 0
+    assert source.watched == []
+    await cache.close()
+
+
+async def test_the_number_of_series_is_bounded() -> None:
+    cache = make_cache(ScriptedSource(), max_series=2)
+    await cache.read("jobs", "ns", "queue=a")
+    await cache.read("jobs", "ns", "queue=b")
+    await cache.read("jobs", "ns", "queue=a")  # an existing series is not a new one
+    with pytest.raises(MetricUnavailable, match=r"cache.max_series"):
+        await cache.read("jobs", "ns", "queue=c")
+    await cache.close()
+
+
+async def test_a_pushed_change_refreshes_at_once() -> None:
+    source = ScriptedSource()
+    cache = make_cache(source)  # interval one hour: only a push can refresh
+    await cache.read("jobs", "ns", "")
+    source.value = Decimal(42)
+    source.changed(source.watched[0])
+    await asyncio.sleep(0.05)
+    assert (await cache.read("jobs", "ns", "")).value == 42
+    await cache.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "namespace", "selector", "error", "message"),
+    [
+        ("nope", "ns", "", MetricNotFound, "could not find the metric nope"),
+        ("jobs", "ns", "queue in (", BadSelector, "unable to parse label selector"),
+        ("jobs", "ns", "other=1", BadSelector, "label 'other' is not a selector label of metric Jobs"),
+        ("jobs", "ns", "queue=UPPER", BadSelector, "does not match the pattern"),
+    ],
+)
+def test_the_catalogue_refuses_bad_requests(
+    name: str, namespace: str, selector: str, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        Catalogue([metric()]).resolve(name, namespace, selector)
+
+
+def test_required_labels_and_namespaces_are_enforced() -> None:
+    required = metric(labels={"queue": SelectorLabel(required=True)}, namespaces=["team-a"])
+    catalogue = Catalogue([required])
+    with pytest.raises(BadSelector, match="needs the selector to give queue"):
+        catalogue.resolve("jobs", "team-a", "")
+    with pytest.raises(MetricNotFound, match="for namespace team-b"):
+        catalogue.resolve("jobs", "team-b", "queue=x")
+    key, query = catalogue.resolve("jobs", "team-a", "queue in (y,x)")
+    assert key.selector == "queue in (x,y)"
+    assert query.params == {"queue": ("x", "y")}
+
+
+async def test_static_source_sums_matching_series_and_refuses_no_match() -> None:
+    source = StaticValues(
+        StaticSource(
+            name="q",
+            type="static",
+            series=[
+                StaticSeries(labels={"queue": "a"}, value=Decimal("1.5")),
+                StaticSeries(labels={"queue": "b"}, value=Decimal(2)),
+            ],
+        )
+    )
+    cache = make_cache(source)
+    assert (await cache.read("jobs", "ns", "")).value == Decimal("3.5")
+    assert (await cache.read("jobs", "ns", "queue=b")).value == 2
+    with pytest.raises(MetricUnavailable, match="no static series matches"):
+        await cache.read("jobs", "ns", "queue=zzz")
+    await cache.close()
