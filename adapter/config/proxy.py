@@ -1,0 +1,184 @@
+"""Settings of `zeroscale proxy`: listeners, connection defences and the routes it holds requests for.
+
+Cluster mode lists `routes`; sidecar mode sets `sidecar.upstream` alone, so a pod can run the
+proxy from its environment (`ZEROSCALE_PROXY__SIDECAR__UPSTREAM=127.0.0.1:8081`, `ZEROSCALE_PROXY__PORT=8080`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from adapter.config.base import Duration, Strict
+from adapter.config.kube import KubeAPIConfig
+
+_HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_HOST_PATTERN = re.compile(r"^(\*|\*\.[a-z0-9.-]+|[a-z0-9.-]+)$")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """`host:port` or `[v6]:port` -> (host, port); the brackets are dropped."""
+    match = _HOST_PORT.match(address)
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        raise ValueError(f"{address!r} is not host:port")
+    return match.group(1).strip("[]"), int(match.group(2))
+
+
+class RouteLimits(Strict):
+    """What one route may hold and how long it waits; every bound answers with its own status."""
+
+    # Held (queued) requests; one more is answered 503 with Retry-After.
+    max_held_requests: int = Field(default=1000, ge=1)
+    # Request bodies buffered while not yet connected upstream, summed over the route (503 beyond).
+    max_held_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    # One request's body buffered while held (413 beyond).
+    max_held_body_bytes: int = Field(default=1024 * 1024, ge=0)
+    # How long a request waits for a ready endpoint (504 beyond).
+    hold_timeout: Duration = 120.0
+    connect_timeout: Duration = 5.0
+    # From the request's last byte sent to the response head (504 beyond).
+    response_timeout: Duration = 60.0
+    # Concurrent requests per endpoint; more wait in the queue, so a burst spreads over pods as they come up.
+    endpoint_concurrency: int = Field(default=256, ge=1)
+    # Idle keep-alive connections kept per endpoint.
+    max_idle_connections: int = Field(default=128, ge=0)
+    retry_after: int = Field(default=5, ge=0)
+
+
+class ServiceUpstream(Strict):
+    """A Kubernetes Service: endpoints come from its EndpointSlices; `address` is used by the probe fallback."""
+
+    service: str = Field(pattern=_DNS_LABEL)
+    namespace: str = Field(pattern=_DNS_LABEL)
+    # The Service port's name (matched against EndpointSlice `ports[].name`) or its number.
+    port: str | int = ""
+    # Where the connect probe dials without API access, e.g. `web.default.svc:80`.
+    address: str | None = None
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_address(value)
+        return value
+
+
+class AddressUpstream(Strict):
+    """A fixed `host:port`; readiness comes from connect probes."""
+
+    address: str
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        split_address(value)
+        return value
+
+
+class ScaleTarget(Strict):
+    """The workload whose scale subresource is patched to wake it (SPEC 8.2)."""
+
+    namespace: str = Field(pattern=_DNS_LABEL)
+    kind: Literal["Deployment", "StatefulSet", "ReplicaSet"] = "Deployment"
+    name: str = Field(pattern=_DNS_LABEL)
+
+
+class RouteConfig(Strict):
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
+    # Exact host names or `*.suffix` wildcards (matched case-insensitively, port ignored); `*` matches any host.
+    hosts: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    path_prefix: str = "/"
+    upstream: ServiceUpstream | AddressUpstream
+    target: ScaleTarget | None = None
+    # scale: patch the scale subresource while it is 0; hpa: only report counts (the HPA wakes it); none: neither.
+    wake: Literal["scale", "hpa", "none"] = "scale"
+    wake_replicas: int = Field(default=1, ge=1)
+    # While requests are held and the target still reads 0, wake again this often.
+    wake_retry_interval: Duration = 5.0
+    # auto: EndpointSlice watch for a Service upstream, falling back to connect probes without API access.
+    readiness: Literal["auto", "endpointslice", "probe"] = "auto"
+    probe_interval: Duration = Field(default=0.01, gt=0)
+    limits: RouteLimits = Field(default_factory=RouteLimits)
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, hosts: list[str]) -> list[str]:
+        lowered = [host.lower() for host in hosts]
+        for host in lowered:
+            if _HOST_PATTERN.match(host) is None:
+                raise ValueError(f"{host!r} is not a host name, `*.suffix` or `*`")
+        return lowered
+
+    @field_validator("path_prefix")
+    @classmethod
+    def _prefix(cls, prefix: str) -> str:
+        if not prefix.startswith("/"):
+            raise ValueError("a path prefix starts with /")
+        return prefix
+
+    @model_validator(mode="after")
+    def _wake_needs_target(self) -> RouteConfig:
+        if self.wake == "scale" and self.target is None:
+            raise ValueError("wake: scale needs a target (namespace, kind, name); use wake: hpa or none without one")
+        if self.readiness == "endpointslice" and not isinstance(self.upstream, ServiceUpstream):
+            raise ValueError("readiness: endpointslice needs a Service upstream")
+        return self
+
+
+class SidecarConfig(Strict):
+    """One upstream beside the proxy in the same pod: every request goes there, readiness by connect probes."""
+
+    upstream: str
+    limits: RouteLimits = Field(default_factory=RouteLimits)
+    probe_interval: Duration = Field(default=0.01, gt=0)
+
+    @field_validator("upstream")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        split_address(value)
+        return value
+
+    def as_route(self) -> RouteConfig:
+        return RouteConfig(
+            name="sidecar",
+            upstream=AddressUpstream(address=self.upstream),
+            wake="none",
+            readiness="probe",
+            probe_interval=self.probe_interval,
+            limits=self.limits,
+        )
+
+
+class ProxyConfig(Strict):
+    bind: str = "0.0.0.0"
+    port: int = Field(default=8080, ge=0, le=65535)
+    admin_bind: str = "0.0.0.0"
+    admin_port: int = Field(default=9090, ge=0, le=65535)
+    max_connections: int = Field(default=20_000, ge=1)
+    max_request_line_bytes: int = Field(default=8192, ge=64)
+    max_header_bytes: int = Field(default=16_384, ge=256)
+    max_headers: int = Field(default=100, ge=4)
+    header_timeout: Duration = 10.0
+    idle_timeout: Duration = 75.0
+    # SIGTERM: held and in-flight requests get this long to finish; the rest are answered 503.
+    grace_period: Duration = 25.0
+    via: bool = False
+    kubernetes: KubeAPIConfig = Field(default_factory=KubeAPIConfig)
+    routes: list[RouteConfig] = Field(default_factory=list)
+    sidecar: SidecarConfig | None = None
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> ProxyConfig:
+        if self.sidecar is not None and self.routes:
+            raise ValueError("set either routes (cluster mode) or sidecar, not both")
+        names = [route.name for route in self.routes]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"route names must be unique: {', '.join(duplicates)}")
+        return self
+
+    def effective_routes(self) -> list[RouteConfig]:
+        return [self.sidecar.as_route()] if self.sidecar is not None else list(self.routes)
