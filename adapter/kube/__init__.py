@@ -1,0 +1,1 @@
+"""The few Kubernetes API calls Zeroscale makes (see client.KubeClient)."""
