@@ -7,12 +7,14 @@ from typing import Annotated, Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from adapter.config.redis import RedisMetric, RedisSource
+from adapter.config.proxy import ProxyConfig
 from adapter.config.server import CacheConfig, ServerConfig
 from adapter.config.static import StaticMetric, StaticSource
 
 # Each queue system adds its pair of models here; `type` picks the member.
-SourceConfig = Annotated[StaticSource, Field(discriminator="type")]
-MetricConfig = Annotated[StaticMetric, Field(discriminator="type")]
+SourceConfig = Annotated[StaticSource | RedisSource, Field(discriminator="type")]
+MetricConfig = Annotated[StaticMetric | RedisMetric, Field(discriminator="type")]
 
 
 class ZeroscaleConfig(BaseSettings):
@@ -25,6 +27,7 @@ class ZeroscaleConfig(BaseSettings):
 
     server: ServerConfig = Field(default_factory=ServerConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     sources: list[SourceConfig] = Field(default_factory=list)
     metrics: list[MetricConfig] = Field(default_factory=list)
 

@@ -13,6 +13,10 @@ def build_source(config: SourceConfig) -> Source:
             from adapter.sources.static import StaticValues
 
             return StaticValues(config)
+        case "redis":
+            from adapter.sources.redis_source import RedisQueues
+
+            return RedisQueues(config)
     raise AssertionError(f"unhandled source type {config.type!r}")  # the config union is exhaustive
 
 

@@ -1,0 +1,135 @@
+"""The `redis` source: list, sorted-set and stream depths on a standalone server, Sentinel or Cluster."""
+
+from __future__ import annotations
+
+import re
+from string import Template
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from adapter.config.base import Duration, MetricBase, SecretFile, SourceBase, Strict, TLSClientFiles
+
+# host:port, or [v6-address]:port
+_ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^:\s\[\]]+):(\d{1,5})$")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """`host:port` -> (host, port); the models validate the form, so this never fails on a loaded config."""
+    match = _ADDRESS.match(address)
+    if match is None:
+        raise ValueError(f"{address!r} is not host:port")
+    return match.group(1).strip("[]"), int(match.group(2))
+
+
+def _check_addresses(addresses: list[str], where: str) -> None:
+    for address in addresses:
+        split_address(address)  # raises ValueError with the offending text
+    if not addresses:
+        raise ValueError(f"{where} needs at least one host:port")
+
+
+class RedisSentinel(Strict):
+    """Sentinels to ask for the current master of `master_name`."""
+
+    addresses: list[str]
+    master_name: str
+    # Sentinels often have their own password (`requirepass` in sentinel.conf); unset: none.
+    username: SecretFile | None = None
+    password: SecretFile | None = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> RedisSentinel:
+        _check_addresses(self.addresses, "sentinel.addresses")
+        return self
+
+
+class RedisSource(SourceBase):
+    """Connection to one Redis deployment; exactly one of `url`, `sentinel` and `cluster_nodes` is set."""
+
+    type: Literal["redis"]
+    # Standalone: redis://host:port (or rediss:// for TLS). Put credentials in the files below, not here.
+    url: str | None = None
+    sentinel: RedisSentinel | None = None
+    # Cluster: a few seed nodes; the rest of the topology is discovered.
+    cluster_nodes: list[str] = Field(default_factory=list)
+    db: int = Field(default=0, ge=0)
+    # ACL user (Redis 6+) and password, each read from a file.
+    username: SecretFile | None = None
+    password: SecretFile | None = None
+    tls: TLSClientFiles | None = None
+    connect_timeout: Duration = 5.0
+    timeout: Duration = 5.0
+    max_connections: int = Field(default=16, ge=1)
+    # Reads arriving within this window go out together in one pipeline.
+    batch_window: Duration = 0.002
+    # Subscribe to keyspace notifications of the keys being read, to refresh at once on a change.
+    notifications: bool = False
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> RedisSource:
+        given = (("url", self.url), ("sentinel", self.sentinel), ("cluster_nodes", self.cluster_nodes))
+        modes = [name for name, value in given if value]
+        if len(modes) != 1:
+            named = ", ".join(modes) or "none"
+            raise ValueError(f"set exactly one of url (standalone), sentinel, cluster_nodes (given: {named})")
+        if self.url is not None and not self.url.startswith(("redis://", "rediss://")):
+            raise ValueError("url must start with redis:// or rediss://")
+        if self.cluster_nodes:
+            _check_addresses(self.cluster_nodes, "cluster_nodes")
+            if self.db != 0:
+                raise ValueError("Redis Cluster has only database 0; leave db unset")
+        return self
+
+    @property
+    def mode(self) -> Literal["standalone", "sentinel", "cluster"]:
+        if self.sentinel is not None:
+            return "sentinel"
+        return "cluster" if self.cluster_nodes else "standalone"
+
+
+RedisQueryKind = Literal["length", "zset_due", "stream_length", "stream_pending", "stream_lag", "stream_backlog"]
+GROUP_QUERIES = ("stream_pending", "stream_lag", "stream_backlog")
+
+
+def placeholders(template: str) -> list[str]:
+    """Names used as `$name` / `${name}` in a key or group template."""
+    return list(Template(template).get_identifiers())
+
+
+class RedisMetric(MetricBase):
+    """One queue depth. `key` and `group` are templates filled from the HPA's selector.
+
+    `${key}` takes the value(s) of the selector label `key`; `rq:queue:${queue}` adds a prefix
+    (label values cannot hold `:`); a template without `$` is a fixed key. Several values
+    (`key in (a,b)`) read every combination and sum them.
+    """
+
+    type: Literal["redis"]
+    query: RedisQueryKind
+    key: str = "${key}"
+    group: str | None = None
+    # zset_due: the unit of the scores (the due time as a Unix timestamp).
+    score_unit: Literal["seconds", "milliseconds"] = "seconds"
+
+    @model_validator(mode="after")
+    def _templates(self) -> RedisMetric:
+        if self.query in GROUP_QUERIES and self.group is None:
+            raise ValueError(f"query {self.query} needs group (a consumer group name, or a template like ${{group}})")
+        if self.query not in GROUP_QUERIES and self.group is not None:
+            raise ValueError(f"query {self.query} reads no consumer group; remove group")
+        for field_name, template in (("key", self.key), ("group", self.group)):
+            if template is None:
+                continue
+            if not Template(template).is_valid():
+                raise ValueError(f"{field_name}: not a valid template; write $$ for a literal $")
+            for name in placeholders(template):
+                label = self.labels.get(name)
+                if label is None:
+                    raise ValueError(
+                        f"{field_name} uses ${{{name}}} but the metric declares no selector label {name!r} "
+                        f"(add labels: {{{name}: {{pattern: ..., required: true}}}})"
+                    )
+                if not label.required:
+                    raise ValueError(f"{field_name} uses ${{{name}}}: mark the label {name!r} required: true")
+        return self

@@ -1,0 +1,106 @@
+"""One redis-py asyncio client (with its one connection pool) per configured source, in any of the three modes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import ExponentialBackoff
+
+from adapter.config.redis import RedisSource, split_address
+
+# One quick reconnect inside a query (a failover or a dropped idle connection), then the error
+# goes to the cache, which keeps the last good value and tries again next interval.
+_RETRY = Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=1)
+
+
+@dataclass
+class RedisConnection:
+    """The client reads go through, plus what else must be closed with it."""
+
+    client: Redis | RedisCluster
+    target: str  # host:port list for messages: never credentials
+    extra: list[Redis] = field(default_factory=list)  # Sentinel clients
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        for other in self.extra:
+            await other.aclose()
+
+
+def _auth(username: Any, password: Any) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    if username is not None:
+        kwargs["username"] = username.read()
+    if password is not None:
+        kwargs["password"] = password.read()
+    return kwargs
+
+
+def _tls(config: RedisSource) -> dict[str, Any]:
+    if config.tls is None:
+        return {}
+    tls = config.tls
+    kwargs: dict[str, Any] = {"ssl": True, "ssl_check_hostname": tls.verify_hostname}
+    if tls.ca_file is not None:
+        kwargs["ssl_ca_certs"] = str(tls.ca_file)
+    if tls.cert_file is not None:
+        kwargs["ssl_certfile"] = str(tls.cert_file)
+    if tls.key_file is not None:
+        kwargs["ssl_keyfile"] = str(tls.key_file)
+    return kwargs
+
+
+def _common(config: RedisSource) -> dict[str, Any]:
+    return {
+        "socket_connect_timeout": config.connect_timeout,
+        "socket_timeout": config.timeout,
+        "decode_responses": True,
+        "retry": _RETRY,
+        "health_check_interval": 30,
+        **_auth(config.username, config.password),
+        **_tls(config),
+    }
+
+
+def connect(config: RedisSource) -> RedisConnection:
+    """Build the client; no connection is opened until the first command."""
+    common = _common(config)
+    match config.mode:
+        case "standalone":
+            assert config.url is not None
+            if config.tls is None and config.url.startswith("rediss://"):
+                common["ssl"] = True
+            client = Redis.from_url(config.url, db=config.db, max_connections=config.max_connections, **common)
+            kwargs = client.connection_pool.connection_kwargs
+            return RedisConnection(client, f"redis {kwargs.get('host')}:{kwargs.get('port')}")
+        case "sentinel":
+            sentinel_config = config.sentinel
+            assert sentinel_config is not None
+            sentinel_kwargs = {
+                "socket_connect_timeout": config.connect_timeout,
+                "socket_timeout": config.timeout,
+                "decode_responses": True,
+                **_auth(sentinel_config.username, sentinel_config.password),
+                **_tls(config),
+            }
+            addresses = [split_address(a) for a in sentinel_config.addresses]
+            sentinel = Sentinel(addresses, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+            master = sentinel.master_for(
+                sentinel_config.master_name, db=config.db, max_connections=config.max_connections, **common
+            )
+            target = f"master {sentinel_config.master_name!r} via Sentinel {','.join(sentinel_config.addresses)}"
+            return RedisConnection(master, target, extra=list(sentinel.sentinels))
+        case "cluster":
+            nodes = [ClusterNode(*split_address(a)) for a in config.cluster_nodes]
+            cluster = RedisCluster(startup_nodes=nodes, max_connections=config.max_connections, **common)
+            return RedisConnection(cluster, f"Redis Cluster {','.join(config.cluster_nodes)}")
+
+
+def node_client(config: RedisSource, host: str, port: int) -> Redis:
+    """A client for one Cluster node, with the source's credentials and TLS (for its keyspace subscriber)."""
+    return Redis(host=host, port=port, max_connections=2, **_common(config))

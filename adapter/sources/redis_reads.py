@@ -1,0 +1,185 @@
+"""What each `query:` kind sends to Redis and how the replies become a value (SPEC 7.2).
+
+Every read is a list of single-key commands handed to the batcher, so the reads of all series
+of a source in one interval share one pipeline. Zeros come only from Redis itself: an empty or
+missing list, a missing stream. Anything else that does not give a number raises SourceError.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from string import Template
+from typing import Any
+
+from redis import exceptions as rx
+
+from adapter.config.redis import RedisMetric, placeholders
+from adapter.sources.base import Sample, SourceError, SourceQuery
+from adapter.sources.redis_batch import Command, Results, Send
+from adapter.sources.redis_errors import command_error
+from adapter.telemetry import redis as telemetry
+
+# `length` counts whatever the key holds, by its type.
+LENGTH_COMMANDS = {"list": "LLEN", "zset": "ZCARD", "set": "SCARD", "hash": "HLEN", "stream": "XLEN"}
+# Remembered key types, so the steady state needs one round trip; bounded against key churn.
+_MAX_REMEMBERED_TYPES = 100_000
+
+
+def expand(template: str, params: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """Every string the template makes from the selector's values (`key in (a,b)` gives two)."""
+    names = placeholders(template)
+    missing = [name for name in names if not params.get(name)]
+    if missing:
+        raise SourceError(f"the selector gives no value for {', '.join(missing)}")
+    combos = itertools.product(*(params[name] for name in names))
+    return [Template(template).substitute(dict(zip(names, combo, strict=True))) for combo in combos]
+
+
+def _value(results: Results, command: Command) -> Any:
+    result = results[command]
+    if isinstance(result, Exception):
+        raise command_error(result, command)
+    return result
+
+
+class QueueReader:
+    """Reads the queue depths of one source through its batcher."""
+
+    def __init__(self, send: Send, source: str, clock: Callable[[], float] = time.time) -> None:
+        self._send = send
+        self._source = source
+        self._clock = clock
+        self._types: dict[str, str] = {}
+
+    def keys_of(self, query: SourceQuery) -> list[str]:
+        metric = query.metric
+        assert isinstance(metric, RedisMetric)
+        return expand(metric.key, query.params)
+
+    async def read(self, query: SourceQuery) -> list[Sample]:
+        metric = query.metric
+        assert isinstance(metric, RedisMetric)
+        keys = expand(metric.key, query.params)
+        if metric.group is None:
+            values = await self._by_key(metric, keys)
+            return [Sample(Decimal(values[key]), {"key": key}) for key in keys]
+        groups = expand(metric.group, query.params)
+        pairs = list(itertools.product(keys, groups))
+        counts = await self._streams(metric, pairs)
+        return [Sample(Decimal(counts[pair]), {"key": pair[0], "group": pair[1]}) for pair in pairs]
+
+    async def _by_key(self, metric: RedisMetric, keys: list[str]) -> dict[str, int]:
+        match metric.query:
+            case "length":
+                return await self._lengths(keys)
+            case "zset_due":
+                now = self._clock()
+                due = f"{now:.6f}" if metric.score_unit == "seconds" else str(int(now * 1000))
+                commands: dict[str, Command] = {key: ("ZCOUNT", key, "-inf", due) for key in keys}
+            case _:  # stream_length
+                commands = {key: ("XLEN", key) for key in keys}
+        results = await self._send(list(commands.values()))
+        return {key: int(_value(results, command)) for key, command in commands.items()}
+
+    async def _lengths(self, keys: list[str]) -> dict[str, int]:
+        """TYPE and the length command of the type seen last time go together; a changed type costs a trip more."""
+        guessed = {key: self._types.get(key, "list") for key in keys}
+        first: list[Command] = []
+        for key in keys:
+            first += [("TYPE", key), (LENGTH_COMMANDS[guessed[key]], key)]
+        results = await self._send(first)
+        lengths: dict[str, int] = {}
+        again: list[Command] = []
+        for key in keys:
+            kind = str(_value(results, ("TYPE", key)))
+            if kind == "none":
+                lengths[key] = 0  # no key: nothing queued (Redis deletes empty lists)
+                continue
+            if kind not in LENGTH_COMMANDS:
+                raise SourceError(
+                    f"WRONGTYPE: key {key!r} holds a {kind}; `length` counts lists, sorted sets, sets, hashes, streams"
+                )
+            self._remember(key, kind)
+            if kind == guessed[key]:
+                lengths[key] = int(_value(results, (LENGTH_COMMANDS[kind], key)))
+            else:
+                again.append((LENGTH_COMMANDS[kind], key))
+        if again:
+            retried = await self._send(again)
+            lengths.update({command[1]: int(_value(retried, command)) for command in again})
+        return lengths
+
+    def _remember(self, key: str, kind: str) -> None:
+        if key not in self._types and len(self._types) >= _MAX_REMEMBERED_TYPES:
+            self._types.clear()
+        self._types[key] = kind
+
+    async def _streams(self, metric: RedisMetric, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        keys = list(dict.fromkeys(key for key, _ in pairs))
+        commands: list[Command] = [("XLEN", key) for key in keys]
+        if metric.query == "stream_pending":
+            commands += [("XPENDING", key, group) for key, group in pairs]
+        else:
+            commands += [("XINFO GROUPS", key) for key in keys]
+        results = await self._send(commands)
+        counts: dict[tuple[str, str], int] = {}
+        estimate: list[tuple[str, str, int, int | None]] = []
+        for key, group in pairs:
+            length = int(_value(results, ("XLEN", key)))
+            if metric.query == "stream_pending":
+                counts[key, group] = self._pending(results, key, group, length)
+                continue
+            info = self._group_info(results, key, group)
+            if info is None:
+                # No stream (0), or the consumers have not created the group yet: everything is waiting.
+                counts[key, group] = length
+                continue
+            pending = int(info["pending"])
+            lag = info.get("lag")
+            if lag is None:
+                entries_read = info.get("entries-read")
+                estimate.append((key, group, pending, None if entries_read is None else int(entries_read)))
+                continue
+            counts[key, group] = int(lag) + (pending if metric.query == "stream_backlog" else 0)
+        if estimate:
+            counts.update(await self._estimate_lag(metric, estimate))
+        return counts
+
+    @staticmethod
+    def _pending(results: Results, key: str, group: str, length: int) -> int:
+        reply = results[("XPENDING", key, group)]
+        if isinstance(reply, rx.ResponseError) and str(reply).startswith("NOGROUP"):
+            return length  # no stream (0), or the group is not created yet: all entries wait
+        return int(_value(results, ("XPENDING", key, group))["pending"])
+
+    @staticmethod
+    def _group_info(results: Results, key: str, group: str) -> dict[str, Any] | None:
+        reply = results[("XINFO GROUPS", key)]
+        if isinstance(reply, rx.ResponseError) and "no such key" in str(reply):
+            return None
+        groups: list[dict[str, Any]] = _value(results, ("XINFO GROUPS", key))
+        return next((g for g in groups if g.get("name") == group), None)
+
+    async def _estimate_lag(
+        self, metric: RedisMetric, rows: list[tuple[str, str, int, int | None]]
+    ) -> dict[tuple[str, str], int]:
+        """Redis said lag is NULL (group set to an arbitrary ID, or entries deleted): serve an upper bound.
+
+        Undelivered entries are still stored (at most XLEN of them) and were added after the group's
+        read counter (at most entries-added - entries-read). The smaller bound is served, so a
+        waiting workload is never reported idle; a NULL counter leaves XLEN.
+        """
+        commands: list[Command] = [("XINFO STREAM", key) for key in dict.fromkeys(row[0] for row in rows)]
+        results = await self._send(commands)
+        counts: dict[tuple[str, str], int] = {}
+        for key, group, pending, entries_read in rows:
+            info = _value(results, ("XINFO STREAM", key))
+            lag = int(info["length"])
+            if entries_read is not None:
+                lag = max(0, min(lag, int(info["entries-added"]) - entries_read))
+            counts[key, group] = lag + (pending if metric.query == "stream_backlog" else 0)
+            telemetry.LAG_ESTIMATED.labels(self._source, metric.name).inc()
+        return counts
