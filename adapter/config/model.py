@@ -7,8 +7,8 @@ from typing import Annotated, Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from adapter.config.redis import RedisMetric, RedisSource
 from adapter.config.proxy import ProxyConfig
+from adapter.config.redis import RedisMetric, RedisSource
 from adapter.config.server import CacheConfig, ServerConfig
 from adapter.config.static import StaticMetric, StaticSource
 
