@@ -7,14 +7,15 @@ from typing import Annotated, Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from adapter.config.kafka import KafkaMetric, KafkaSource
 from adapter.config.proxy import ProxyConfig
 from adapter.config.redis import RedisMetric, RedisSource
 from adapter.config.server import CacheConfig, ServerConfig
 from adapter.config.static import StaticMetric, StaticSource
 
 # Each queue system adds its pair of models here; `type` picks the member.
-SourceConfig = Annotated[StaticSource | RedisSource, Field(discriminator="type")]
-MetricConfig = Annotated[StaticMetric | RedisMetric, Field(discriminator="type")]
+SourceConfig = Annotated[StaticSource | RedisSource | KafkaSource, Field(discriminator="type")]
+MetricConfig = Annotated[StaticMetric | RedisMetric | KafkaMetric, Field(discriminator="type")]
 
 
 class ZeroscaleConfig(BaseSettings):

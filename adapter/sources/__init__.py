@@ -17,6 +17,10 @@ def build_source(config: SourceConfig) -> Source:
             from adapter.sources.redis_source import RedisQueues
 
             return RedisQueues(config)
+        case "kafka":
+            from adapter.sources.kafka import KafkaLag
+
+            return KafkaLag(config)
     raise AssertionError(f"unhandled source type {config.type!r}")  # the config union is exhaustive
 
 

@@ -1,0 +1,85 @@
+"""The `kafka` source (a cluster to read) and its `consumer_lag` metric (SPEC 7.1)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from adapter.config.base import Duration, MetricBase, SecretFile, SourceBase, Strict, TLSClientFiles
+
+
+class KafkaSasl(Strict):
+    """SASL authentication; the password (and, if wanted, the user name) come from files."""
+
+    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+    username: str | SecretFile
+    password: SecretFile
+
+    def read_username(self) -> str:
+        return self.username if isinstance(self.username, str) else self.username.read()
+
+
+class KafkaSource(SourceBase):
+    type: Literal["kafka"]
+    bootstrap_servers: list[str] = Field(min_length=1)
+    client_id: str = "zeroscale"
+    # Present (even empty, `tls: {}`) means TLS towards the brokers, verified with the system CAs by default.
+    tls: TLSClientFiles | None = None
+    sasl: KafkaSasl | None = None
+    request_timeout: Duration = 10.0
+    # One cluster metadata read serves every group for this long (SPEC: one refresh per interval).
+    metadata_max_age: Duration = 5.0
+    # One read of a group's offsets serves every series of that group for this long.
+    offsets_max_age: Duration = 2.0
+    # Bound on the per-partition lag series this source exports to Prometheus.
+    partition_lag_series_limit: int = Field(default=1000, ge=0)
+
+
+# The selector labels a consumer_lag metric understands.
+KAFKA_LABELS = ("group", "topic", "partition")
+
+
+class KafkaMetric(MetricBase):
+    """Total consumer-group lag, with KEDA's `kafka` trigger parameters (SPEC 7.1), snake_case.
+
+    The HPA's selector gives `group` (required), `topic` (optional; default: every topic the group
+    has committed offsets for) and `partition` (optional: numbers or ranges like `0-9`); each must be
+    declared under `labels:` with the values it may take.
+    """
+
+    type: Literal["kafka"]
+    query: Literal["consumer_lag"] = "consumer_lag"
+    offset_reset_policy: Literal["latest", "earliest"] = "latest"
+    lag_threshold: int = Field(default=10, gt=0)
+    activation_lag_threshold: int = Field(default=0, ge=0)
+    allow_idle_consumers: bool = False
+    exclude_persistent_lag: bool = False
+    limit_to_partitions_with_lag: bool = False
+    ensure_even_distribution_of_partitions: bool = False
+    scale_to_zero_on_invalid_offset: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _activation_from_lag(cls, data: Any) -> Any:
+        # KEDA activates when lag > activation_lag_threshold; the shared rule is "value >= threshold",
+        # the same thing for whole numbers of messages.
+        if isinstance(data, dict) and "activation_threshold" not in data:
+            lag = data.get("activation_lag_threshold", 0)
+            if isinstance(lag, int) and not isinstance(lag, bool):
+                data = {**data, "activation_threshold": lag + 1}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaMetric:
+        unknown = sorted(set(self.labels) - set(KAFKA_LABELS))
+        if unknown:
+            raise ValueError(f"labels {unknown} mean nothing to a kafka metric (it reads {', '.join(KAFKA_LABELS)})")
+        group = self.labels.get("group")
+        if group is None or not group.required:
+            raise ValueError("labels.group must be declared with required: true (the HPA selects the group)")
+        if self.allow_idle_consumers and self.limit_to_partitions_with_lag:
+            raise ValueError("allow_idle_consumers and limit_to_partitions_with_lag cannot both be true")
+        if self.allow_idle_consumers and self.ensure_even_distribution_of_partitions:
+            raise ValueError("allow_idle_consumers and ensure_even_distribution_of_partitions cannot both be true")
+        return self

@@ -1,0 +1,86 @@
+"""The `kafka` source: consumer-group lag (`consumer_lag`), read with aiokafka.
+
+One source is one cluster connection shared by every metric naming it. A query names a group,
+optionally topics and partitions; the offsets come from a GroupReader round shared with every
+other series of the same group, and the lag rules are applied per metric (kafka_lag).
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+from adapter.config.kafka import KafkaMetric, KafkaSource
+from adapter.sources.base import Sample, Source, SourceError, SourceQuery
+from adapter.sources.kafka_connection import KafkaConnection
+from adapter.sources.kafka_export import PartitionLagExport
+from adapter.sources.kafka_groups import GroupOffsets, GroupReader, PartitionOffsets
+from adapter.sources.kafka_lag import PersistentLag, group_lags, total_lag
+
+_PARTITIONS = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+class KafkaLag(Source):
+    def __init__(self, config: KafkaSource) -> None:
+        super().__init__()
+        self._conn = KafkaConnection(config)
+        self._groups = GroupReader(self._conn, config.metadata_max_age, config.offsets_max_age)
+        self._persistent = PersistentLag()
+        self._export = PartitionLagExport(config.name, config.partition_lag_series_limit)
+
+    async def query(self, query: SourceQuery) -> list[Sample]:
+        metric = query.metric
+        if not isinstance(metric, KafkaMetric):
+            raise SourceError(f"metric {metric.name} is not a kafka metric")
+        groups = query.params.get("group", ())
+        if len(groups) != 1:
+            raise SourceError(f"the selector must give exactly one group (e.g. group=my-consumers), not {groups}")
+        group = groups[0]
+        named = frozenset(query.params.get("topic", ()))
+        wanted = _partition_filter(query.params.get("partition"))
+        offsets = await self._groups.read(group, named)
+        topics = sorted(named or offsets.committed_topics)
+        chosen = _select(offsets, topics, wanted)
+        if not chosen:
+            given = ",".join(query.params.get("partition", ()))
+            raise SourceError(f"no partition of {', '.join(topics)} is in the selector's partitions ({given})")
+        lags = group_lags(metric, group, offsets.read, chosen, self._persistent)
+        self._export.update(group, topics, lags)
+        value, _with_persistent = total_lag(lags, metric)
+        return [Sample(Decimal(value), {"group": group, "topic": ",".join(topics)})]
+
+    async def check(self) -> None:
+        await self._groups.metadata()
+
+    async def close(self) -> None:
+        self._export.clear()
+        await self._groups.close()
+        await self._conn.close()
+
+
+def _select(
+    offsets: GroupOffsets, topics: list[str], wanted: set[int] | None
+) -> list[tuple[str, int, PartitionOffsets]]:
+    return [
+        (topic, partition, partition_offsets)
+        for topic in topics
+        for partition, partition_offsets in sorted(offsets.topics[topic].items())
+        if wanted is None or partition in wanted
+    ]
+
+
+def _partition_filter(values: tuple[str, ...] | None) -> set[int] | None:
+    """`partition in (0,3,10-19)` -> {0, 3, 10, ..., 19}; None when the selector gives no partition."""
+    if values is None:
+        return None
+    chosen: set[int] = set()
+    for value in values:
+        match = _PARTITIONS.match(value)
+        if match is None:
+            raise SourceError(f"partition {value!r} is neither a number nor a range like 0-9")
+        first = int(match.group(1))
+        last = int(match.group(2) or first)
+        if last < first or last - first > 100_000:
+            raise SourceError(f"partition range {value!r} is empty or too large")
+        chosen.update(range(first, last + 1))
+    return chosen

@@ -1,0 +1,39 @@
+"""Per-partition lag on the Prometheus endpoint, with a cap on how many series one source exports."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from adapter.sources.kafka_lag import PartitionLag
+from adapter.telemetry import kafka as telemetry
+
+
+class PartitionLagExport:
+    def __init__(self, source: str, limit: int) -> None:
+        self._source = source
+        self._limit = limit
+        self._series: set[tuple[str, str, int]] = set()  # (group, topic, partition)
+
+    def update(self, group: str, topics: Iterable[str], lags: Iterable[PartitionLag]) -> None:
+        """Set the group's lag on `topics`; partitions of those topics not in `lags` are removed."""
+        fresh = {(group, p.topic, p.partition): p.lag_with_persistent for p in lags}
+        topics = set(topics)
+        for key in [k for k in self._series if k[0] == group and k[1] in topics and k not in fresh]:
+            self._remove(key)
+        for key, lag in fresh.items():
+            if key not in self._series:
+                if len(self._series) >= self._limit:
+                    telemetry.PARTITION_LAG_DROPPED.labels(self._source).inc()
+                    continue
+                self._series.add(key)
+            group_, topic, partition = key
+            telemetry.PARTITION_LAG.labels(self._source, group_, topic, str(partition)).set(lag)
+
+    def _remove(self, key: tuple[str, str, int]) -> None:
+        self._series.discard(key)
+        group, topic, partition = key
+        telemetry.PARTITION_LAG.remove(self._source, group, topic, str(partition))
+
+    def clear(self) -> None:
+        for key in list(self._series):
+            self._remove(key)

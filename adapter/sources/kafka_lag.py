@@ -1,0 +1,132 @@
+"""Consumer lag from offsets: KEDA's rules (SPEC 7.1) with its known mistakes fixed.
+
+Pure functions and one small piece of state (the commits seen at the previous read, for
+`exclude_persistent_lag`), so every rule can be tested without a broker.
+
+Where this differs from KEDA, on purpose:
+- An invalid offset (no commit, or a commit beyond the log end) is handled the same way under both
+  policies: the consumer would restart at the log start (`earliest`: lag = end - start, so messages
+  removed by retention are not lag) or at the log end (`latest`: lag 1, which lets one consumer start
+  and commit). `scale_to_zero_on_invalid_offset` makes either 0. It then goes through persistent-lag
+  detection like any other offset (KEDA returned early and skipped it).
+- A partition missing from the log-offset answer is an error upstream, never a lag of 0.
+- `ensure_even_distribution_of_partitions` leaves a total of 0 at 0 (KEDA rounded it up to one
+  consumer's worth, so a group with nothing to do never scaled to zero).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from adapter.config.kafka import KafkaMetric
+from adapter.sources.kafka_groups import NO_COMMIT, PartitionOffsets
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    lag: int  # what counts towards the metric
+    lag_with_persistent: int  # the same before persistent-lag exclusion (KEDA's activity input)
+
+
+def is_invalid(offsets: PartitionOffsets) -> bool:
+    return offsets.committed == NO_COMMIT or offsets.committed > offsets.end
+
+
+def partition_lag(offsets: PartitionOffsets, metric: KafkaMetric) -> int:
+    """Lag of one partition before persistent-lag exclusion."""
+    if not is_invalid(offsets):
+        return offsets.end - offsets.committed
+    if metric.scale_to_zero_on_invalid_offset:
+        return 0
+    if metric.offset_reset_policy == "latest":
+        return 1
+    assert offsets.start is not None, "the log start is read for every invalid offset"
+    return offsets.end - offsets.start
+
+
+def total_lag(lags: Iterable[PartitionLag], metric: KafkaMetric) -> tuple[int, int]:
+    """(value served, total with persistent lag): KEDA's getTotalLag with its consumer cap."""
+    lags = list(lags)
+    total = sum(p.lag for p in lags)
+    with_persistent = sum(p.lag_with_persistent for p in lags)
+    if metric.allow_idle_consumers and not (
+        metric.limit_to_partitions_with_lag or metric.ensure_even_distribution_of_partitions
+    ):
+        return total, with_persistent
+    partitions = len(lags)
+    upper_bound = sum(1 for p in lags if p.lag > 0) if metric.limit_to_partitions_with_lag else partitions
+    threshold = metric.lag_threshold
+    if metric.ensure_even_distribution_of_partitions and total > 0:
+        total = _smallest_factor_reaching(partitions, total, threshold) * threshold
+    if total // threshold > upper_bound:
+        total = upper_bound * threshold
+    return total, with_persistent
+
+
+def _smallest_factor_reaching(partitions: int, total: int, threshold: int) -> int:
+    """The fewest consumers that divide the partitions evenly and can take `total` at `threshold` each."""
+    for factor in range(1, partitions + 1):
+        if partitions % factor == 0 and factor * threshold >= total:
+            return factor
+    return partitions
+
+
+class PersistentLag:
+    """For `exclude_persistent_lag`: each partition's commit at the previous distinct read.
+
+    Several series may evaluate the same read; they all compare with the read before it.
+    """
+
+    _FORGET_AFTER = 600.0  # seconds without a look: the series is gone
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # (metric, group, topic, partition) -> (read id, commit before that read, commit at it, last look)
+        self._seen: dict[tuple[str, str, str, int], tuple[int, int | None, int, float]] = {}
+        self._swept = clock()
+
+    def previous(self, key: tuple[str, str, str, int], read: int, committed: int) -> int | None:
+        """The commit at the read before `read`, or None on first sight."""
+        now = self._clock()
+        self._sweep(now)
+        seen = self._seen.get(key)
+        if seen is None:
+            self._seen[key] = (read, None, committed, now)
+            return None
+        seen_read, before, at, _ = seen
+        if seen_read == read:
+            self._seen[key] = (read, before, at, now)
+            return before
+        self._seen[key] = (read, at, committed, now)
+        return at
+
+    def _sweep(self, now: float) -> None:
+        if now - self._swept < self._FORGET_AFTER:
+            return
+        self._swept = now
+        for key in [k for k, v in self._seen.items() if now - v[3] > self._FORGET_AFTER]:
+            del self._seen[key]
+
+
+def group_lags(
+    metric: KafkaMetric,
+    group: str,
+    read: int,
+    partitions: Iterable[tuple[str, int, PartitionOffsets]],
+    persistent: PersistentLag,
+) -> list[PartitionLag]:
+    """Per-partition lag of a group's selected partitions, with persistent lag excluded if asked."""
+    result = []
+    for topic, partition, offsets in partitions:
+        lag = partition_lag(offsets, metric)
+        counted = lag
+        if metric.exclude_persistent_lag:
+            before = persistent.previous((metric.key, group, topic, partition), read, offsets.committed)
+            if before is not None and before == offsets.committed:
+                counted = 0  # the consumer made no progress since the last read: stuck, not busy
+        result.append(PartitionLag(topic, partition, counted, lag))
+    return result
