@@ -23,6 +23,7 @@ _PARTITIONS = re.compile(r"^(\d+)(?:-(\d+))?$")
 class KafkaLag(Source):
     def __init__(self, config: KafkaSource) -> None:
         super().__init__()
+        self.name = config.name
         self._conn = KafkaConnection(config)
         self._groups = GroupReader(self._conn, config.metadata_max_age, config.offsets_max_age)
         self._persistent = PersistentLag()

@@ -32,6 +32,9 @@ _NO_LEADER = -1
 # OffsetFetch answers that mean "ask the group's coordinator again".
 _COORDINATOR_MOVED = {15, 16}  # COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR
 _GROUP_COORDINATOR = 0
+_COORDINATOR_BUSY = {14, 15}  # COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE
+_COORDINATOR_ATTEMPTS = 5
+_COORDINATOR_BACKOFF = 0.2  # seconds
 
 
 @dataclass(frozen=True)
@@ -92,14 +95,22 @@ class Coordinators:
     async def of(self, group: str) -> int:
         node = self._known.get(group)
         if node is None:
-            await self._conn.client()
-            request = FindCoordinatorRequest(group, _GROUP_COORDINATOR)
-            response = await self._conn.send(self._conn.any_broker(), request, "FindCoordinator")
-            if response.error_code != 0:
-                self._conn.counted_error("FindCoordinator")
-                raise SourceError(f"no coordinator for group {group!r}: {for_code(response.error_code).__name__}")
-            node = self._known[group] = int(response.coordinator_id)
+            node = self._known[group] = await self._find(group)
         return node
+
+    async def _find(self, group: str) -> int:
+        await self._conn.client()
+        request = FindCoordinatorRequest(group, _GROUP_COORDINATOR)
+        for attempt in range(_COORDINATOR_ATTEMPTS):
+            response = await self._conn.send(self._conn.any_broker(), request, "FindCoordinator")
+            if response.error_code == 0:
+                return int(response.coordinator_id)
+            self._conn.counted_error("FindCoordinator")
+            # Not available yet: the offsets topic is being created, or its leader is moving.
+            if response.error_code not in _COORDINATOR_BUSY or attempt == _COORDINATOR_ATTEMPTS - 1:
+                break
+            await asyncio.sleep(_COORDINATOR_BACKOFF)
+        raise SourceError(f"no coordinator for group {group!r}: {for_code(response.error_code).__name__}")
 
     def forget(self, group: str) -> None:
         self._known.pop(group, None)

@@ -1,0 +1,82 @@
+"""A real Apache Kafka broker (KRaft) on free loopback ports, run by scripts/kafka/run.sh.
+
+Shared by the tests (tests/kafka/conftest.py) and the benchmark (perf/kafka_bench.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from tests.netutil import free_port, wait_for_port
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "kafka"
+USER = "zeroscale"
+PASSWORD = "zeroscale-secret"  # a test broker's only user, on loopback
+
+
+def kafka_jars() -> Path:
+    """The jar directory, fetched from Maven Central on first use (cached afterwards)."""
+    out = subprocess.run([SCRIPTS / "fetch.sh"], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+class KafkaBroker:
+    """One broker process; stop() and start() again keep its data, ports and users."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.port = free_port()
+        self.sasl_port = free_port()
+        self.controller_port = free_port()
+        self.log_file = state_dir / "broker.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.sasl_port}"
+
+    def start(self, timeout: float = 120.0) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        started = self.log_file.stat().st_size if self.log_file.exists() else 0
+        env = {**os.environ, "KAFKA_USER": USER, "KAFKA_PASSWORD": PASSWORD}
+        with self.log_file.open("ab") as log:
+            self._process = subprocess.Popen(
+                [SCRIPTS / "run.sh", self.state_dir, str(self.port), str(self.sasl_port), str(self.controller_port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        # The listener opens before the broker has joined its own quorum; the log says when it serves.
+        while b"Kafka Server started" not in self.log_file.read_bytes()[started:]:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"the Kafka broker exited with {self._process.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"the Kafka broker did not start within {timeout:g}s:\n{self.log_tail()}")
+            time.sleep(0.1)
+        wait_for_port(self.port, timeout=10)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the broker (SIGTERM: a clean shutdown; SIGKILL if that hangs)."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])

@@ -1,0 +1,200 @@
+"""Lag on a real broker, in every case the issue lists, read through the source as the cache does."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka.admin import NewPartitions, RecordsToDelete
+from aiokafka.structs import TopicPartition
+from prometheus_client import REGISTRY
+
+from adapter.config.kafka import KafkaMetric
+from adapter.metrics.catalogue import Catalogue, SeriesKey
+from adapter.sources.base import SourceError, SourceQuery
+from adapter.sources.kafka import KafkaLag
+from tests.kafka.broker import KafkaBroker
+from tests.kafka.conftest import KafkaDriver, lag_metric, read_lag, source_config
+
+pytestmark = pytest.mark.kafka
+
+
+def partition_gauge(source: KafkaLag | str, group: str, topic: str, partition: int) -> float | None:
+    name = source if isinstance(source, str) else source.name
+    return REGISTRY.get_sample_value(
+        "zeroscale_kafka_partition_lag_messages",
+        {"source": name, "group": group, "topic": topic, "partition": str(partition)},
+    )
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({}, 3),  # latest: 1 per partition, so one consumer starts and commits
+        ({"scale_to_zero_on_invalid_offset": True}, 0),
+        ({"offset_reset_policy": "earliest"}, 5 + 6 + 7),
+        ({"offset_reset_policy": "earliest", "scale_to_zero_on_invalid_offset": True}, 0),
+    ],
+)
+async def test_new_group(kafka: KafkaDriver, lag_source: KafkaLag, name: str, params: dict, expected: int) -> None:
+    await kafka.topic(name, 3)
+    await kafka.produce(name, {0: 5, 1: 6, 2: 7})
+    metric = lag_metric(lag_source.name, **params)
+    assert await read_lag(lag_source, metric, f"group=new-{name},topic={name}") == expected
+
+
+async def test_partial_commits(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
+    await kafka.topic(name, 3)
+    await kafka.produce(name, {0: 5, 1: 5, 2: 5})
+    await kafka.commit(name, {(name, 0): 2, (name, 2): 5})
+    latest = lag_metric(lag_source.name)
+    earliest = lag_metric(lag_source.name, offset_reset_policy="earliest")
+    assert await read_lag(lag_source, latest, f"group={name},topic={name}") == 3 + 1 + 0
+    assert await read_lag(lag_source, earliest, f"group={name},topic={name}") == 3 + 5 + 0
+    assert [partition_gauge(lag_source, name, name, p) for p in range(3)] == [3, 5, 0]
+
+
+async def test_retention_deleted_messages_are_not_lag(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
+    await kafka.topic(name, 1)
+    await kafka.produce(name, {0: 10})
+    # DeleteRecords moves the log start exactly as retention does.
+    await kafka.admin.delete_records({TopicPartition(name, 0): RecordsToDelete(before_offset=6)})
+    metric = lag_metric(lag_source.name, offset_reset_policy="earliest")
+    assert await read_lag(lag_source, metric, f"group={name},topic={name}") == 4
+
+
+async def test_partitions_added_are_picked_up(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
+    await kafka.topic(name, 2)
+    await kafka.produce(name, {0: 3, 1: 3})
+    await kafka.commit(name, {(name, 0): 1, (name, 1): 1})
+    metric = lag_metric(lag_source.name)
+    assert await read_lag(lag_source, metric, f"group={name}") == 4
+    await kafka.admin.create_partitions({name: NewPartitions(total_count=4)})
+    await kafka.produce(name, {2: 4, 3: 4})
+    await kafka.commit(name, {(name, 2): 0, (name, 3): 2})
+    assert await read_lag(lag_source, metric, f"group={name}") == 4 + 4 + 2
+    assert partition_gauge(lag_source, name, name, 3) == 2
+
+
+async def test_every_committed_topic_without_topic_label(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
+    first, second = f"{name}-a", f"{name}-b"
+    await kafka.topic(first, 2)
+    await kafka.topic(second, 1)
+    await kafka.produce(first, {0: 4, 1: 4})
+    await kafka.produce(second, {0: 9})
+    await kafka.commit(name, {(first, 0): 4, (first, 1): 1, (second, 0): 2})
+    metric = lag_metric(lag_source.name)
+    assert await read_lag(lag_source, metric, f"group={name}") == 3 + 7
+    assert await read_lag(lag_source, metric, f"group={name},topic={second}") == 7
+    _key, query = _resolve(metric, f"group={name}")
+    [sample] = await lag_source.query(query)
+    assert dict(sample.labels) == {"group": name, "topic": f"{first},{second}"}
+
+
+async def test_partition_selector(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
+    await kafka.topic(name, 4)
+    await kafka.produce(name, {0: 1, 1: 2, 2: 4, 3: 8})
+    await kafka.commit(name, {(name, p): 0 for p in range(4)})
+    metric = lag_metric(lag_source.name)
+    assert await read_lag(lag_source, metric, f"group={name},partition in (0,2)") == 5
+    assert await read_lag(lag_source, metric, f"group={name},partition=1-3") == 14
+    with pytest.raises(SourceError, match="no partition"):
+        await read_lag(lag_source, metric, f"group={name},partition=9")
+
+
+async def test_cap_at_partitions_times_threshold(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
+    await kafka.topic(name, 2)
+    await kafka.produce(name, {0: 10, 1: 10})
+    await kafka.commit(name, {(name, 0): 0, (name, 1): 10})
+    selector = f"group={name},topic={name}"
+    assert await read_lag(lag_source, lag_metric(lag_source.name, lag_threshold=2), selector) == 4
+    idle = lag_metric(lag_source.name, lag_threshold=2, allow_idle_consumers=True)
+    assert await read_lag(lag_source, idle, selector) == 10
+    with_lag = lag_metric(lag_source.name, lag_threshold=2, limit_to_partitions_with_lag=True)
+    assert await read_lag(lag_source, with_lag, selector) == 2
+
+
+async def test_persistent_lag_is_excluded_until_the_group_moves(
+    kafka: KafkaDriver, lag_source: KafkaLag, name: str
+) -> None:
+    await kafka.topic(name, 1)
+    await kafka.produce(name, {0: 5})
+    await kafka.commit(name, {(name, 0): 2})
+    metric = lag_metric(lag_source.name, exclude_persistent_lag=True)
+    selector = f"group={name},topic={name}"
+    assert await read_lag(lag_source, metric, selector) == 3  # first sight counts
+    assert await read_lag(lag_source, metric, selector) == 0  # no progress: stuck, not busy
+    await kafka.commit(name, {(name, 0): 3})
+    assert await read_lag(lag_source, metric, selector) == 2
+
+
+async def test_deleted_topic_is_an_error_not_zero(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
+    await kafka.topic(name, 1)
+    await kafka.produce(name, {0: 2})
+    await kafka.commit(name, {(name, 0): 2})
+    metric = lag_metric(lag_source.name)
+    assert await read_lag(lag_source, metric, f"group={name},topic={name}") == 0
+    await kafka.admin.delete_topics([name])
+    with pytest.raises(SourceError, match="does not exist"):
+        await read_lag(lag_source, metric, f"group={name},topic={name}")
+
+
+async def test_unknown_group_is_an_error_not_zero(lag_source: KafkaLag, name: str) -> None:
+    with pytest.raises(SourceError, match="no committed offsets"):
+        await read_lag(lag_source, lag_metric(lag_source.name), f"group={name}")
+
+
+async def test_series_of_one_group_share_one_read(kafka: KafkaDriver, broker: KafkaBroker, name: str) -> None:
+    await kafka.topic(name, 3)
+    await kafka.produce(name, {0: 3, 1: 3, 2: 3})
+    await kafka.commit(name, {(name, p): 1 for p in range(3)})
+    source = KafkaLag(source_config(broker.bootstrap, metadata_max_age=60, offsets_max_age=60))
+    try:
+        one, two = lag_metric(source.name), lag_metric(source.name, offset_reset_policy="earliest")
+        values = await asyncio.gather(
+            read_lag(source, one, f"group={name}"),
+            read_lag(source, two, f"group={name},topic={name}"),
+            read_lag(source, one, f"group={name},partition=0"),
+        )
+        assert values == [6, 6, 2]
+        assert requests(source.name) == {"Metadata": 2, "FindCoordinator": 1, "OffsetFetch": 1, "ListOffsets": 1}
+        await read_lag(source, one, f"group={name}")  # within offsets_max_age: no request at all
+        assert requests(source.name)["OffsetFetch"] == 1
+    finally:
+        await source.close()
+
+
+async def test_groups_read_together_share_list_offsets(kafka: KafkaDriver, broker: KafkaBroker, name: str) -> None:
+    await kafka.topic(name, 4)
+    await kafka.produce(name, {p: 2 for p in range(4)})
+    groups = [f"{name}-g{i}" for i in range(5)]
+    for i, group in enumerate(groups):
+        await kafka.commit(group, {(name, p): i % 3 for p in range(4)})
+    source = KafkaLag(source_config(broker.bootstrap, metadata_max_age=60))
+    try:
+        metric = lag_metric(source.name, allow_idle_consumers=True)
+        await read_lag(source, metric, f"group={groups[0]}")  # connect and find the coordinator first
+        before = requests(source.name)
+        values = await asyncio.gather(*(read_lag(source, metric, f"group={group}") for group in groups))
+        assert values == [8 - 4 * (i % 3) for i in range(5)]
+        after = requests(source.name)
+        sent = {api: after.get(api, 0) - before.get(api, 0) for api in after}
+        # One OffsetFetch per group; one ListOffsets for all of them (one leader); metadata still fresh.
+        assert sent["OffsetFetch"] == 5
+        assert sent["ListOffsets"] == 1
+        assert sent["Metadata"] == 0
+    finally:
+        await source.close()
+
+
+def requests(source: str) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for api in ("Metadata", "FindCoordinator", "OffsetFetch", "ListOffsets"):
+        value = REGISTRY.get_sample_value("zeroscale_kafka_requests_total", {"source": source, "api": api})
+        if value:
+            found[api] = int(value)
+    return found
+
+
+def _resolve(metric: KafkaMetric, selector: str) -> tuple[SeriesKey, SourceQuery]:
+    return Catalogue([metric]).resolve(metric.name, "default", selector)
