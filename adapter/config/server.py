@@ -18,6 +18,8 @@ class ServingTLSConfig(Strict):
     key_file: Path | None = None
     self_signed_sans: list[str] = Field(default_factory=lambda: ["localhost", "127.0.0.1"])
     min_version: Literal["1.2", "1.3"] = "1.2"
+    # How often certificate and CA files are checked for changes on disk.
+    reload_interval: Duration = 10.0
 
 
 class RequestHeaderConfig(Strict):

@@ -1,0 +1,137 @@
+"""The external metrics API's routes (SPEC sections 1 and 3), authentication and authorization in front.
+
+Order of a request: health paths answer `ok` without credentials; `/openapi/*` answers 404
+before authorization (SPEC 3.4); everything else is authenticated (401), authorized (403)
+and then routed: discovery documents, the list call, or a 404 Status.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from urllib.parse import parse_qs, unquote
+
+from adapter.api import documents
+from adapter.api.authn import Authenticator, Unauthenticated, User
+from adapter.api.authz import Attributes, Authorizer
+from adapter.api.http import Request, Response
+from adapter.kube.client import KubeError
+from adapter.metrics.cache import MetricCache, Reading
+from adapter.metrics.errors import MetricError
+from adapter.metrics.quantity import format_quantity
+from adapter.telemetry import api as telemetry
+
+log = logging.getLogger(__name__)
+
+_HEALTH = frozenset({"/healthz", "/livez", "/readyz"})
+_OK = Response(200, b"ok", "text/plain; charset=utf-8")
+_GROUP_PATH = f"/apis/{documents.GROUP}"
+_VERSION_PATH = f"{_GROUP_PATH}/{documents.VERSION}"
+_DISCOVERY = {"/apis": documents.API_GROUP_LIST, _GROUP_PATH: documents.API_GROUP}
+# Rendered list answers, reused while the cache hands back the same Reading object.
+_RENDERED_LIMIT = 4096
+
+
+def _status(code: int, reason: str, message: str, details: dict[str, str] | None = None) -> Response:
+    return Response(code, documents.status(code, reason, message, details))
+
+
+_OPENAPI_NOT_FOUND = _status(404, "NotFound", "this server does not publish an OpenAPI document")
+
+
+class ExternalMetricsAPI:
+    """The request handler. `authenticator`/`authorizer` None means authentication is off (loopback only)."""
+
+    def __init__(
+        self,
+        cache: MetricCache,
+        authenticator: Authenticator | None,
+        authorizer: Authorizer | None,
+    ) -> None:
+        self._cache = cache
+        self._authenticator = authenticator
+        self._authorizer = authorizer
+        self._resource_list = documents.api_resource_list(cache.catalogue.names())
+        self._rendered: dict[tuple[str, str, str], tuple[Reading, bytes]] = {}
+
+    async def __call__(self, request: Request) -> Response:
+        started = time.perf_counter()
+        route, response = await self._answer(request)
+        telemetry.observe_request(route, response.status, time.perf_counter() - started)
+        return response
+
+    async def _answer(self, request: Request) -> tuple[str, Response]:
+        path, _, query = request.target.partition("?")
+        if len(path) > 1 and path.endswith("/"):
+            path = path[:-1]
+        if path in _HEALTH or path.startswith(("/healthz/", "/livez/", "/readyz/")):
+            return "health", _OK
+        if path == "/openapi" or path.startswith("/openapi/"):
+            return "openapi", _OPENAPI_NOT_FOUND
+        segments = [unquote(segment) for segment in path.split("/")]
+        is_list = len(segments) == 7 and path.startswith(_VERSION_PATH + "/namespaces/")
+        route = "list" if is_list else "discovery" if path in _DISCOVERY or path == _VERSION_PATH else "other"
+        verb = "list" if is_list else "get"
+        attributes = Attributes(verb, path, segments[5], segments[6].lower()) if is_list else Attributes(verb, path)
+        refused = await self._refuse(request, attributes)
+        if refused is not None:
+            return route, refused
+        if request.method not in ("GET", "HEAD"):
+            return route, _status(405, "MethodNotAllowed", f"the server does not allow this method: {request.method}")
+        if is_list:
+            return route, await self._list(segments[5], segments[6], query)
+        if path == _VERSION_PATH:
+            return route, Response(200, self._resource_list)
+        document = _DISCOVERY.get(path)
+        if document is not None:
+            return route, Response(200, document)
+        return route, _status(404, "NotFound", f"the server could not find the requested resource {path}")
+
+    async def _refuse(self, request: Request, attributes: Attributes) -> Response | None:
+        """401 / 403 / 500 when the caller may not make this request; None when it may."""
+        if self._authenticator is None or self._authorizer is None:
+            return None
+        try:
+            user = await self._authenticator.authenticate(request)
+        except Unauthenticated:
+            return _status(401, "Unauthorized", "Unauthorized")
+        try:
+            decision = await self._authorizer.authorize(user, attributes)
+        except KubeError as err:
+            log.warning("SubjectAccessReview for %s failed: %s", user.name, err)
+            return _status(500, "InternalError", "Internal error occurred: the authorization check could not be made")
+        if decision.allowed:
+            return None
+        return _forbidden(user, attributes, decision.reason)
+
+    async def _list(self, namespace: str, metric: str, query: str) -> Response:
+        selector = parse_qs(query).get("labelSelector", [""])[0]
+        try:
+            reading = await self._cache.read(metric, namespace, selector)
+        except MetricError as err:
+            return _status(err.code, err.reason, err.message)
+        key = (metric, namespace, selector)
+        rendered = self._rendered.get(key)
+        if rendered is None or rendered[0] is not reading:
+            if len(self._rendered) >= _RENDERED_LIMIT:
+                self._rendered.clear()
+            body = documents.external_metric_value_list(
+                reading.metric, reading.labels, reading.timestamp, format_quantity(reading.value)
+            )
+            rendered = (reading, body)
+            self._rendered[key] = rendered
+        return Response(200, rendered[1])
+
+
+def _forbidden(user: User, attributes: Attributes, reason: str) -> Response:
+    """The 403 Status the generic apiserver writes (SPEC 1.4)."""
+    suffix = f": {reason}" if reason else ""
+    if attributes.resource is None:
+        message = f'forbidden: User "{user.name}" cannot {attributes.verb} path "{attributes.path}"{suffix}'
+        return _status(403, "Forbidden", message)
+    resource = attributes.resource
+    message = (
+        f'{resource}.{documents.GROUP} is forbidden: User "{user.name}" cannot {attributes.verb} resource '
+        f'"{resource}" in API group "{documents.GROUP}" in the namespace "{attributes.namespace}"{suffix}'
+    )
+    return _status(403, "Forbidden", message, {"group": documents.GROUP, "kind": resource})

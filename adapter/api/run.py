@@ -1,0 +1,164 @@
+"""`zeroscale serve`: the external metrics API on HTTPS and Prometheus /metrics on plain HTTP, on uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+
+import uvloop
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from adapter.api.authn import Authenticator, TokenReviewer, TrustBundle
+from adapter.api.authz import Authorizer
+from adapter.api.http import HTTPServer, Limits, Request, Response
+from adapter.api.routes import ExternalMetricsAPI
+from adapter.api.tls import ServingTLS, TLSError
+from adapter.api.trust import TrustWatcher
+from adapter.config import ZeroscaleConfig
+from adapter.config.server import ServerConfig
+from adapter.kube.client import KubeClient, KubeConfigError
+from adapter.metrics.cache import MetricCache
+from adapter.metrics.catalogue import Catalogue
+from adapter.sources import build_source
+
+log = logging.getLogger(__name__)
+
+_NOT_FOUND = Response(404, b"not found\n", "text/plain; charset=utf-8")
+_OK = Response(200, b"ok", "text/plain; charset=utf-8")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def unsafe_without_auth(server: ServerConfig) -> str | None:
+    """Why running without authentication is refused, or None when it is allowed (or auth is on)."""
+    if server.auth.enabled:
+        return None
+    exposed = [f"{key}={host!r}" for key, host in (("bind", server.bind), ("metrics_bind", server.metrics_bind))]
+    if all(_is_loopback(host) for host in (server.bind, server.metrics_bind)):
+        return None
+    return (
+        "server.auth.enabled is false, which is allowed only when every listener binds to loopback "
+        f"(127.0.0.1, ::1 or localhost); got {', '.join(exposed)}"
+    )
+
+
+async def _metrics_endpoint(request: Request) -> Response:
+    path = request.target.partition("?")[0]
+    if path == "/metrics":
+        return Response(200, generate_latest(), CONTENT_TYPE_LATEST)
+    if path in ("/healthz", "/livez", "/readyz"):
+        return _OK
+    return _NOT_FOUND
+
+
+async def _reload_certificates(tls: ServingTLS, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        tls.reload_if_changed()
+
+
+async def serve(config: ZeroscaleConfig, stop: asyncio.Event) -> int:
+    """Serve until `stop` is set; return the process exit code."""
+    server, auth = config.server, config.server.auth
+    try:
+        tls = ServingTLS(server.tls, verify_clients=auth.enabled)
+    except TLSError as err:
+        log.error("%s", err)
+        return 2
+    client: KubeClient | None = None
+    authenticator: Authenticator | None = None
+    authorizer: Authorizer | None = None
+    background: list[asyncio.Task[None]] = []
+    if auth.enabled:
+        try:
+            client = KubeClient.from_config(auth.kubernetes)
+        except KubeConfigError as err:
+            log.error("authentication needs the Kubernetes API: %s (server.auth.kubernetes)", err)
+            return 2
+        authenticator = Authenticator(
+            TokenReviewer(client, auth.token_cache_ttl, auth.cache_size) if auth.token_review else None
+        )
+        authorizer = Authorizer(client, auth)
+        trusted = authenticator
+
+        def publish(bundle: TrustBundle) -> None:
+            trusted.bundle = bundle
+            tls.set_client_cas(bundle.tls_pem())
+
+        watcher = TrustWatcher(auth, client, publish, server.tls.reload_interval)
+        try:
+            await watcher.load()
+        except ValueError as err:
+            log.error("%s", err)
+            await client.close()
+            return 2
+        background.append(asyncio.create_task(watcher.run(), name="trust watcher"))
+    else:
+        log.warning(
+            "AUTHENTICATION IS OFF (server.auth.enabled: false): anyone who can reach %s:%d reads every metric; "
+            "allowed only because every listener is on loopback",
+            server.bind,
+            server.port,
+        )
+    background.append(asyncio.create_task(_reload_certificates(tls, server.tls.reload_interval)))
+
+    sources = {source.name: build_source(source) for source in config.sources}
+    cache = MetricCache(Catalogue(config.metrics), sources, config.cache)
+    limits = Limits(server.max_header_bytes, server.max_connections, server.header_timeout, server.idle_timeout)
+    api = HTTPServer(ExternalMetricsAPI(cache, authenticator, authorizer), limits)
+    metrics = HTTPServer(_metrics_endpoint, limits)
+    code = 0
+    try:
+        port = await api.start(server.bind, server.port, tls.listener_context)
+        metrics_port = await metrics.start(server.metrics_bind, server.metrics_port, None)
+    except OSError as err:
+        log.error("cannot listen: %s", err)
+        code = 1
+    else:
+        log.info(
+            "serving external.metrics.k8s.io on https://%s:%d, Prometheus metrics on http://%s:%d/metrics",
+            server.bind,
+            port,
+            server.metrics_bind,
+            metrics_port,
+        )
+        await stop.wait()
+        log.info("stopping")
+    for task in background:
+        task.cancel()
+    await asyncio.gather(*background, return_exceptions=True)
+    await api.stop()
+    await metrics.stop()
+    await cache.close()
+    for source in sources.values():
+        with contextlib.suppress(Exception):
+            await source.close()
+    if client is not None:
+        await client.close()
+    return code
+
+
+async def _main(config: ZeroscaleConfig) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return await serve(config, stop)
+
+
+def run_adapter(config: ZeroscaleConfig) -> int:
+    problem = unsafe_without_auth(config.server)
+    if problem is not None:
+        log.error("refusing to start: %s", problem)
+        return 2
+    return uvloop.run(_main(config))
