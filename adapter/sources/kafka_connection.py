@@ -142,9 +142,8 @@ class KafkaConnection:
         except SaslAuthenticationFailed as err:
             # A rotated password is read again on the next connect.
             await self._reset()
-            return (
-                f"authentication failed at {where} ({self._config.sasl.mechanism if self._config.sasl else ''}): {err}"
-            )
+            mechanism = self._config.sasl.mechanism if self._config.sasl else "SASL"
+            return f"authentication ({mechanism}) failed at {where}: {err}"
         except ssl.SSLError as err:
             return f"TLS handshake with {where} failed: {err.reason or err}"
         except (OSError, TimeoutError) as err:

@@ -36,7 +36,7 @@ def partition_gauge(source: KafkaLag | str, group: str, topic: str, partition: i
         ({"offset_reset_policy": "earliest", "scale_to_zero_on_invalid_offset": True}, 0),
     ],
 )
-async def test_new_group(kafka: KafkaDriver, lag_source: KafkaLag, name: str, params: dict, expected: int) -> None:
+async def test_new_group(kafka: KafkaDriver, lag_source: KafkaLag, name: str, params: dict[str, object], expected: int) -> None:
     await kafka.topic(name, 3)
     await kafka.produce(name, {0: 5, 1: 6, 2: 7})
     metric = lag_metric(lag_source.name, **params)
@@ -156,7 +156,7 @@ async def test_series_of_one_group_share_one_read(kafka: KafkaDriver, broker: Ka
             read_lag(source, two, f"group={name},topic={name}"),
             read_lag(source, one, f"group={name},partition=0"),
         )
-        assert values == [6, 6, 2]
+        assert list(values) == [6, 6, 2]
         assert requests(source.name) == {"Metadata": 2, "FindCoordinator": 1, "OffsetFetch": 1, "ListOffsets": 1}
         await read_lag(source, one, f"group={name}")  # within offsets_max_age: no request at all
         assert requests(source.name)["OffsetFetch"] == 1
