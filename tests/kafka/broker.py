@@ -80,3 +80,19 @@ class KafkaBroker:
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+
+
+def describe_groups(bootstrap: str, groups: list[str]) -> dict[tuple[str, str, int], int | None]:
+    """Kafka's own `kafka-consumer-groups.sh --describe`, from the same jars: (group, topic, partition)
+    -> its LAG column (None where it prints `-`: no committed offset)."""
+    command = ["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", f"{kafka_jars()}/*"]
+    command += ["org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", "--bootstrap-server", bootstrap]
+    command += ["--describe", *(arg for group in groups for arg in ("--group", group))]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120).stdout
+    lags: dict[tuple[str, str, int], int | None] = {}
+    for line in out.splitlines():
+        fields = line.split()
+        # GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG CONSUMER-ID HOST CLIENT-ID
+        if len(fields) >= 6 and fields[0] in groups and fields[2].isdigit():
+            lags[(fields[0], fields[1], int(fields[2]))] = None if fields[5] == "-" else int(fields[5])
+    return lags

@@ -36,7 +36,9 @@ def partition_gauge(source: KafkaLag | str, group: str, topic: str, partition: i
         ({"offset_reset_policy": "earliest", "scale_to_zero_on_invalid_offset": True}, 0),
     ],
 )
-async def test_new_group(kafka: KafkaDriver, lag_source: KafkaLag, name: str, params: dict[str, object], expected: int) -> None:
+async def test_new_group(
+    kafka: KafkaDriver, lag_source: KafkaLag, name: str, params: dict[str, object], expected: int
+) -> None:
     await kafka.topic(name, 3)
     await kafka.produce(name, {0: 5, 1: 6, 2: 7})
     metric = lag_metric(lag_source.name, **params)
