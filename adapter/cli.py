@@ -42,6 +42,12 @@ def _check(args: argparse.Namespace) -> int:
     return asyncio.run(check_sources(config))
 
 
+def _proxy(args: argparse.Namespace) -> int:
+    from adapter.proxy.server import run_proxy
+
+    return run_proxy(_load(args).proxy)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zeroscale", description=__doc__)
     parser.add_argument("--version", action="version", version=f"zeroscale {__version__}")
@@ -55,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="validate a config file and try every source once")
     _add_config_option(check)
     check.set_defaults(run=_check)
+
+    proxy = commands.add_parser("proxy", help="run the buffering reverse proxy (holds requests while a workload wakes)")
+    _add_config_option(proxy)
+    proxy.set_defaults(run=_proxy)
     return parser
 
 

@@ -1,0 +1,254 @@
+"""One accepted request and its way through the proxy: read, held or assigned, forwarded, answered.
+
+Every accepted request ends in exactly one of: a forwarded response, or an explicit error from the
+proxy (413/502/503/504), or the client going away (counted as 499). `state` makes that single ending
+explicit: once DONE, nothing else writes for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from adapter.proxy.http1 import CHUNK_END, chunk
+from adapter.telemetry import proxy as telemetry
+
+if TYPE_CHECKING:
+    from adapter.proxy.client import ClientConnection
+    from adapter.proxy.route import Route
+    from adapter.proxy.upstream import Endpoint, UpstreamConnection
+
+NEW, QUEUED, ASSIGNED, DONE = range(4)
+# A request already written upstream is re-sent elsewhere only if its bytes are this small (idempotent methods).
+_MAX_REPLAY_BYTES = 64 * 1024
+_MAX_ATTEMPTS = 3
+
+
+class Exchange:
+    __slots__ = (
+        "attempts",
+        "body",
+        "body_done",
+        "body_size",
+        "chunked",
+        "client",
+        "cold",
+        "content_length",
+        "endpoint",
+        "expect_continue",
+        "head",
+        "held_at",
+        "http10",
+        "is_head",
+        "keep_alive",
+        "replay",
+        "replay_size",
+        "response_started",
+        "route",
+        "sent_at",
+        "state",
+        "timer",
+        "upgrade",
+        "upstream",
+        "waited",
+        "written",
+    )
+
+    def __init__(
+        self,
+        client: ClientConnection,
+        route: Route,
+        head: bytes,
+        *,
+        chunked: bool,
+        content_length: int | None,
+        keep_alive: bool,
+        upgrade: bool,
+        expect_continue: bool,
+        http10: bool,
+        is_head: bool,
+        idempotent: bool,
+    ) -> None:
+        self.client = client
+        self.route = route
+        self.head = head
+        self.chunked = chunked
+        self.content_length = content_length
+        self.keep_alive = keep_alive
+        self.upgrade = upgrade
+        self.expect_continue = expect_continue
+        self.http10 = http10
+        self.is_head = is_head
+        # Framed body pieces waiting for an upstream connection.
+        self.body: list[bytes] = []
+        self.body_size = 0
+        self.body_done = False
+        # Framed body pieces already written, kept (small, idempotent requests only) to re-send on another endpoint.
+        self.replay: list[bytes] | None = [] if idempotent else None
+        self.replay_size = 0
+        self.state = NEW
+        self.upstream: UpstreamConnection | None = None
+        self.endpoint: Endpoint | None = None
+        self.written = False
+        self.response_started = False
+        # When the request was first held (monotonic), and how long it waited before going upstream.
+        self.held_at = 0.0
+        self.waited = 0.0
+        self.cold = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.sent_at = 0.0
+        self.attempts = 0
+
+    # --- the request body, as the client sends it ---
+
+    def body_data(self, data: bytes) -> None:
+        if self.state == DONE:
+            return
+        framed = chunk(data) if self.chunked else data
+        upstream = self.upstream
+        if upstream is not None:
+            upstream.transport.write(framed)
+            self._keep_for_replay(framed)
+            return
+        self.body.append(framed)
+        self.body_size += len(framed)
+        limits = self.route.limits
+        if self.state in (QUEUED, ASSIGNED):
+            self.route.counts.held_bytes += len(framed)
+        if self.body_size > limits.max_held_body_bytes:
+            if self.state == ASSIGNED:
+                # Connecting: wait for the connection instead of buffering more.
+                self.client.pause_reading_for_body()
+            else:
+                self.fail(413, f"the request body is larger than {limits.max_held_body_bytes} bytes while held")
+        elif self.state == QUEUED and self.route.counts.held_bytes > limits.max_held_bytes:
+            self.fail(503, "the proxy holds too many request bytes for this route", retry_after=limits.retry_after)
+
+    def body_end(self) -> None:
+        self.body_done = True
+        upstream = self.upstream
+        if upstream is not None and self.state != DONE:
+            if self.chunked:
+                upstream.transport.write(CHUNK_END)
+                self._keep_for_replay(CHUNK_END)
+            self.sent_at = time.monotonic()
+            upstream.expect_response(self.route.limits.response_timeout)
+
+    def _keep_for_replay(self, framed: bytes) -> None:
+        if self.replay is not None:
+            self.replay_size += len(framed)
+            if self.replay_size > _MAX_REPLAY_BYTES:
+                self.replay = None
+            else:
+                self.replay.append(framed)
+
+    # --- the upstream side ---
+
+    def attach(self, upstream: UpstreamConnection) -> None:
+        """Send everything read so far on `upstream`; from now on the body streams through."""
+        self.upstream = upstream
+        upstream.exchange = self
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        pieces = [self.head]
+        if self.replay:
+            pieces.extend(self.replay)
+        if self.body:
+            self.route.counts.held_bytes -= self.body_size
+            pieces.extend(self.body)
+            for framed in self.body:
+                self._keep_for_replay(framed)
+            self.body = []
+            self.body_size = 0
+            self.client.resume_reading_for_body()
+        if self.body_done and self.chunked and not self.upgrade:
+            pieces.append(CHUNK_END)
+            self._keep_for_replay(CHUNK_END)
+        upstream.transport.write(b"".join(pieces) if len(pieces) > 1 else self.head)
+        self.written = True
+        self.attempts += 1
+        if self.body_done:
+            self.sent_at = time.monotonic()
+            upstream.expect_response(self.route.limits.response_timeout)
+
+    def retriable(self) -> bool:
+        """No byte reached an upstream, or an idempotent request whose bytes we still have got no response byte."""
+        if self.response_started or self.attempts >= _MAX_ATTEMPTS:
+            return False
+        return not self.written or self.replay is not None
+
+    def upstream_lost(self, reason: str) -> None:
+        """The upstream connection broke before the response was complete."""
+        self.upstream = None
+        if self.state == DONE:
+            return
+        if self.retriable():
+            telemetry.RETRIES.labels(self.route.name).inc()
+            self.route.retry(self)
+        elif self.response_started:
+            telemetry.ERRORS.labels(self.route.name, "502").inc()
+            self._end()
+            self.client.abort()
+        else:
+            self.fail(502, f"the upstream {reason} before answering")
+
+    def response_done(self, upstream_reusable: bool) -> None:
+        """The whole response went to the client: give the upstream connection back, let the client go on."""
+        upstream = self.upstream
+        self.upstream = None
+        if upstream is not None:
+            upstream.exchange = None
+            if upstream_reusable and self.body_done:
+                upstream.release()
+            else:
+                upstream.close()
+        if self.state == DONE:
+            return
+        self._end()
+        self.client.exchange_finished(self, reusable=self.body_done and self.keep_alive)
+
+    # --- endings ---
+
+    def hold_expired(self) -> None:
+        self.timer = None
+        if self.state == QUEUED or (self.state == ASSIGNED and self.upstream is None):
+            timeout = self.route.limits.hold_timeout
+            self.fail(504, f"the workload did not become ready in {timeout:g} s")
+
+    def fail(self, code: int, message: str, *, retry_after: int | None = None) -> None:
+        """Answer the client with an error of the proxy's own (or cut it off if a response already began)."""
+        if self.state == DONE:
+            return
+        telemetry.ERRORS.labels(self.route.name, str(code)).inc()
+        upstream = self.upstream
+        self.upstream = None
+        if upstream is not None:
+            upstream.exchange = None
+            upstream.close()
+        self._end()
+        if self.response_started:
+            self.client.abort()
+        else:
+            self.client.answer(self, code, message, retry_after)
+
+    def client_gone(self) -> None:
+        if self.state == DONE:
+            return
+        telemetry.ERRORS.labels(self.route.name, "499").inc()
+        upstream = self.upstream
+        self.upstream = None
+        if upstream is not None:
+            upstream.exchange = None
+            upstream.close()
+        self._end()
+
+    def _end(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.route.leave(self)
+        self.state = DONE
+        self.body = []
+        self.replay = None

@@ -1,0 +1,67 @@
+"""HTTP/1.1 wire pieces the proxy needs: which headers are hop-by-hop, chunk framing, its own answers."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+# RFC 9110 7.6.1: headers that describe one connection and never pass through a proxy. Transfer-Encoding is
+# re-added for the next hop when the body is chunked; Upgrade and Connection are re-added for a tunnel.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+# Set by the proxy itself; a client's own values are replaced (X-Forwarded-For is appended to instead).
+REPLACED = frozenset({b"x-forwarded-proto", b"x-forwarded-host", b"expect"})
+
+CHUNK_END = b"0\r\n\r\n"
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
+
+_STATUS_LINES: dict[int, bytes] = {}
+
+
+def status_line(code: int) -> bytes:
+    """`HTTP/1.1 <code> <reason>\\r\\n`, cached: the proxy answers with few codes and upstreams with few more."""
+    line = _STATUS_LINES.get(code)
+    if line is None:
+        try:
+            reason = HTTPStatus(code).phrase
+        except ValueError:
+            reason = "Status"
+        line = _STATUS_LINES[code] = f"HTTP/1.1 {code} {reason}\r\n".encode("ascii")
+    return line
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def connection_tokens(value: bytes) -> set[bytes]:
+    return {token.strip().lower() for token in value.split(b",") if token.strip()}
+
+
+def error_response(code: int, message: str, *, retry_after: int | None = None, close: bool = True) -> bytes:
+    """A plain-text answer from the proxy itself; the body says what happened so a person can act on it."""
+    body = (message + "\n").encode("utf-8")
+    head = [
+        status_line(code),
+        b"Content-Type: text/plain; charset=utf-8\r\n",
+        b"Content-Length: %d\r\n" % len(body),
+        b"X-Zeroscale-Proxy: error\r\n",
+    ]
+    if retry_after is not None:
+        head.append(b"Retry-After: %d\r\n" % retry_after)
+    if close:
+        head.append(b"Connection: close\r\n")
+    head.append(b"\r\n")
+    head.append(body)
+    return b"".join(head)

@@ -1,0 +1,270 @@
+"""A route at run time: its endpoints, its FIFO of held requests, per-endpoint admission and probing.
+
+A request goes straight to an endpoint when nothing is queued and an endpoint has room below
+`endpoint_concurrency`; otherwise it is held, in arrival order, until `pump` finds room. Requests that
+could not be written anywhere (connect refused, a stale keep-alive connection) go back to the front.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter
+
+from adapter.config.proxy import RouteConfig, split_address
+from adapter.proxy.counts import RouteCounts
+from adapter.proxy.exchange import ASSIGNED, QUEUED, Exchange
+from adapter.proxy.upstream import Endpoint
+from adapter.telemetry import proxy as telemetry
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics import Histogram
+
+_PROBE_TIMEOUT = 1.0
+
+
+class Route:
+    def __init__(self, config: RouteConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.limits = config.limits
+        self.counts = RouteCounts(config.name)
+        self.queue: deque[Exchange] = deque()
+        # Called when a request is held while no endpoint is usable (the waker).
+        self.on_cold: Callable[[], None] | None = None
+        # Set by the waker when it patched the scale subresource (monotonic).
+        self.wake_sent_at = 0.0
+        self.upstream_seconds: Histogram = telemetry.UPSTREAM_SECONDS.labels(self.name)
+        self._requests = telemetry.REQUESTS.labels(self.name)
+        self._hold_seconds = telemetry.HOLD_SECONDS.labels(self.name)
+        self._connects = {result: telemetry.UPSTREAM_CONNECTS.labels(self.name, result) for result in ("ok", "error")}
+        self._endpoints: list[Endpoint] = []
+        self._rr = 0
+        self._cap = config.limits.endpoint_concurrency
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._prober: asyncio.Task[None] | None = None
+        self._cold_since = 0.0
+        self._ready_at = 0.0
+        self._await_first_byte = False
+        self._closed = False
+        address = getattr(config.upstream, "address", None)
+        self.default_host = (address or f"{config.upstream.service}.{config.upstream.namespace}").encode()  # type: ignore[union-attr]
+        telemetry.READY_ENDPOINTS.labels(self.name).set_function(self.usable_count)
+
+    # --- endpoints ---
+
+    def set_endpoints(self, addresses: list[tuple[str, int]]) -> None:
+        """Replace the ready endpoints (from an EndpointSlice watch or the configured address)."""
+        current = {(ep.host, ep.port): ep for ep in self._endpoints}
+        endpoints = []
+        for address in dict.fromkeys(addresses):
+            endpoint = current.pop(address, None) or Endpoint(self, *address)
+            endpoints.append(endpoint)
+        for gone in current.values():
+            gone.removed = True
+            gone.close_idle()
+        self._endpoints = endpoints
+        self._readiness_changed()
+
+    def set_static_endpoint(self, address: str) -> None:
+        self.set_endpoints([split_address(address)])
+
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        return list(self._endpoints)
+
+    def usable_count(self) -> int:
+        return sum(1 for ep in self._endpoints if ep.healthy)
+
+    def has_usable(self) -> bool:
+        return any(ep.healthy for ep in self._endpoints)
+
+    def _pick(self) -> Endpoint | None:
+        endpoints = self._endpoints
+        if len(endpoints) == 1:
+            only = endpoints[0]
+            return only if only.healthy and only.inflight < self._cap else None
+        best: Endpoint | None = None
+        count = len(endpoints)
+        start = self._rr = (self._rr + 1) % count if count else 0
+        for offset in range(count):
+            endpoint = endpoints[(start + offset) % count]
+            if (
+                endpoint.healthy
+                and endpoint.inflight < self._cap
+                and (best is None or endpoint.inflight < best.inflight)
+            ):
+                best = endpoint
+        return best
+
+    # --- requests ---
+
+    def submit(self, exchange: Exchange) -> None:
+        if not self.queue:
+            endpoint = self._pick()
+            if endpoint is not None:
+                self._assign(exchange, endpoint)
+                return
+        if len(self.queue) >= self.limits.max_held_requests:
+            exchange.fail(
+                503,
+                f"the proxy already holds {len(self.queue)} requests for this route",
+                retry_after=self.limits.retry_after,
+            )
+            return
+        self.counts.held_bytes += exchange.body_size
+        self._hold(exchange, front=False)
+
+    def retry(self, exchange: Exchange) -> None:
+        """Back to the front of the queue: nothing of it reached an upstream (or it may safely be re-sent)."""
+        self._unassign(exchange)
+        self.counts.held_bytes += exchange.body_size
+        self._hold(exchange, front=True)
+        self.pump()
+
+    def connect_failed(self, endpoint: Endpoint, exchange: Exchange) -> None:
+        endpoint.healthy = False
+        endpoint.close_idle()
+        if exchange.state == ASSIGNED and exchange.endpoint is endpoint and exchange.upstream is None:
+            self.retry(exchange)
+
+    def leave(self, exchange: Exchange) -> None:
+        """The exchange ended (answered, failed, client gone): give back what it held."""
+        state = exchange.state
+        if state == QUEUED:
+            self.queue.remove(exchange)
+            self.counts.held_bytes -= exchange.body_size
+            self._hold_seconds.observe(time.monotonic() - exchange.held_at)
+            self.counts.add(held=-1)
+        elif state == ASSIGNED:
+            self._unassign(exchange)
+            self.counts.add(inflight=-1)
+            if self.queue:
+                self.pump()
+
+    def pump(self) -> None:
+        """Send held requests, oldest first, while some endpoint has room."""
+        queue = self.queue
+        while queue:
+            endpoint = self._pick()
+            if endpoint is None:
+                return
+            self._assign(queue.popleft(), endpoint)
+
+    def _hold(self, exchange: Exchange, *, front: bool) -> None:
+        was_assigned = exchange.state == ASSIGNED
+        exchange.state = QUEUED
+        if front:
+            self.queue.appendleft(exchange)
+        else:
+            self.queue.append(exchange)
+        self.counts.add(held=1, inflight=-1 if was_assigned else 0)
+        now = time.monotonic()
+        if not exchange.held_at:
+            exchange.held_at = now
+            loop = asyncio.get_running_loop()
+            exchange.timer = loop.call_later(self.limits.hold_timeout, exchange.hold_expired)
+        if not self.has_usable():
+            exchange.cold = True
+            if not self._cold_since:
+                self._cold_since = now
+            if self.on_cold is not None:
+                self.on_cold()
+        self._ensure_prober()
+
+    def _assign(self, exchange: Exchange, endpoint: Endpoint) -> None:
+        if exchange.state == QUEUED:
+            waited = time.monotonic() - exchange.held_at
+            exchange.waited = waited
+            self._hold_seconds.observe(waited)
+            self.counts.add(held=-1, inflight=1)
+        else:
+            self.counts.held_bytes += exchange.body_size
+            self.counts.add(inflight=1)
+        exchange.state = ASSIGNED
+        exchange.endpoint = endpoint
+        endpoint.inflight += 1
+        if not exchange.attempts:
+            self._requests.inc()
+        endpoint.dispatch(exchange)
+
+    def _unassign(self, exchange: Exchange) -> None:
+        self.counts.held_bytes -= exchange.body_size
+        endpoint = exchange.endpoint
+        if endpoint is not None:
+            endpoint.inflight -= 1
+            exchange.endpoint = None
+
+    # --- cold starts ---
+
+    def _readiness_changed(self) -> None:
+        if self.has_usable():
+            if self._cold_since:
+                now = time.monotonic()
+                began = self.wake_sent_at if self.wake_sent_at >= self._cold_since else self._cold_since
+                telemetry.COLD_STARTS.labels(self.name).inc()
+                telemetry.WAKE_TO_READY_SECONDS.labels(self.name).observe(now - began)
+                self._cold_since = 0.0
+                self._ready_at = now
+                self._await_first_byte = True
+            self.pump()
+
+    def first_byte(self) -> None:
+        """A held request's response began: closes the cold start's last phase."""
+        if self._await_first_byte:
+            self._await_first_byte = False
+            telemetry.READY_TO_FIRST_BYTE_SECONDS.labels(self.name).observe(time.monotonic() - self._ready_at)
+
+    @property
+    def cold(self) -> bool:
+        """Requests are held and no endpoint is usable: the workload needs waking."""
+        return bool(self.queue) and not self.has_usable()
+
+    # --- probing endpoints that refused connections ---
+
+    def _ensure_prober(self) -> None:
+        if (self._prober is None or self._prober.done()) and not self._closed:
+            self._prober = self.spawn(self._probe_loop())
+
+    async def _probe_loop(self) -> None:
+        while self.queue and not self._closed:
+            failing = [ep for ep in self._endpoints if not ep.healthy]
+            if failing:
+                await asyncio.gather(*(self._probe(ep) for ep in failing))
+                self._readiness_changed()
+            await asyncio.sleep(self.config.probe_interval)
+
+    async def _probe(self, endpoint: Endpoint) -> None:
+        connection = await endpoint.connect(min(self.limits.connect_timeout, _PROBE_TIMEOUT))
+        if connection is not None:
+            endpoint.healthy = True
+            # The probe's connection becomes the first pooled one: the first held request skips a connect.
+            endpoint.release(connection)
+
+    # --- plumbing ---
+
+    def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def connect_counter(self, result: str) -> Counter:
+        return self._connects[result]
+
+    def fail_held(self, code: int, message: str) -> None:
+        for exchange in list(self.queue):
+            exchange.fail(code, message, retry_after=self.limits.retry_after)
+
+    async def close(self) -> None:
+        self._closed = True
+        for endpoint in self._endpoints:
+            endpoint.close_idle()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,178 @@
+"""The proxy process: listener, routes, readiness and wake per route, admin port, graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from adapter.config.proxy import ProxyConfig, RouteConfig, ServiceUpstream
+from adapter.kube.client import KubeClient, KubeConfigError
+from adapter.proxy.admin import start_admin
+from adapter.proxy.client import ClientConnection
+from adapter.proxy.readiness import EndpointSliceWatcher, probe_address
+from adapter.proxy.route import Route
+from adapter.proxy.routing import Router
+from adapter.proxy.wake import Waker
+from adapter.telemetry import proxy as telemetry
+
+log = logging.getLogger(__name__)
+_BACKLOG = 4096
+
+
+class ProxyServer:
+    def __init__(self, config: ProxyConfig, *, kube: KubeClient | None = None) -> None:
+        self.config = config
+        self.via = config.via
+        self.draining = False
+        route_configs = config.effective_routes()
+        self.routes = {rc.name: Route(rc) for rc in route_configs}
+        self.router: Router[Route] = Router((rc.hosts, rc.path_prefix, self.routes[rc.name]) for rc in route_configs)
+        self.connections: set[ClientConnection] = set()
+        self.loop = asyncio.get_running_loop()
+        self._kube = kube
+        self._own_kube = False
+        self._server: asyncio.Server | None = None
+        self._admin: asyncio.Server | None = None
+        self._watchers: list[EndpointSliceWatcher] = []
+        self._wakers: list[Waker] = []
+        telemetry.CONNECTIONS.set_function(lambda: len(self.connections))
+
+    # --- connections ---
+
+    def admit(self, connection: ClientConnection) -> bool:
+        if len(self.connections) >= self.config.max_connections:
+            return False
+        self.connections.add(connection)
+        return True
+
+    def forget(self, connection: ClientConnection) -> None:
+        self.connections.discard(connection)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    @property
+    def admin_port(self) -> int:
+        assert self._admin is not None
+        port: int = self._admin.sockets[0].getsockname()[1]
+        return port
+
+    # --- start and stop ---
+
+    async def start(self) -> None:
+        for route in self.routes.values():
+            self._start_readiness(route)
+            self._start_wake(route)
+        self._server = await self.loop.create_server(
+            lambda: ClientConnection(self), self.config.bind, self.config.port, backlog=_BACKLOG
+        )
+        self._admin = await start_admin(self.config.admin_bind, self.config.admin_port, lambda: not self.draining)
+        log.info("proxy listening on %s:%d, admin on %d", self.config.bind, self.port, self.admin_port)
+
+    def _kube_client(self) -> KubeClient | None:
+        if self._kube is None:
+            try:
+                self._kube = KubeClient.from_config(self.config.kubernetes)
+                self._own_kube = True
+            except KubeConfigError as err:
+                log.warning("no Kubernetes API access: %s", err)
+                return None
+        return self._kube
+
+    def _start_readiness(self, route: Route) -> None:
+        config: RouteConfig = route.config
+        upstream = config.upstream
+        if not isinstance(upstream, ServiceUpstream) or config.readiness == "probe":
+            route.set_static_endpoint(probe_address(upstream))
+            return
+        kube = self._kube_client()
+        if kube is None:
+            if config.readiness == "endpointslice":
+                raise SystemExit(f"route {route.name}: readiness endpointslice needs Kubernetes API access")
+            log.warning("route %s: no API access, readiness falls back to connect probes", route.name)
+            route.set_static_endpoint(probe_address(upstream))
+            return
+        watcher = EndpointSliceWatcher(kube, route, upstream, fallback=config.readiness == "auto")
+        watcher.start()
+        self._watchers.append(watcher)
+
+    def _start_wake(self, route: Route) -> None:
+        config = route.config
+        if config.wake != "scale" or config.target is None:
+            return
+        kube = self._kube_client()
+        if kube is None:
+            log.warning("route %s: no API access, cannot wake %s; counts only", route.name, config.target.name)
+            return
+        waker = Waker(kube, route, config.target, config.wake_replicas, config.wake_retry_interval)
+        route.on_cold = waker.request
+        self._wakers.append(waker)
+
+    async def _drained(self, grace: float) -> None:
+        """Wait until no route holds or forwards anything, or `grace` seconds."""
+        drained = asyncio.Event()
+
+        def check(_route: str, _held: int, _inflight: int) -> None:
+            if not any(route.counts.pending for route in self.routes.values()):
+                drained.set()
+
+        unsubscribe = [route.counts.subscribe(check) for route in self.routes.values()]
+        try:
+            async with asyncio.timeout(grace):
+                await drained.wait()
+        except TimeoutError:
+            log.warning("grace period over: answering what is left with 503")
+        finally:
+            for stop in unsubscribe:
+                stop()
+
+    async def shutdown(self, grace: float | None = None) -> None:
+        """Stop accepting; let held and in-flight requests finish within the grace period; 503 the rest."""
+        grace = self.config.grace_period if grace is None else grace
+        self.draining = True
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            connection.close_if_idle()
+        await self._drained(grace)
+        for route in self.routes.values():
+            route.fail_held(503, "the proxy is shutting down")
+        for connection in list(self.connections):
+            connection.shut_down()
+        for watcher in self._watchers:
+            await watcher.close()
+        for waker in self._wakers:
+            await waker.close()
+        for route in self.routes.values():
+            await route.close()
+        if self._admin is not None:
+            self._admin.close()
+        if self._kube is not None and self._own_kube:
+            await self._kube.close()
+        log.info("proxy stopped")
+
+
+async def serve(config: ProxyConfig) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    server = ProxyServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        server.loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("signal received: draining for up to %gs", config.grace_period)
+    await server.shutdown()
+
+
+def run_proxy(config: ProxyConfig) -> int:
+    import uvloop
+
+    if not config.effective_routes():
+        log.error("no routes: set proxy.routes, or proxy.sidecar.upstream (ZEROSCALE_PROXY__SIDECAR__UPSTREAM)")
+        return 2
+    uvloop.run(serve(config))
+    return 0

@@ -1,0 +1,342 @@
+"""The upstream side: one Protocol per connection to an endpoint, and each endpoint's keep-alive pool.
+
+A response is parsed with httptools and re-framed for the client as it arrives (never buffered whole):
+hop-by-hop headers dropped, chunked kept chunked, a close-delimited body chunked for HTTP/1.1 clients.
+Writes produced by one `data_received` go to the client in one call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import httptools
+
+from adapter.proxy.exchange import ASSIGNED
+from adapter.proxy.http1 import CHUNK_END, HOP_BY_HOP, chunk, connection_tokens, status_line
+
+if TYPE_CHECKING:
+    from adapter.proxy.client import ClientConnection
+    from adapter.proxy.exchange import Exchange
+    from adapter.proxy.route import Route
+
+log = logging.getLogger(__name__)
+_NO_BODY_STATUSES = frozenset({204, 304})
+
+
+class _HeadResponse:
+    """Parser callbacks for the answer to a HEAD request: httptools cannot be told there is no body,
+    so this parser is used for one response and dropped after its head."""
+
+    __slots__ = ("on_header", "on_headers_complete", "on_message_begin")
+
+    def __init__(self, connection: UpstreamConnection) -> None:
+        self.on_message_begin = connection.on_message_begin
+        self.on_header = connection.on_header
+        self.on_headers_complete = connection.on_headers_complete
+
+
+class UpstreamConnection(asyncio.Protocol):
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
+        self.exchange: Exchange | None = None
+        self.closed = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._out: list[bytes] = []
+        self._sink: asyncio.Transport | None = None
+        self._interim = False
+        self._upgrading = False
+        self._client_chunked = False
+        self._until_close = False
+        self._tunnel: ClientConnection | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    # --- asyncio callbacks ---
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self._tunnel is not None:
+            self._tunnel.transport.write(data)
+            return
+        if self.exchange is None:
+            # Bytes nobody asked for: the connection's framing can no longer be trusted.
+            self.close()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            self._flush()
+            self._start_tunnel(data[upgrade.args[0] :])
+            return
+        except httptools.HttpParserError:
+            self._flush()
+            self._lost("sent a malformed response")
+            return
+        self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._cancel_timer()
+        self.endpoint.forget(self)
+        tunnel, self._tunnel = self._tunnel, None
+        if tunnel is not None:
+            tunnel.tunnel_closed()
+            return
+        exchange = self.exchange
+        if exchange is None:
+            return
+        if self._until_close and exchange.response_started:
+            # A close-delimited body ends with the connection: that is the whole response.
+            if self._client_chunked:
+                self._out.append(CHUNK_END)
+            self._flush()
+            exchange.response_done(upstream_reusable=False)
+            return
+        self._flush()
+        self._lost("closed the connection")
+
+    def pause_writing(self) -> None:
+        client = self._tunnel or (self.exchange.client if self.exchange else None)
+        if client is not None:
+            client.pause_reading_for_upstream()
+
+    def resume_writing(self) -> None:
+        client = self._tunnel or (self.exchange.client if self.exchange else None)
+        if client is not None:
+            client.resume_reading_for_upstream()
+
+    # --- httptools callbacks ---
+
+    def on_message_begin(self) -> None:
+        self._headers = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        exchange = self.exchange
+        if exchange is None:
+            return
+        status = self._parser.get_status_code()
+        if status < 200 and status != 101:
+            # 100 Continue and other interim answers: the proxy already told the client to go on.
+            self._interim = True
+            return
+        self._interim = False
+        self._cancel_timer()
+        route = exchange.route
+        if exchange.sent_at:
+            route.upstream_seconds.observe(time.monotonic() - exchange.sent_at)
+        if status == 101 and not exchange.upgrade:
+            self._lost("switched protocols unasked")
+            return
+        head, upstream_keep_alive = self._response_head(exchange, status)
+        exchange.response_started = True
+        self._sink = exchange.client.transport
+        self._out.append(head)
+        if exchange.cold:
+            route.first_byte()
+        if status == 101:
+            self._upgrading = True
+        elif exchange.is_head:
+            # The head is the whole answer; a fresh parser reads the next response on this connection.
+            self._parser = httptools.HttpResponseParser(self)
+            self._flush()
+            exchange.response_done(upstream_reusable=upstream_keep_alive)
+
+    def on_body(self, body: bytes) -> None:
+        self._out.append(chunk(body) if self._client_chunked else body)
+
+    def on_message_complete(self) -> None:
+        if self._interim or self._upgrading:
+            self._interim = False
+            return
+        exchange = self.exchange
+        if exchange is None:
+            return
+        # Read here and nowhere else: after this callback httptools reports False.
+        keep_alive = self._parser.should_keep_alive()
+        if self._client_chunked:
+            self._out.append(CHUNK_END)
+        self._flush()
+        exchange.response_done(upstream_reusable=keep_alive)
+
+    # --- what the exchange and the pool call ---
+
+    def use_for(self, exchange: Exchange) -> None:
+        """Bind the connection to `exchange` before its request is written."""
+        self.exchange = exchange
+        self._until_close = False
+        self._client_chunked = False
+        if exchange.is_head:
+            self._parser = httptools.HttpResponseParser(_HeadResponse(self))
+
+    def expect_response(self, timeout: float) -> None:
+        self._cancel_timer()
+        self._timer = asyncio.get_running_loop().call_later(timeout, self._response_timeout, timeout)
+
+    def release(self) -> None:
+        self.exchange = None
+        self._sink = None
+        self.endpoint.release(self)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._cancel_timer()
+            self.transport.close()
+
+    # --- internals ---
+
+    def _response_head(self, exchange: Exchange, status: int) -> tuple[bytes, bool]:
+        parts = [status_line(status)]
+        has_length = chunked = False
+        tokens: set[bytes] = set()
+        upgrade = b""
+        for name, value in self._headers:
+            lower = name.lower()
+            if lower in HOP_BY_HOP:
+                if lower == b"connection":
+                    tokens |= connection_tokens(value)
+                elif lower == b"transfer-encoding":
+                    chunked = b"chunked" in value.lower()
+                elif lower == b"upgrade":
+                    upgrade = value
+                continue
+            if lower == b"content-length":
+                has_length = True
+            parts.append(b"%b: %b\r\n" % (name, value))
+        if tokens - {b"close", b"keep-alive", b"upgrade"}:
+            parts = [parts[0], *(p for p in parts[1:] if p.split(b":", 1)[0].lower() not in tokens)]
+        upstream_keep_alive = b"close" not in tokens and self._parser.get_http_version() == "1.1"
+        client = exchange.client
+        if status == 101:
+            parts.append(b"Connection: Upgrade\r\nUpgrade: %b\r\n" % upgrade)
+        else:
+            no_body = exchange.is_head or status in _NO_BODY_STATUSES
+            close = not exchange.keep_alive or not exchange.body_done or client.server.draining
+            if not no_body and not has_length:
+                if exchange.http10:
+                    close = True  # an HTTP/1.0 client reads the body until the connection closes
+                else:
+                    self._client_chunked = True
+                    parts.append(b"Transfer-Encoding: chunked\r\n")
+                self._until_close = not chunked
+            if close:
+                exchange.keep_alive = False
+                parts.append(b"Connection: close\r\n")
+            elif exchange.http10:
+                parts.append(b"Connection: keep-alive\r\n")
+        if exchange.cold:
+            parts.append(b"X-Zeroscale-Cold-Start: true\r\nX-Zeroscale-Hold-Seconds: %.3f\r\n" % exchange.waited)
+        if client.server.via:
+            parts.append(b"Via: 1.1 zeroscale\r\n")
+        parts.append(b"\r\n")
+        return b"".join(parts), upstream_keep_alive
+
+    def _flush(self) -> None:
+        if self._out:
+            if self._sink is not None:
+                self._sink.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
+            self._out = []
+
+    def _start_tunnel(self, rest: bytes) -> None:
+        exchange = self.exchange
+        if exchange is None or not self._upgrading:
+            self._lost("switched protocols unasked")
+            return
+        self._tunnel = exchange.client
+        exchange.client.start_tunnel(self)
+        if rest:
+            exchange.client.transport.write(rest)
+
+    def _lost(self, reason: str) -> None:
+        exchange, self.exchange = self.exchange, None
+        self.close()
+        if exchange is not None:
+            exchange.upstream_lost(reason)
+
+    def _response_timeout(self, timeout: float) -> None:
+        self._timer = None
+        exchange, self.exchange = self.exchange, None
+        self.close()
+        if exchange is not None:
+            exchange.fail(504, f"the upstream did not answer in {timeout:g} s")
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class Endpoint:
+    """One address a route forwards to, with its admission count and idle keep-alive connections."""
+
+    __slots__ = ("healthy", "host", "idle", "inflight", "port", "removed", "route")
+
+    def __init__(self, route: Route, host: str, port: int) -> None:
+        self.route = route
+        self.host = host
+        self.port = port
+        self.inflight = 0
+        # False after a failed connect, until a probe connects again.
+        self.healthy = True
+        self.removed = False
+        self.idle: list[UpstreamConnection] = []
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.host}:{self.port})"
+
+    def dispatch(self, exchange: Exchange) -> None:
+        idle = self.idle
+        while idle:
+            connection = idle.pop()
+            if not connection.closed:
+                connection.use_for(exchange)
+                exchange.attach(connection)
+                return
+        self.route.spawn(self._connect_for(exchange))
+
+    async def _connect_for(self, exchange: Exchange) -> None:
+        connection = await self.connect(self.route.limits.connect_timeout)
+        if connection is None:
+            self.route.connect_failed(self, exchange)
+            return
+        if exchange.state != ASSIGNED or exchange.endpoint is not self or exchange.upstream is not None:
+            self.release(connection)  # the request ended meanwhile (timeout, client gone)
+            return
+        connection.use_for(exchange)
+        exchange.attach(connection)
+
+    async def connect(self, within: float) -> UpstreamConnection | None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(within):
+                _, connection = await loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port)
+        except (OSError, TimeoutError) as err:
+            self.route.connect_counter("error").inc()
+            log.debug("route %s: connect to %s:%d failed: %s", self.route.name, self.host, self.port, err)
+            return None
+        self.route.connect_counter("ok").inc()
+        return connection
+
+    def release(self, connection: UpstreamConnection) -> None:
+        if self.removed or connection.closed or len(self.idle) >= self.route.limits.max_idle_connections:
+            connection.close()
+        else:
+            self.idle.append(connection)
+
+    def forget(self, connection: UpstreamConnection) -> None:
+        if connection in self.idle:
+            self.idle.remove(connection)
+
+    def close_idle(self) -> None:
+        idle, self.idle = self.idle, []
+        for connection in idle:
+            connection.close()

@@ -1,0 +1,79 @@
+"""Waking a scale target from zero (SPEC 8.2) when a request is held and no endpoint is ready.
+
+Only a Scale that reads 0 is patched, with its resourceVersion as a precondition, so the proxy never
+overrides a size the HPA chose; a conflict means someone changed it meanwhile: read again and decide again.
+While requests stay held and nothing is ready, the check repeats every `retry_interval`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from adapter.config.proxy import ScaleTarget
+from adapter.kube.client import KubeAPIError, KubeClient, KubeError
+from adapter.kube.scale import get_scale, set_replicas
+from adapter.proxy.route import Route
+from adapter.telemetry import proxy as telemetry
+
+log = logging.getLogger(__name__)
+_CONFLICT_RETRIES = 3
+
+
+class Waker:
+    def __init__(
+        self, kube: KubeClient, route: Route, target: ScaleTarget, replicas: int, retry_interval: float
+    ) -> None:
+        self._kube = kube
+        self._route = route
+        self._target = target
+        self._replicas = replicas
+        self._retry_interval = retry_interval
+        self._task: asyncio.Task[None] | None = None
+
+    def request(self) -> None:
+        """Called on every request held while the route is cold; starts one wake loop at most."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while self._route.cold:
+            await self.wake_once()
+            await asyncio.sleep(self._retry_interval)
+
+    async def wake_once(self) -> str:
+        """One attempt; returns the result also counted in zeroscale_proxy_wakes_total."""
+        target = self._target
+        result = "error"
+        for _ in range(_CONFLICT_RETRIES):
+            try:
+                scale = await get_scale(self._kube, target.namespace, target.kind, target.name)
+                if scale.replicas > 0:
+                    result = "already_awake"
+                    break
+                self._route.wake_sent_at = time.monotonic()
+                await set_replicas(
+                    self._kube, target.namespace, target.kind, target.name, self._replicas, scale.resource_version
+                )
+                result = "patched"
+                log.info("route %s: woke %s/%s to %d", self._route.name, target.kind, target.name, self._replicas)
+                break
+            except KubeAPIError as err:
+                if err.status == 409:
+                    result = "conflict"
+                    telemetry.WAKES.labels(self._route.name, result).inc()
+                    continue
+                hint = " (grant patch on the scale subresource, or use wake: hpa)" if err.status == 403 else ""
+                log.warning("route %s: cannot wake %s: %s%s", self._route.name, target.name, err, hint)
+                break
+            except KubeError as err:
+                log.warning("route %s: cannot wake %s: %s", self._route.name, target.name, err)
+                break
+        telemetry.WAKES.labels(self._route.name, result).inc()
+        return result

@@ -1,0 +1,68 @@
+"""Metrics of the buffering proxy: what is held, how long cold starts take phase by phase, what failed.
+
+The held and in-flight gauges read the routes' own counters when scraped (see adapter/proxy/counts.py),
+so the hot path pays nothing for them.
+"""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# Holds can last as long as a cold start: up to ten minutes.
+_HOLD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+HELD_REQUESTS = Gauge("zeroscale_proxy_held_requests", "Requests waiting for a ready endpoint", ["route"])
+HELD_BYTES = Gauge("zeroscale_proxy_held_body_bytes", "Request body bytes buffered while not yet upstream", ["route"])
+INFLIGHT_REQUESTS = Gauge(
+    "zeroscale_proxy_inflight_requests",
+    "Requests sent upstream and not yet answered (open tunnels included)",
+    ["route"],
+)
+READY_ENDPOINTS = Gauge("zeroscale_proxy_ready_endpoints", "Endpoints the route may forward to", ["route"])
+HOLD_SECONDS = Histogram(
+    "zeroscale_proxy_hold_duration_seconds",
+    "Time a request waited before it was forwarded or answered",
+    ["route"],
+    buckets=_HOLD_BUCKETS,
+)
+COLD_STARTS = Counter(
+    "zeroscale_proxy_cold_starts_total", "Times a route went from no ready endpoint to one", ["route"]
+)
+WAKE_TO_READY_SECONDS = Histogram(
+    "zeroscale_proxy_cold_start_wake_to_ready_seconds",
+    "Cold-start phase: wake sent (or first request held) to the first ready endpoint",
+    ["route"],
+    buckets=_HOLD_BUCKETS,
+)
+READY_TO_FIRST_BYTE_SECONDS = Histogram(
+    "zeroscale_proxy_cold_start_ready_to_first_byte_seconds",
+    "Cold-start phase: first ready endpoint to the first response byte of a held request",
+    ["route"],
+    buckets=_HOLD_BUCKETS,
+)
+WAKES = Counter(
+    "zeroscale_proxy_wakes_total",
+    "Wake attempts on a scale target, by result (patched, already_awake, conflict, error)",
+    ["route", "result"],
+)
+ERRORS = Counter(
+    "zeroscale_proxy_error_responses_total",
+    "Requests the proxy answered itself or dropped, by status (404, 413, 431, 499 client gone, 502, 503, 504)",
+    ["route", "code"],
+)
+REQUESTS = Counter("zeroscale_proxy_requests_total", "Requests forwarded upstream (retries not counted)", ["route"])
+RETRIES = Counter(
+    "zeroscale_proxy_retries_total", "Requests moved to another endpoint before any byte reached upstream", ["route"]
+)
+UPSTREAM_SECONDS = Histogram(
+    "zeroscale_proxy_upstream_response_seconds",
+    "Request sent upstream to response head received",
+    ["route"],
+    buckets=_LATENCY_BUCKETS,
+)
+CONNECTIONS = Gauge("zeroscale_proxy_client_connections", "Open client connections")
+REFUSED_CONNECTIONS = Counter(
+    "zeroscale_proxy_refused_connections_total", "Client connections closed at once because max_connections was reached"
+)
+UPSTREAM_CONNECTS = Counter(
+    "zeroscale_proxy_upstream_connections_total", "Upstream connections opened, by result", ["route", "result"]
+)
