@@ -48,6 +48,12 @@ def _proxy(args: argparse.Namespace) -> int:
     return run_proxy(_load(args).proxy)
 
 
+def _explain(args: argparse.Namespace) -> int:
+    from adapter.hpa.explain import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zeroscale", description=__doc__)
     parser.add_argument("--version", action="version", version=f"zeroscale {__version__}")
@@ -65,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     proxy = commands.add_parser("proxy", help="run the buffering reverse proxy (holds requests while a workload wakes)")
     _add_config_option(proxy)
     proxy.set_defaults(run=_proxy)
+
+    from adapter.hpa.explain import add_arguments as add_explain_arguments
+
+    explain = commands.add_parser("explain", help="what the HPA (v1.37) would do with these manifests now, and why")
+    add_explain_arguments(explain)
+    explain.set_defaults(run=_explain)
     return parser
 
 

@@ -155,7 +155,7 @@ def _parse_hpa(document: Mapping[str, Any], where: str, default_namespace: str) 
         )
     behavior = None if spec.get("behavior") is None else _behavior(read, spec["behavior"])
     hpa = HPASpec(name, namespace, target, min_replicas, max_replicas, metrics, behavior)
-    return HPAManifest(hpa, _scaled_to_zero(document.get("status")), where)
+    return HPAManifest(hpa, scaled_to_zero_of(document.get("status")), where)
 
 
 def _metric(read: _Reader, entry: object, path: str) -> Metric:
@@ -279,7 +279,8 @@ def _policy(read: _Reader, value: object, path: str) -> ScalingPolicy:
     )
 
 
-def _scaled_to_zero(status: object) -> bool | None:
+def scaled_to_zero_of(status: object) -> bool | None:
+    """An HPA status's ScaledToZero condition; None when absent."""
     if not isinstance(status, Mapping):
         return None
     for condition in status.get("conditions") or []:
