@@ -113,15 +113,19 @@ class Exchange:
             return
         self.body.append(framed)
         self.body_size += len(framed)
-        limits = self.route.limits
         if self.state in (QUEUED, ASSIGNED):
             self.route.counts.held_bytes += len(framed)
+        if self.state == ASSIGNED and self.body_size > self.route.limits.max_held_body_bytes:
+            # Connecting: wait for the connection instead of buffering more.
+            self.client.pause_reading_for_body()
+        else:
+            self.check_held_body()
+
+    def check_held_body(self) -> None:
+        """The bounds on buffered bodies: 413 for this request, 503 when the route holds too many bytes."""
+        limits = self.route.limits
         if self.body_size > limits.max_held_body_bytes:
-            if self.state == ASSIGNED:
-                # Connecting: wait for the connection instead of buffering more.
-                self.client.pause_reading_for_body()
-            else:
-                self.fail(413, f"the request body is larger than {limits.max_held_body_bytes} bytes while held")
+            self.fail(413, f"the request body is larger than {limits.max_held_body_bytes} bytes while held")
         elif self.state == QUEUED and self.route.counts.held_bytes > limits.max_held_bytes:
             self.fail(503, "the proxy holds too many request bytes for this route", retry_after=limits.retry_after)
 

@@ -175,6 +175,8 @@ class Route:
             if self.on_cold is not None:
                 self.on_cold()
         self._ensure_prober()
+        if exchange.body:
+            exchange.check_held_body()
 
     def _assign(self, exchange: Exchange, endpoint: Endpoint) -> None:
         if exchange.state == QUEUED:
