@@ -126,10 +126,13 @@ class Connection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not supported")
-        except httptools.HttpParserError:
-            self._fail(400, "malformed HTTP request")
-        except _RequestTooLarge as err:
-            self._fail(err.status, str(err))
+        except httptools.HttpParserError as err:
+            # httptools wraps what a callback raised; a size bound hit is one of those.
+            cause = err.__cause__ or err.__context__
+            if isinstance(cause, _RequestTooLarge):
+                self._fail(cause.status, str(cause))
+            else:
+                self._fail(400, "malformed HTTP request")
 
     def close(self) -> None:
         if self._transport is not None and not self._closing:

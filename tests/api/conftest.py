@@ -1,13 +1,76 @@
-"""Fixtures of the API server tests: the Kubernetes stand-in and certificate authorities."""
+"""Fixtures of the API server tests: the server in-process on uvloop, the Kubernetes stand-in, CAs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import trustme
+import uvloop
 
+from adapter.api.run import serve
+from adapter.config import ZeroscaleConfig
 from tests.kube_standin import KubeStandIn
+from tests.netutil import free_port
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], Any]]:
+    """The server runs on uvloop in production; its TLS and transports differ from asyncio's, so test on it."""
+    return {"uvloop": uvloop.new_event_loop}
+
+
+DEMO_SOURCES = [
+    {
+        "name": "demo",
+        "type": "static",
+        "series": [{"labels": {"queue": "orders"}, "value": 1500}, {"labels": {"queue": "emails"}, "value": 0.5}],
+    }
+]
+DEMO_METRICS = [
+    {"name": "Demo-Queue-Depth", "type": "static", "source": "demo", "labels": {"queue": {"pattern": "[a-z]+"}}}
+]
+
+
+@dataclass
+class RunningServer:
+    port: int
+    metrics_port: int
+    config: ZeroscaleConfig
+
+
+StartServer = Callable[[dict[str, Any]], Awaitable[RunningServer]]
+
+
+@pytest.fixture
+async def start_server() -> AsyncIterator[StartServer]:
+    """Start `serve()` in this loop with the given `server:` section (ports filled in); stopped after the test."""
+    running: list[tuple[asyncio.Event, asyncio.Task[int]]] = []
+
+    async def start(server: dict[str, Any]) -> RunningServer:
+        port, metrics_port = free_port(), free_port()
+        settings = {"bind": "127.0.0.1", "metrics_bind": "127.0.0.1", "port": port, "metrics_port": metrics_port}
+        config = ZeroscaleConfig(server={**settings, **server}, sources=DEMO_SOURCES, metrics=DEMO_METRICS)
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(config, stop))
+        running.append((stop, task))
+        for _ in range(200):
+            if task.done():
+                raise RuntimeError(f"the server stopped at start with code {task.result()}")
+            with contextlib.suppress(OSError):
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                return RunningServer(port, metrics_port, config)
+            await asyncio.sleep(0.05)
+        raise TimeoutError("the server did not listen within 10 s")
+
+    yield start
+    for stop, task in running:
+        stop.set()
+        assert await asyncio.wait_for(task, 10) in (0, 2)
 
 
 @pytest.fixture
