@@ -1,0 +1,66 @@
+"""adapter.hpa.quantity: reading Quantity strings as Go's ParseQuantity does (SPEC 2.1, 2.2)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from adapter.hpa.quantity import QuantityError, parse_quantity, quantity_milli
+
+
+@pytest.mark.parametrize(
+    ("text", "value", "fact"),
+    [
+        ("0", Decimal(0), "SPEC 2.1: '0' is special-cased"),
+        ("1500m", Decimal("1.5"), "SPEC 2.1: decimalSI m = 1e-3"),
+        ("2k", Decimal(2000), "SPEC 2.1: k = 1e3"),
+        ("1Mi", Decimal(2**20), "SPEC 2.1: binarySI Mi"),
+        ("1E", Decimal("1e18"), "SPEC 2.1: bare E means exa"),
+        ("1E3", Decimal(1000), "SPEC 2.1: E3 is an exponent"),
+        ("1e-3", Decimal("0.001"), "SPEC 2.1: signed decimal exponent"),
+        ("5n", Decimal("5e-9"), "SPEC 2.1: n is valid though missing from the BNF"),
+        ("3u", Decimal("3e-6"), "SPEC 2.1: u is valid"),
+        (".5", Decimal("0.5"), "SPEC 2.1: .<digits>"),
+        ("5.", Decimal(5), "SPEC 2.1: <digits>."),
+        ("+2", Decimal(2), "SPEC 2.1: signed number"),
+        ("-1.5", Decimal("-1.5"), "SPEC 2.1: signed number"),
+        ("0.0000000001", Decimal("1e-9"), "SPEC 2.2: non-zero values round up to a multiple of 1e-9"),
+        (10, Decimal(10), "SPEC 1.3: Go also accepts an unquoted number"),
+        (0.1, Decimal("0.1"), "SPEC 2.4: floats go through repr, never binary expansion"),
+    ],
+)
+def test_parse(text: str | int | float, value: Decimal, fact: str) -> None:
+    assert parse_quantity(text) == value, fact
+
+
+@pytest.mark.parametrize(
+    ("text", "fact"),
+    [
+        ("", "SPEC 2.1: an empty string is an error"),
+        ("1K", "SPEC 2.1: upper-case K is not a suffix"),
+        ("1e", "an exponent needs digits"),
+        (".", "a number needs a digit"),
+        ("1.2.3", "one decimal point at most"),
+        (" 1", "no surrounding spaces"),
+        ("1Ki2", "nothing after a suffix"),
+        (True, "a YAML boolean is not a quantity"),
+    ],
+)
+def test_reject(text: str, fact: str) -> None:
+    with pytest.raises(QuantityError):
+        parse_quantity(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "milli", "fact"),
+    [
+        ("1n", 1, "SPEC 2.2: '1n' is read by the HPA as 1 milli-unit"),
+        ("0.0001", 1, "SPEC 2.2: '0.0001' becomes 1m"),
+        ("1500m", 1500, "SPEC 1.3 example value"),
+        ("-1n", -1, "SPEC 2.2: MilliValue rounds away from zero"),
+        ("100Mi", 104857600000, "binary suffix in milli-units"),
+    ],
+)
+def test_milli_value(text: str, milli: int, fact: str) -> None:
+    assert quantity_milli(text) == milli, fact
