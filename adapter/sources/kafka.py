@@ -51,7 +51,7 @@ class KafkaLag(Source):
         return [Sample(Decimal(value), {"group": group, "topic": ",".join(topics)})]
 
     async def check(self) -> None:
-        await self._groups.metadata()
+        await self._conn.client()  # bootstrapping reads the cluster's metadata
 
     async def close(self) -> None:
         self._export.clear()

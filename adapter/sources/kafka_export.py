@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from prometheus_client import Gauge
+
 from adapter.sources.kafka_lag import PartitionLag
 from adapter.telemetry import kafka as telemetry
 
@@ -12,7 +14,8 @@ class PartitionLagExport:
     def __init__(self, source: str, limit: int) -> None:
         self._source = source
         self._limit = limit
-        self._series: set[tuple[str, str, int]] = set()  # (group, topic, partition)
+        # (group, topic, partition) -> its gauge; kept, since looking a child up by labels is slow
+        self._series: dict[tuple[str, str, int], Gauge] = {}
 
     def update(self, group: str, topics: Iterable[str], lags: Iterable[PartitionLag]) -> None:
         """Set the group's lag on `topics`; partitions of those topics not in `lags` are removed."""
@@ -21,16 +24,16 @@ class PartitionLagExport:
         for key in [k for k in self._series if k[0] == group and k[1] in topics and k not in fresh]:
             self._remove(key)
         for key, lag in fresh.items():
-            if key not in self._series:
+            gauge = self._series.get(key)
+            if gauge is None:
                 if len(self._series) >= self._limit:
                     telemetry.PARTITION_LAG_DROPPED.labels(self._source).inc()
                     continue
-                self._series.add(key)
-            group_, topic, partition = key
-            telemetry.PARTITION_LAG.labels(self._source, group_, topic, str(partition)).set(lag)
+                gauge = self._series[key] = telemetry.PARTITION_LAG.labels(self._source, key[0], key[1], str(key[2]))
+            gauge.set(lag)
 
     def _remove(self, key: tuple[str, str, int]) -> None:
-        self._series.discard(key)
+        del self._series[key]
         group, topic, partition = key
         telemetry.PARTITION_LAG.remove(self._source, group, topic, str(partition))
 

@@ -79,9 +79,6 @@ class GroupReader:
         self._reads = itertools.count(1)
         self._rounds: set[asyncio.Task[None]] = set()
 
-    async def metadata(self) -> ClusterMetadata:
-        return await self._metadata.get()
-
     async def read(self, group: str, topics: frozenset[str]) -> GroupOffsets:
         """The group's offsets for its committed topics and `topics`, at most offsets_max_age old."""
         latest = self._latest.get(group)
@@ -120,7 +117,7 @@ class GroupReader:
         started = self._clock()
         outcomes: dict[str, GroupOffsets | SourceError]
         try:
-            outcomes = await self._read_round(round_.wanted, next(self._reads), started)
+            outcomes = await self._read_round(round_.wanted, next(self._reads))
         except SourceError as err:
             outcomes = dict.fromkeys(round_.wanted, err)
         except Exception as err:  # a bug: every waiter gets an error, never a value
@@ -141,14 +138,10 @@ class GroupReader:
             else:
                 future.set_exception(outcome)
 
-    async def _read_round(
-        self, wanted: Mapping[str, set[str]], read: int, started: float
-    ) -> dict[str, GroupOffsets | SourceError]:
-        metadata_task = asyncio.ensure_future(self._metadata.get())
+    async def _read_round(self, wanted: Mapping[str, set[str]], read: int) -> dict[str, GroupOffsets | SourceError]:
         committed_list = await asyncio.gather(
             *(committed_offsets(self._conn, self._coordinators, group) for group in wanted), return_exceptions=True
         )
-        metadata = await metadata_task
         outcomes: dict[str, GroupOffsets | SourceError] = {}
         committed: dict[str, dict[TopicPartition, int]] = {}
         for group, result in zip(wanted, committed_list, strict=True):
@@ -159,10 +152,7 @@ class GroupReader:
             else:
                 committed[group] = result
         topics = {group: {tp.topic for tp in offsets} | wanted[group] for group, offsets in committed.items()}
-        needed = set().union(*topics.values())
-        if not needed <= metadata.leaders.keys():
-            # A topic just created or given more partitions: look again once before calling it missing.
-            metadata = await self._metadata.get(newer_than=started)
+        metadata = await self._metadata.leaders(set().union(*topics.values()))
         partitions: dict[str, list[TopicPartition]] = {}
         for group, names in topics.items():
             problem = _missing(group, names, wanted[group], metadata)

@@ -39,50 +39,51 @@ _COORDINATOR_BACKOFF = 0.2  # seconds
 
 @dataclass(frozen=True)
 class ClusterMetadata:
-    """Topic -> partition -> leader broker id (-1 when the partition has no leader)."""
+    """Topic -> partition -> leader broker id (-1 when the partition has no leader).
+
+    Holds the topics asked for that exist; a topic that does not is absent.
+    """
 
     leaders: Mapping[str, Mapping[int, int]]
-    read_at: float  # monotonic
 
 
 class MetadataReader:
-    """All-topics metadata; one read serves every group of the source for `max_age` seconds."""
+    """Partition leaders per topic; a topic's entry serves every group for `max_age` seconds.
+
+    Only the topics the groups read are asked for, in one request per round, so a cluster's
+    other topics cost nothing.
+    """
 
     def __init__(self, conn: KafkaConnection, max_age: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._conn = conn
         self._max_age = max_age
         self._clock = clock
-        self._current: ClusterMetadata | None = None
-        self._in_flight: asyncio.Task[ClusterMetadata] | None = None
+        self._topics: dict[str, tuple[float, dict[int, int]]] = {}  # topic -> (read at, leaders)
 
     def invalidate(self) -> None:
-        """Leadership changed (a NOT_LEADER answer): the next get() reads afresh."""
-        self._current = None
+        """Leadership changed (a NOT_LEADER answer): the next read asks afresh."""
+        self._topics.clear()
 
-    async def get(self, newer_than: float | None = None) -> ClusterMetadata:
-        """Metadata younger than max_age and, if given, read after monotonic time `newer_than`."""
-        current = self._current
-        young = current is not None and self._clock() - current.read_at < self._max_age
-        if current is not None and young and (newer_than is None or current.read_at > newer_than):
-            return current
-        if self._in_flight is None:
-            self._in_flight = asyncio.create_task(self._read())
-            self._in_flight.add_done_callback(lambda _: setattr(self, "_in_flight", None))
-        return await asyncio.shield(self._in_flight)
+    async def leaders(self, topics: Collection[str]) -> ClusterMetadata:
+        now = self._clock()
+        stale = sorted(t for t in topics if (e := self._topics.get(t)) is None or now - e[0] >= self._max_age)
+        if stale:
+            await self._read(stale, now)
+        return ClusterMetadata({t: self._topics[t][1] for t in topics if t in self._topics})
 
-    async def _read(self) -> ClusterMetadata:
-        started = self._clock()
+    async def _read(self, topics: list[str], now: float) -> None:
         client = await self._conn.client()
-        response = await self._conn.send(self._conn.any_broker(), MetadataRequest(None), "Metadata")
+        response = await self._conn.send(self._conn.any_broker(), MetadataRequest(topics), "Metadata")
         # Keep aiokafka's own view (broker addresses, used to connect) as new as ours.
         client.cluster.update_metadata(response)
-        leaders: dict[str, dict[int, int]] = {}
-        for topic in response.to_object()["topics"]:
-            if topic["error_code"] != 0:
-                continue  # a topic being deleted or created; absent is what callers test
-            leaders[topic["topic"]] = {p["partition"]: p["leader"] for p in topic["partitions"]}
-        self._current = ClusterMetadata(leaders, started)
-        return self._current
+        for entry in response.topics:
+            # v0: (error, topic, partitions); v1+: (error, topic, is_internal, partitions)
+            error, topic, partitions = entry[0], entry[1], entry[-1]
+            if error != 0:
+                self._topics.pop(topic, None)  # UNKNOWN_TOPIC_OR_PARTITION: deleted or never created
+                continue
+            # Each partition: (error, partition, leader, replicas, isr, ...)
+            self._topics[topic] = (now, {p[1]: p[2] for p in partitions})
 
 
 class Coordinators:

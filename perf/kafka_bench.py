@@ -1,0 +1,142 @@
+"""Kafka lag refresh: time and broker requests per refresh, beside Kafka's own consumer-groups tool.
+
+Starts a real broker (scripts/kafka/run.sh) on free loopback ports and measures
+  (a) one group on a topic with 1,000 partitions,
+  (b) 200 groups of 10 partitions each (20 topics, 10 groups per topic), refreshed together,
+each as a full refresh (metadata, OffsetFetch, ListOffsets: nothing reused from the previous one),
+and the wall time of `kafka-consumer-groups --describe` on the same groups in the same run (a JVM
+command: its time includes the JVM's start, as it does for anyone running it).
+Run: python perf/kafka_bench.py   (last line: refresh_ms_1000_partitions=<x> requests_per_refresh=<n>)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aiokafka import AIOKafkaClient, AIOKafkaProducer  # noqa: E402
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
+from aiokafka.errors import CoordinatorNotAvailableError  # noqa: E402
+from aiokafka.protocol.commit import OffsetCommitRequest  # noqa: E402
+from prometheus_client import REGISTRY  # noqa: E402
+
+from adapter.config.kafka import KafkaMetric, KafkaSource  # noqa: E402
+from adapter.metrics.catalogue import Catalogue  # noqa: E402
+from adapter.sources.kafka import KafkaLag  # noqa: E402
+from tests.kafka.broker import KafkaBroker, describe_groups  # noqa: E402
+
+ROUNDS = 30
+BIG_PARTITIONS = 1000
+GROUPS, GROUP_PARTITIONS, GROUPS_PER_TOPIC = 200, 10, 10
+
+
+async def prepare(bootstrap: str) -> tuple[str, list[str]]:
+    """The topics, some messages in every partition, and commits part way through."""
+    topics = {"big": BIG_PARTITIONS} | {f"small-{i}": GROUP_PARTITIONS for i in range(GROUPS // GROUPS_PER_TOPIC)}
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    await admin.create_topics([NewTopic(name, count, 1) for name, count in topics.items()])
+    await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
+    await producer.start()
+    for name, count in topics.items():
+        for partition in range(count):
+            for _ in range(1 + partition % 3):
+                await producer.send(name, b"m", partition=partition)
+    await producer.flush()
+    await producer.stop()
+    groups = {"big-group": "big"} | {f"group-{i}": f"small-{i // GROUPS_PER_TOPIC}" for i in range(GROUPS)}
+    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    await client.bootstrap()
+    for group, topic in groups.items():
+        node = await coordinator(client, group)
+        commits = [(p, p % 2, "") for p in range(topics[topic])]
+        await client.send(node, OffsetCommitRequest(group, -1, "", -1, [(topic, commits)]))
+    await client.close()
+    return "big-group", [g for g in groups if g != "big-group"]
+
+
+async def coordinator(client: AIOKafkaClient, group: str) -> int:
+    """The group's coordinator; on a new broker the offsets topic is created at the first ask."""
+    for _ in range(50):
+        try:
+            return int(await client.coordinator_lookup(0, group))
+        except CoordinatorNotAvailableError:
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"no coordinator for {group}")
+
+
+def requests(source: str) -> float:
+    return sum(
+        REGISTRY.get_sample_value("zeroscale_kafka_requests_total", {"source": source, "api": api}) or 0
+        for api in ("Metadata", "FindCoordinator", "OffsetFetch", "ListOffsets")
+    )
+
+
+async def measure(bootstrap: str, groups: list[str]) -> tuple[float, float]:
+    """Median ms of a full refresh of `groups` read together, and broker requests per refresh."""
+    name = f"bench-{len(groups)}"
+    config = KafkaSource(type="kafka", name=name, bootstrap_servers=[bootstrap], metadata_max_age=0, offsets_max_age=0)
+    source = KafkaLag(config)
+    metric = KafkaMetric(type="kafka", name="lag", source=name, labels={"group": {"required": True}})
+    catalogue = Catalogue([metric])
+    queries = [catalogue.resolve("lag", "default", f"group={group}")[1] for group in groups]
+    try:
+        await asyncio.gather(*(source.query(q) for q in queries))  # connect, find coordinators
+        before = requests(name)
+        times = []
+        for _ in range(ROUNDS):
+            started = time.perf_counter()
+            await asyncio.gather(*(source.query(q) for q in queries))
+            times.append((time.perf_counter() - started) * 1000)
+        return statistics.median(times), (requests(name) - before) / ROUNDS
+    finally:
+        await source.close()
+
+
+def tool_ms(bootstrap: str, groups: list[str]) -> float:
+    started = time.perf_counter()
+    described = describe_groups(bootstrap, groups)
+    assert described, "kafka-consumer-groups described nothing"
+    return (time.perf_counter() - started) * 1000
+
+
+def main() -> None:
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # producer retries while new leaders settle
+    with tempfile.TemporaryDirectory(prefix="kafka-bench-") as state:
+        broker = KafkaBroker(Path(state))
+        broker.start()
+        try:
+            big, small = asyncio.run(prepare(broker.bootstrap))
+            big_ms, big_requests = asyncio.run(measure(broker.bootstrap, [big]))
+            one_small_ms, one_small_requests = asyncio.run(measure(broker.bootstrap, small[:1]))
+            many_ms, many_requests = asyncio.run(measure(broker.bootstrap, small))
+            big_tool = tool_ms(broker.bootstrap, [big])
+            many_tool = tool_ms(broker.bootstrap, small)
+        finally:
+            broker.stop()
+    print(f"broker: Apache Kafka (KRaft) on loopback; {ROUNDS} full refreshes each, median")
+    print(
+        f"(a) 1 group x {BIG_PARTITIONS} partitions: {big_ms:.1f} ms, {big_requests:g} requests/refresh; "
+        f"kafka-consumer-groups --describe {big_tool:.0f} ms; ratio ours/tool {big_ms / big_tool:.4f}"
+    )
+    print(
+        f"    same with 1 group x {GROUP_PARTITIONS} partitions: {one_small_ms:.1f} ms, "
+        f"{one_small_requests:g} requests/refresh (count independent of partitions)"
+    )
+    print(
+        f"(b) {GROUPS} groups x {GROUP_PARTITIONS} partitions: {many_ms:.1f} ms, {many_requests:g} requests/refresh; "
+        f"kafka-consumer-groups --describe {many_tool:.0f} ms; ratio ours/tool {many_ms / many_tool:.4f}"
+    )
+    print(f"refresh_ms_1000_partitions={big_ms:.1f} requests_per_refresh={big_requests:g}")
+
+
+if __name__ == "__main__":
+    main()
