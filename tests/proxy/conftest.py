@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -63,15 +63,22 @@ async def read_response(reader: asyncio.StreamReader, *, head_only: bool = False
     return Response(state.parser.get_status_code(), state.headers, b"".join(state.body))
 
 
-async def request(port: int, raw: bytes, *, timeout: float = 10.0) -> Response:
+async def request(port: int, raw: bytes, *, within: float = 10.0) -> Response:
     """Send raw request bytes on a new connection and read one response."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(raw)
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(within):
             return await read_response(reader)
     finally:
         writer.close()
+
+
+async def until(condition: Callable[[], bool], within: float = 10.0) -> None:
+    """Wait for a condition on the proxy's state (it changes from callbacks, so it is polled)."""
+    async with asyncio.timeout(within):
+        while not condition():  # noqa: ASYNC110 - no event to wait on: the state is plain attributes
+            await asyncio.sleep(0.005)
 
 
 def get(path: str = "/echo", host: str = "app.example", extra: str = "") -> bytes:
@@ -119,3 +126,15 @@ async def upstream() -> AsyncIterator[Upstream]:
 async def proxy(upstream: Upstream) -> AsyncIterator[ProxyServer]:
     async with running_proxy([route("app", upstream.address)]) as server:
         yield server
+
+
+@pytest.fixture(autouse=True)
+async def no_loop_errors() -> AsyncIterator[None]:
+    """Fail a test when a callback raised: asyncio only logs exceptions from protocol callbacks and tasks."""
+    loop = asyncio.get_running_loop()
+    problems: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: problems.append(context))
+    yield
+    await asyncio.sleep(0)
+    loop.set_exception_handler(None)
+    assert not problems, [str(p.get("exception") or p.get("message")) for p in problems]

@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from prometheus_client import REGISTRY
 
 from adapter.proxy.server import ProxyServer
 from tests.netutil import free_port
-from tests.proxy.conftest import get, post, read_response, request, route, running_proxy
+from tests.proxy.conftest import get, post, read_response, request, route, running_proxy, until
 from tests.proxy.upstream_app import Upstream
 
 
 def errors(route_name: str, code: str) -> float:
     value = REGISTRY.get_sample_value("zeroscale_proxy_error_responses_total", {"route": route_name, "code": code})
     return value or 0.0
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.005)
 
 
 async def test_thousand_held_requests_each_answered_once_with_its_own_body() -> None:
@@ -60,7 +53,7 @@ async def test_held_requests_go_out_in_arrival_order() -> None:
         pending = []
         for index in range(30):
             pending.append(asyncio.create_task(request(server.port, get(f"/echo?n={index}"))))
-            await until(lambda index=index: counts.held == index + 1)
+            await until(lambda: counts.held == len(pending))
         upstream = await Upstream(port).start()
         try:
             await asyncio.gather(*pending)
@@ -111,9 +104,7 @@ async def test_over_capacity_is_503_with_retry_after() -> None:
 
 
 async def test_held_body_over_the_limit_is_413_and_route_bytes_over_the_bound_503() -> None:
-    routes = [
-        route("bodies", f"127.0.0.1:{free_port()}", limits={"max_held_body_bytes": 1000, "max_held_bytes": 1500})
-    ]
+    routes = [route("bodies", f"127.0.0.1:{free_port()}", limits={"max_held_body_bytes": 1000, "max_held_bytes": 1500})]
     async with running_proxy(routes) as server:
         assert (await request(server.port, post(b"x" * 1001))).status == 413
         first = asyncio.create_task(request(server.port, post(b"y" * 900)))
@@ -132,7 +123,7 @@ async def test_client_that_disconnects_while_held_is_removed_and_counted() -> No
     async with running_proxy([route("quitter", f"127.0.0.1:{port}")]) as server:
         counts = server.routes["quitter"].counts
         before = errors("quitter", "499")
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(get("/echo?gone"))
         await until(lambda: counts.held == 1)
         writer.close()
@@ -182,7 +173,9 @@ async def test_upstream_closing_before_answering_is_502(upstream: Upstream) -> N
         crasher.close()
 
 
-async def test_stale_keep_alive_connection_is_retried_for_idempotent_requests(proxy: ProxyServer, upstream: Upstream) -> None:
+async def test_stale_keep_alive_connection_is_retried_for_idempotent_requests(
+    proxy: ProxyServer, upstream: Upstream
+) -> None:
     assert (await request(proxy.port, get("/echo?first"))).status == 200
     # The upstream drops its idle connections (as a server with a short keep-alive timeout does).
     for conn in list(upstream.open):

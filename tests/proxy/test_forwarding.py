@@ -39,7 +39,9 @@ async def test_post_body_content_length_and_chunked(proxy: ProxyServer, upstream
     response = await request(proxy.port, post(body))
     assert response.status == 200
     assert response.body == body
-    chunked = b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    chunked = (
+        b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    )
     response = await request(proxy.port, chunked)
     assert response.body == b"hello world"
     assert upstream.requests[-1].headers["transfer-encoding"] == "chunked"

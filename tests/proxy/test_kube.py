@@ -1,0 +1,192 @@
+"""Waking through the scale subresource and readiness from EndpointSlices, against the Kubernetes API stand-in."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from adapter.kube.client import KubeClient
+from adapter.kube.endpointslices import ready_addresses
+from tests.kube_standin import KubeStandIn, Reply, status_body
+from tests.netutil import free_port
+from tests.proxy.conftest import get, request, running_proxy, until
+from tests.proxy.kube_routes import (
+    SLICES_V1,
+    SLICES_V1BETA1,
+    ScaleStandIn,
+    endpoint_slice,
+    slices_collection,
+)
+from tests.proxy.upstream_app import Upstream
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeStandIn]:
+    with KubeStandIn(tls=False, token="proxy-token") as standin:
+        standin.serve_collection(SLICES_V1, "EndpointSliceList")
+        yield standin
+
+
+@pytest.fixture
+async def kube_client(kube: KubeStandIn) -> AsyncIterator[KubeClient]:
+    client = KubeClient.from_config(kube.client_config())
+    yield client
+    await client.close()
+
+
+def service_route(name: str, **overrides: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "upstream": {"service": "web", "namespace": "default", "port": "http"},
+        "target": {"namespace": "default", "kind": "Deployment", "name": "web"},
+        "wake": "scale",
+        "readiness": "endpointslice",
+        "limits": {"hold_timeout": 15},
+        **overrides,
+    }
+
+
+def wakes(route: str, result: str) -> float:
+    return REGISTRY.get_sample_value("zeroscale_proxy_wakes_total", {"route": route, "result": result}) or 0.0
+
+
+async def test_cold_start_wakes_the_target_and_forwards_when_a_slice_is_ready(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    collection = slices_collection("default")
+    port = free_port()
+    kube.put(collection, endpoint_slice("web-abc", "web", [], port))
+    async with running_proxy([service_route("woken")], kube=kube_client) as server:
+        pending = asyncio.create_task(request(server.port, get("/echo?cold")))
+        await until(lambda: scale.replicas == 1)
+        assert scale.patches == [{"metadata": {"resourceVersion": "100"}, "spec": {"replicas": 1}}]
+        assert server.routes["woken"].counts.held == 1
+        upstream = await Upstream(port).start()
+        try:
+            # Not ready yet, then ready: only the ready endpoint is used.
+            kube.put(collection, endpoint_slice("web-abc", "web", [("127.0.0.1", {"ready": False})], port))
+            await asyncio.sleep(0.1)
+            assert not pending.done()
+            kube.put(collection, endpoint_slice("web-abc", "web", [("127.0.0.1", {"ready": True})], port))
+            response = await pending
+        finally:
+            await upstream.stop()
+        assert response.status == 200
+        assert response.headers["x-zeroscale-cold-start"] == "true"
+        assert wakes("woken", "patched") == 1
+        cold_starts = REGISTRY.get_sample_value("zeroscale_proxy_cold_starts_total", {"route": "woken"})
+        assert cold_starts == 1
+
+
+async def test_a_target_above_zero_is_not_patched(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    scale = ScaleStandIn(kube, "default", "web", replicas=2)
+    async with running_proxy([service_route("awake", limits={"hold_timeout": 0.5})], kube=kube_client) as server:
+        response = await request(server.port, get())
+        assert response.status == 504
+    assert scale.patches == []
+    assert scale.replicas == 2
+    assert wakes("awake", "already_awake") >= 1
+
+
+async def test_a_conflicting_change_is_read_again_and_respected(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+
+    def hpa_scales_up_first(current: ScaleStandIn) -> None:
+        current.before_patch = lambda _scale: None
+        current.set(3)  # the HPA acted between our read and our patch
+
+    scale.before_patch = hpa_scales_up_first
+    async with running_proxy([service_route("racy", limits={"hold_timeout": 0.5})], kube=kube_client) as server:
+        await request(server.port, get())
+    assert scale.conflicts == 1
+    assert scale.replicas == 3  # re-read: no longer 0, so left alone
+    assert len(scale.patches) == 1
+    assert wakes("racy", "conflict") >= 1
+
+
+async def test_hpa_mode_only_reports_counts(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    async with running_proxy(
+        [service_route("counts-only", wake="hpa", limits={"hold_timeout": 0.3})], kube=kube_client
+    ) as server:
+        seen: list[int] = []
+        server.routes["counts-only"].counts.subscribe(lambda _r, held, inflight: seen.append(held + inflight))
+        assert (await request(server.port, get())).status == 504
+    assert scale.patches == []
+    assert 1 in seen
+
+
+async def test_endpointslice_v1beta1_fallback(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    kube.add_route("GET", SLICES_V1, lambda _req, _m: Reply(404, status_body(404, "NotFound", "no v1")))
+    kube.serve_collection(SLICES_V1BETA1, "EndpointSliceList")
+    upstream = await Upstream().start()
+    try:
+        kube.put(
+            slices_collection("default", "v1beta1"),
+            endpoint_slice("web-old", "web", [("127.0.0.1", {})], upstream.port, version="v1beta1"),
+        )
+        async with running_proxy([service_route("old", wake="none")], kube=kube_client) as server:
+            await until(lambda: server.routes["old"].has_usable())
+            assert (await request(server.port, get())).status == 200
+    finally:
+        await upstream.stop()
+
+
+async def test_no_api_access_falls_back_to_connect_probes(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    kube.add_route("GET", SLICES_V1, lambda _req, _m: Reply(403, status_body(403, "Forbidden", "no list")))
+    upstream = await Upstream().start()
+    try:
+        route = service_route(
+            "probing",
+            wake="none",
+            readiness="auto",
+            upstream={"service": "web", "namespace": "default", "port": "http", "address": upstream.address},
+        )
+        async with running_proxy([route], kube=kube_client) as server:
+            await until(lambda: server.routes["probing"].has_usable())
+            assert (await request(server.port, get())).status == 200
+    finally:
+        await upstream.stop()
+
+
+async def test_endpoints_follow_the_watch(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    collection = slices_collection("default")
+    async with running_proxy([service_route("watched", wake="none")], kube=kube_client) as server:
+        route = server.routes["watched"]
+        kube.put(collection, endpoint_slice("web-1", "web", [("10.0.0.1", {}), ("10.0.0.2", {})], 8080))
+        await until(lambda: len(route.endpoints) == 2)
+        kube.put(collection, endpoint_slice("web-2", "web", [("10.0.0.3", {"ready": True})], 8080))
+        await until(lambda: len(route.endpoints) == 3)
+        kube.end_watches()  # the watch ends: the proxy lists and watches again
+        kube.delete(collection, "web-1")
+        await until(lambda: [(e.host, e.port) for e in route.endpoints] == [("10.0.0.3", 8080)])
+
+
+def test_ready_addresses_follow_spec_8_1() -> None:
+    slices = [
+        endpoint_slice(
+            "a",
+            "web",
+            [
+                ("10.0.0.1", {}),  # nil ready: usable
+                ("10.0.0.2", {"ready": True}),
+                ("10.0.0.3", {"ready": False}),
+                ("10.0.0.4", {"ready": False, "serving": True, "terminating": True}),
+            ],
+            8080,
+        ),
+        endpoint_slice("b", "web", [("10.0.0.5", {})], 9090, port_name="metrics"),
+    ]
+    assert ready_addresses(slices, "http") == [("10.0.0.1", 8080), ("10.0.0.2", 8080)]
+    assert ready_addresses(slices, "metrics") == [("10.0.0.5", 9090)]
+    assert ready_addresses(slices, 8080) == [("10.0.0.1", 8080), ("10.0.0.2", 8080)]
+    # Nothing ready: drain into terminating endpoints that still serve.
+    draining = [endpoint_slice("c", "web", [("10.0.0.6", {"ready": False, "serving": True, "terminating": True})], 80)]
+    assert ready_addresses(draining, "http") == [("10.0.0.6", 80)]
+    gone = [endpoint_slice("d", "web", [("10.0.0.7", {"ready": False, "serving": False, "terminating": True})], 80)]
+    assert ready_addresses(gone, "http") == []
