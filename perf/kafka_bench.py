@@ -21,16 +21,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aiokafka import AIOKafkaClient, AIOKafkaProducer  # noqa: E402
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
-from aiokafka.errors import CoordinatorNotAvailableError  # noqa: E402
-from aiokafka.protocol.commit import OffsetCommitRequest  # noqa: E402
-from prometheus_client import REGISTRY  # noqa: E402
+from aiokafka import AIOKafkaClient, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import CoordinatorNotAvailableError
+from aiokafka.protocol.commit import OffsetCommitRequest
+from prometheus_client import REGISTRY
 
-from adapter.config.kafka import KafkaMetric, KafkaSource  # noqa: E402
-from adapter.metrics.catalogue import Catalogue  # noqa: E402
-from adapter.sources.kafka import KafkaLag  # noqa: E402
-from tests.kafka.broker import KafkaBroker, describe_groups  # noqa: E402
+from adapter.config.kafka import KafkaMetric, KafkaSource
+from adapter.metrics.catalogue import Catalogue
+from adapter.sources.kafka import KafkaLag
+from tests.kafka.broker import KafkaBroker, describe_groups
 
 ROUNDS = 30
 BIG_PARTITIONS = 1000
