@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+	./scripts/kafka/fetch.sh >/dev/null
 
 # Until `zeroscale demo` lands: the adapter on the local example config (loopback, no auth).
 demo: setup
