@@ -98,7 +98,7 @@ def placeholders(template: str) -> list[str]:
 
 
 class RedisMetric(MetricBase):
-    """One queue depth. `key` and `group` are templates filled from the HPA's selector.
+    """One queue depth. `redis_key` and `group` are templates filled from the HPA's selector.
 
     `${key}` takes the value(s) of the selector label `key`; `rq:queue:${queue}` adds a prefix
     (label values cannot hold `:`); a template without `$` is a fixed key. Several values
@@ -107,7 +107,7 @@ class RedisMetric(MetricBase):
 
     type: Literal["redis"]
     query: RedisQueryKind
-    key: str = "${key}"
+    redis_key: str = "${key}"
     group: str | None = None
     # zset_due: the unit of the scores (the due time as a Unix timestamp).
     score_unit: Literal["seconds", "milliseconds"] = "seconds"
@@ -118,7 +118,7 @@ class RedisMetric(MetricBase):
             raise ValueError(f"query {self.query} needs group (a consumer group name, or a template like ${{group}})")
         if self.query not in GROUP_QUERIES and self.group is not None:
             raise ValueError(f"query {self.query} reads no consumer group; remove group")
-        for field_name, template in (("key", self.key), ("group", self.group)):
+        for field_name, template in (("redis_key", self.redis_key), ("group", self.group)):
             if template is None:
                 continue
             if not Template(template).is_valid():

@@ -73,9 +73,11 @@ def connect(config: RedisSource) -> RedisConnection:
     match config.mode:
         case "standalone":
             assert config.url is not None
-            if config.tls is None and config.url.startswith("rediss://"):
-                common["ssl"] = True
-            client = Redis.from_url(config.url, db=config.db, max_connections=config.max_connections, **common)
+            # from_url picks TLS by the scheme: a `tls:` section means rediss:// whatever the URL says.
+            url = config.url
+            if common.pop("ssl", False):
+                url = "rediss://" + url.removeprefix("redis://").removeprefix("rediss://")
+            client = Redis.from_url(url, db=config.db, max_connections=config.max_connections, **common)
             kwargs = client.connection_pool.connection_kwargs
             return RedisConnection(client, f"redis {kwargs.get('host')}:{kwargs.get('port')}")
         case "sentinel":

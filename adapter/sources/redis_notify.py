@@ -46,6 +46,7 @@ class _NodeListener:
         self.channels: set[str] = set()
         self._on_message = on_message
         self._reader: asyncio.Task[None] | None = None
+        self._closed = False
 
     async def sync(self, wanted: set[str]) -> None:
         added, removed = wanted - self.channels, self.channels - wanted
@@ -58,7 +59,7 @@ class _NodeListener:
             self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
-        while True:
+        while not self._closed:
             try:
                 message = await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             except (RedisError, OSError) as err:
@@ -70,6 +71,7 @@ class _NodeListener:
                 self._on_message(str(message["channel"]))
 
     async def close(self) -> None:
+        self._closed = True
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -88,6 +90,8 @@ class KeyspaceWatcher:
         self._dirty = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._listeners: dict[str, _NodeListener] = {}
+        # redis-py may swallow a cancellation arriving mid-command, so the loops also check this flag.
+        self._closed = False
         telemetry.NOTIFICATIONS_ACTIVE.labels(source).set(0)
 
     def add(self, key: str) -> None:
@@ -110,7 +114,7 @@ class KeyspaceWatcher:
 
     async def _run(self) -> None:
         warned = False
-        while True:
+        while not self._closed:
             try:
                 clients = await self._nodes()
                 flags = await self._flags(next(iter(clients.values())))
@@ -151,9 +155,10 @@ class KeyspaceWatcher:
                 self._listeners[name] = _NodeListener(client, self._message)
         self._dirty.set()
         telemetry.NOTIFICATIONS_ACTIVE.labels(self._source).set(1)
-        while True:
+        while not self._closed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), _RECHECK_SECONDS)
+                async with asyncio.timeout(_RECHECK_SECONDS):
+                    await self._dirty.wait()
             self._dirty.clear()
             wanted = {self._prefix + key for key in self._keys}
             for listener in self._listeners.values():
@@ -162,6 +167,8 @@ class KeyspaceWatcher:
                 return  # Cluster topology changed: rebuild the listeners
 
     async def close(self) -> None:
+        self._closed = True
+        self._dirty.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

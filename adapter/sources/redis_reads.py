@@ -57,12 +57,12 @@ class QueueReader:
     def keys_of(self, query: SourceQuery) -> list[str]:
         metric = query.metric
         assert isinstance(metric, RedisMetric)
-        return expand(metric.key, query.params)
+        return expand(metric.redis_key, query.params)
 
     async def read(self, query: SourceQuery) -> list[Sample]:
         metric = query.metric
         assert isinstance(metric, RedisMetric)
-        keys = expand(metric.key, query.params)
+        keys = expand(metric.redis_key, query.params)
         if metric.group is None:
             values = await self._by_key(metric, keys)
             return [Sample(Decimal(values[key]), {"key": key}) for key in keys]
