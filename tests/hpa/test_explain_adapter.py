@@ -1,0 +1,91 @@
+"""`zeroscale explain` against the real adapter (`zeroscale serve --config deploy/local/zeroscale.yaml`).
+
+The local example serves the static metric demo-queue-depth: queue=orders 1500, queue=emails 0.5.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+import yaml
+
+from adapter.cli import main
+from tests.hpa.builders import hpa_document
+from tests.netutil import free_port, wait_for_port
+
+LOCAL_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "local" / "zeroscale.yaml"
+
+
+@pytest.fixture(scope="module")
+def adapter_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The local example config on free loopback ports, run as a subprocess like a user would."""
+    config = yaml.safe_load(LOCAL_CONFIG.read_text())
+    port = free_port()
+    config["server"].update(port=port, metrics_port=free_port())
+    path = tmp_path_factory.mktemp("adapter") / "zeroscale.yaml"
+    path.write_text(yaml.safe_dump(config))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "adapter", "serve", "--config", str(path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for_port(port)
+        yield f"https://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def external(name: str, selector: Mapping[str, object], kind: str, quantity: str) -> dict[str, object]:
+    field = "value" if kind == "Value" else "averageValue"
+    target = {"type": kind, field: quantity}
+    return {"type": "External", "external": {"metric": {"name": name, "selector": selector}, "target": target}}
+
+
+def test_explain_reads_the_running_adapter(
+    adapter_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Known answers at 2 replicas, 2 ready (SPEC 5.2):
+
+    - orders, AverageValue 500: ceil(1500 / 500) = 3 (the name is sent lower-cased, SPEC 1.2);
+    - orders+emails (1500.5), Value 1000: ratio 1.5005 -> ceil(1.5005 * 2) = 4;
+    - an unknown metric: 404 Status -> FailedGetExternalMetric (SPEC 1.4), no scaling.
+    """
+    orders = hpa_document(
+        name="orders",
+        metrics=[external("Demo-Queue-Depth", {"matchLabels": {"queue": "orders"}}, "AverageValue", "500")],
+        behavior={},
+    )
+    both = {"matchExpressions": [{"key": "queue", "operator": "In", "values": ["orders", "emails"]}]}
+    all_queues = hpa_document(name="all", metrics=[external("demo-queue-depth", both, "Value", "1000")], behavior={})
+    unknown = hpa_document(name="unknown", metrics=[external("no-such-metric", {}, "Value", "1")], behavior={})
+    manifests = tmp_path / "hpa.yaml"
+    manifests.write_text(yaml.safe_dump_all([orders, all_queues, unknown]))
+    args = [
+        "explain",
+        "-f",
+        str(manifests),
+        "--replicas",
+        "2",
+        "--adapter-url",
+        adapter_url,
+        "--insecure-skip-tls-verify",
+    ]
+    assert main([*args, "-o", "json"]) == 0
+    first, second, third = json.loads(capsys.readouterr().out)
+    assert (first["metrics"][0]["value"], first["recommendation"], first["desiredReplicas"]) == ("1500", 3, 3)
+    assert (second["metrics"][0]["value"], second["metrics"][0]["ratio"]) == ("1500500m", 1.5005)
+    assert (second["recommendation"], second["desiredReplicas"]) == (4, 4)
+    active = next(c for c in third["conditions"] if c["type"] == "ScalingActive")
+    assert (active["status"], active["reason"]) == ("False", "FailedGetExternalMetric")
+    assert active["message"].endswith(
+        "unable to fetch metrics from external metrics API: "
+        "the server could not find the metric no-such-metric for namespaces"
+    )
+    assert third["desiredReplicas"] == 2
