@@ -25,13 +25,19 @@ def kafka_jars() -> Path:
 
 
 class KafkaBroker:
-    """One broker process; stop() and start() again keep its data, ports and users."""
+    """One broker process; stop() and start() again keep its data, ports and users.
 
-    def __init__(self, state_dir: Path) -> None:
+    With `tls_dir` (server.pem, ca.pem: see scripts/kafka/run.sh) it also has a TLS listener
+    that requires a client certificate.
+    """
+
+    def __init__(self, state_dir: Path, tls_dir: Path | None = None) -> None:
         self.state_dir = state_dir
+        self.tls_dir = tls_dir
         self.port = free_port()
         self.sasl_port = free_port()
         self.controller_port = free_port()
+        self.tls_port = free_port() if tls_dir is not None else None
         self.log_file = state_dir / "broker.log"
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -43,13 +49,22 @@ class KafkaBroker:
     def sasl_bootstrap(self) -> str:
         return f"127.0.0.1:{self.sasl_port}"
 
+    @property
+    def tls_bootstrap(self) -> str:
+        assert self.tls_port is not None, "a broker started without tls_dir"
+        return f"127.0.0.1:{self.tls_port}"
+
     def start(self, timeout: float = 120.0) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         started = self.log_file.stat().st_size if self.log_file.exists() else 0
         env = {**os.environ, "KAFKA_USER": USER, "KAFKA_PASSWORD": PASSWORD}
+        ports = [self.port, self.sasl_port, self.controller_port]
+        if self.tls_dir is not None and self.tls_port is not None:
+            env["KAFKA_TLS_DIR"] = str(self.tls_dir)
+            ports.append(self.tls_port)
         with self.log_file.open("ab") as log:
             self._process = subprocess.Popen(
-                [SCRIPTS / "run.sh", self.state_dir, str(self.port), str(self.sasl_port), str(self.controller_port)],
+                [SCRIPTS / "run.sh", self.state_dir, *map(str, ports)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
+import trustme
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
+from cryptography.hazmat.primitives import serialization
 
 from adapter.config.kafka import KafkaMetric, KafkaSource
 from adapter.metrics.catalogue import Catalogue
@@ -19,8 +22,25 @@ _names = itertools.count(1)
 
 
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    kafka = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, the broker's certificate (server.pem, PKCS#8 as Kafka wants) and a client's (client.pem/.key)."""
+    directory = tmp_path_factory.mktemp("kafka-tls")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    key = serialization.load_pem_private_key(server.private_key_pem.bytes(), password=None)
+    encoding, key_format = serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8
+    pkcs8 = key.private_bytes(encoding, key_format, serialization.NoEncryption())
+    (directory / "server.pem").write_bytes(pkcs8 + b"".join(blob.bytes() for blob in server.cert_chain_pems))
+    ca.cert_pem.write_to_path(str(directory / "ca.pem"))
+    client = ca.issue_cert("zeroscale-client")
+    client.private_key_pem.write_to_path(str(directory / "client.key"))
+    client.cert_chain_pems[0].write_to_path(str(directory / "client.pem"))
+    return directory
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory, tls_dir: Path) -> Iterator[KafkaBroker]:
+    kafka = KafkaBroker(tmp_path_factory.mktemp("kafka"), tls_dir)
     kafka.start()
     yield kafka
     kafka.stop()
