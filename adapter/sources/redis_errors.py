@@ -19,7 +19,7 @@ def connection_error(err: BaseException, target: str) -> SourceError:
         case rx.AuthenticationError():
             cause = f"authentication to {target} failed (wrong username or password, or the ACL user is off): {detail}"
         case MasterNotFoundError():
-            cause = f"no Sentinel at {target} knows a reachable master: {detail}"
+            cause = f"{target}: the Sentinels know no reachable master ({detail})"
         case rx.TimeoutError() | TimeoutError():
             cause = f"{target} did not answer in time: {detail}"
         case rx.ClusterDownError() | rx.SlotNotCoveredError():

@@ -49,11 +49,14 @@ class RedisProcess:
         config.write_text("\n".join(base + self.lines) + "\n", encoding="utf-8")
         binary = "redis-sentinel" if self.sentinel else "redis-server"
         self.process = subprocess.Popen([binary, str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            wait_for_port(wait_port if wait_port is not None else self.port, timeout=15)
-        except TimeoutError:
-            raise RuntimeError(f"{binary} did not start; its log:\n{self.log()}") from None
-        return self
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                wait_for_port(wait_port if wait_port is not None else self.port, timeout=0.2)
+                return self
+            except TimeoutError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{binary} did not start; its log:\n{self.log()}") from None
 
     def log(self) -> str:
         path = self.dir / "log.txt"
