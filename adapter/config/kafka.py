@@ -27,7 +27,8 @@ class KafkaSource(SourceBase):
     # Present (even empty, `tls: {}`) means TLS towards the brokers, verified with the system CAs by default.
     tls: TLSClientFiles | None = None
     sasl: KafkaSasl | None = None
-    request_timeout: Duration = 10.0
+    # Below cache.query_timeout, so a broker that does not answer is reported as such.
+    request_timeout: Duration = 5.0
     # One cluster metadata read serves every group for this long (SPEC: one refresh per interval).
     metadata_max_age: Duration = 5.0
     # One read of a group's offsets serves every series of that group for this long.

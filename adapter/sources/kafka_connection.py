@@ -24,6 +24,7 @@ from adapter.telemetry import kafka as telemetry
 
 # aiokafka's own background metadata refresh; ours is explicit (see kafka_offsets.MetadataReader).
 _BACKGROUND_METADATA_MS = 300_000
+_PROBE_REUSE = 1.0  # seconds
 
 
 class KafkaConnection:
@@ -31,6 +32,7 @@ class KafkaConnection:
         self._config = config
         self._client: AIOKafkaClient | None = None
         self._lock = asyncio.Lock()
+        self._probes: dict[str, asyncio.Task[str]] = {}
 
     @property
     def source_name(self) -> str:
@@ -125,7 +127,17 @@ class KafkaConnection:
         return await self._probe(self._options(), broker.host, broker.port)
 
     async def _probe(self, options: dict[str, Any], host: str, port: int) -> str:
-        """Why connecting to host:port fails, learnt by trying once."""
+        """Why connecting to host:port fails, learnt by trying once; one try answers for every
+        request that failed at about the same time (a round of 200 groups during an outage)."""
+        where = f"{host}:{port}"
+        probe = self._probes.get(where)
+        if probe is None:
+            probe = self._probes[where] = asyncio.create_task(self._try(options, host, port))
+            loop = asyncio.get_running_loop()
+            probe.add_done_callback(lambda _: loop.call_later(_PROBE_REUSE, self._probes.pop, where, None))
+        return await asyncio.shield(probe)
+
+    async def _try(self, options: dict[str, Any], host: str, port: int) -> str:
         where = f"{host}:{port}"
         try:
             conn = await create_conn(
