@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 
 from adapter.hpa.conditions import Condition
 from adapter.hpa.ratelimit import Limited
 from adapter.hpa.stabilization import Stabilized
+from adapter.metrics.quantity import format_quantity
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,11 @@ class MetricResult:
     proposal: int | None = None
     how: str = ""
     error: str | None = None
+
+    @property
+    def value(self) -> str | None:
+        """The summed usage as a Quantity (what `kubectl get --raw` would show for one item)."""
+        return None if self.usage_milli is None else format_quantity(Decimal(self.usage_milli) / 1000)
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,7 @@ class Decision:
                 inside = "inside" if metric.within_tolerance else "outside"
                 band = f", {inside} tolerance band [{low:.4g}, {high:.4g}]"
             lines.append(
-                f"{metric.label}: usage {metric.usage_milli}m vs {metric.target_type} target {metric.target}: "
+                f"{metric.label}: value {metric.value} vs {metric.target_type} target {metric.target}: "
                 f"ratio {_ratio(metric.ratio)}{band} -> {metric.proposal} ({metric.how})"
             )
         if self.proposal is not None:

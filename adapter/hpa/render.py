@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from decimal import Decimal
 from typing import Any
 
 from rich.console import Console, Group
@@ -11,9 +10,8 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from adapter.hpa.decision import Decision, MetricResult, limit_lines, stabilization_line
+from adapter.hpa.decision import Decision, limit_lines, stabilization_line
 from adapter.hpa.spec import HPASpec
-from adapter.metrics.quantity import format_quantity
 
 
 def _number(value: float | None) -> float | str | None:
@@ -21,10 +19,6 @@ def _number(value: float | None) -> float | str | None:
     if value is None or math.isfinite(value):
         return value
     return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
-
-
-def _usage(metric: MetricResult) -> str | None:
-    return None if metric.usage_milli is None else format_quantity(Decimal(metric.usage_milli) / 1000)
 
 
 def decision_json(spec: HPASpec, decision: Decision, notes: list[str]) -> dict[str, Any]:
@@ -44,7 +38,7 @@ def decision_json(spec: HPASpec, decision: Decision, notes: list[str]) -> dict[s
                 "type": m.kind,
                 "targetType": m.target_type,
                 "target": m.target,
-                "value": _usage(m),
+                "value": m.value,
                 "current": m.current,
                 "ratio": _number(m.ratio),
                 "toleranceBand": None if m.tolerance_band is None else list(m.tolerance_band),
@@ -106,7 +100,7 @@ def _metrics_table(decision: Decision) -> Table:
             low, high = m.tolerance_band
             band = f"[{low:.4g}, {high:.4g}] " + ("inside" if m.within_tolerance else "outside")
         ratio = "" if m.ratio is None else str(_number(round(m.ratio, 4) if math.isfinite(m.ratio) else m.ratio))
-        cells = (m.label, _usage(m) or "", f"{m.target} ({m.target_type})", ratio, band, f"{m.proposal}: {m.how}")
+        cells = (m.label, m.value or "", f"{m.target} ({m.target_type})", ratio, band, f"{m.proposal}: {m.how}")
         table.add_row(*map(escape, cells))
     return table
 

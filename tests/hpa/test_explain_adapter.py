@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -21,21 +22,41 @@ from tests.netutil import free_port, wait_for_port
 LOCAL_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "local" / "zeroscale.yaml"
 
 
-@pytest.fixture(scope="module")
-def adapter_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The local example config on free loopback ports, run as a subprocess like a user would."""
+def _start(directory: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """The local example config on fresh free loopback ports; returns once it accepts connections."""
     config = yaml.safe_load(LOCAL_CONFIG.read_text())
     port = free_port()
     config["server"].update(port=port, metrics_port=free_port())
-    path = tmp_path_factory.mktemp("adapter") / "zeroscale.yaml"
+    path = directory / "zeroscale.yaml"
     path.write_text(yaml.safe_dump(config))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "adapter", "serve", "--config", str(path)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    log = directory / "serve.log"  # a file, not a pipe nobody drains while the tests run
+    with log.open("wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "adapter", "serve", "--config", str(path)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    deadline = time.monotonic() + 60
+    while process.poll() is None:
+        try:
+            wait_for_port(port, timeout=0.5)
+            return process, port
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise
+    raise RuntimeError(f"zeroscale serve exited with {process.returncode}: {log.read_text()[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def adapter_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`zeroscale serve` run as a subprocess, like a user would."""
     try:
-        wait_for_port(port)
+        process, port = _start(tmp_path_factory.mktemp("adapter"))
+    except RuntimeError:
+        # Another process may have taken a "free" port between our probe and the bind: once more.
+        process, port = _start(tmp_path_factory.mktemp("adapter"))
+    try:
         yield f"https://127.0.0.1:{port}"
     finally:
         process.terminate()
