@@ -46,7 +46,7 @@ class KafkaLag(Source):
             given = ",".join(query.params.get("partition", ()))
             raise SourceError(f"no partition of {', '.join(topics)} is in the selector's partitions ({given})")
         lags = group_lags(metric, group, offsets.read, chosen, self._persistent)
-        self._export.update(group, topics, lags)
+        self._export.update(group, {topic: offsets.topics[topic].keys() for topic in topics}, lags)
         value, _with_persistent = total_lag(lags, metric)
         return [Sample(Decimal(value), {"group": group, "topic": ",".join(topics)})]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 
 from prometheus_client import Gauge
 
@@ -17,11 +17,12 @@ class PartitionLagExport:
         # (group, topic, partition) -> its gauge; kept, since looking a child up by labels is slow
         self._series: dict[tuple[str, str, int], Gauge] = {}
 
-    def update(self, group: str, topics: Iterable[str], lags: Iterable[PartitionLag]) -> None:
-        """Set the group's lag on `topics`; partitions of those topics not in `lags` are removed."""
+    def update(self, group: str, existing: Mapping[str, Collection[int]], lags: Iterable[PartitionLag]) -> None:
+        """Set the group's lag per partition; drop its series of partitions that no longer exist
+        on the topics read (`existing`: topic -> partitions, as just read)."""
         fresh = {(group, p.topic, p.partition): p.lag_with_persistent for p in lags}
-        topics = set(topics)
-        for key in [k for k in self._series if k[0] == group and k[1] in topics and k not in fresh]:
+        gone = [k for k in self._series if k[0] == group and k[1] in existing and k[2] not in existing[k[1]]]
+        for key in gone:
             self._remove(key)
         for key, lag in fresh.items():
             gauge = self._series.get(key)

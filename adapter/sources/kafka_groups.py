@@ -123,6 +123,10 @@ class GroupReader:
         except Exception as err:  # a bug: every waiter gets an error, never a value
             log.exception("reading kafka offsets failed unexpectedly")
             outcomes = dict.fromkeys(round_.wanted, SourceError(f"internal error {type(err).__name__}: {err}"))
+        except asyncio.CancelledError:  # the source is closing: nobody waits forever
+            for future in round_.results.values():
+                future.cancel()
+            raise
         finally:
             telemetry.GROUP_READ_SECONDS.labels(self._conn.source_name).observe(self._clock() - started)
         # Groups nobody has read for a while are forgotten, so the map stays as small as the series.

@@ -200,3 +200,21 @@ def requests(source: str) -> dict[str, int]:
 
 def _resolve(metric: KafkaMetric, selector: str) -> tuple[SeriesKey, SourceQuery]:
     return Catalogue([metric]).resolve(metric.name, "default", selector)
+
+
+async def test_partition_series_are_capped(kafka: KafkaDriver, broker: KafkaBroker, name: str) -> None:
+    await kafka.topic(name, 4)
+    await kafka.produce(name, {p: 3 for p in range(4)})
+    await kafka.commit(name, {(name, p): p for p in range(4)})
+    source = KafkaLag(source_config(broker.bootstrap, partition_lag_series_limit=2))
+    try:
+        assert await read_lag(source, lag_metric(source.name), f"group={name}") == 3 + 2 + 1
+        exported = [partition_gauge(source, name, name, p) for p in range(4)]
+        assert exported == [3, 2, None, None]
+        dropped = REGISTRY.get_sample_value(
+            "zeroscale_kafka_partition_lag_series_dropped_total", {"source": source.name}
+        )
+        assert dropped == 2
+    finally:
+        await source.close()
+    assert partition_gauge(source, name, name, 0) is None  # closing removes the source's series
