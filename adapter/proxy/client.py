@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from time import monotonic
 from typing import TYPE_CHECKING, NoReturn
 
 import httptools
 
 from adapter.proxy.exchange import DONE, Exchange
 from adapter.proxy.http1 import CONTINUE, IDEMPOTENT, connection_tokens, error_response
-from adapter.proxy.routing import normalise_host
 from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
@@ -72,7 +72,8 @@ class ClientConnection(asyncio.Protocol):
         self._closed = False
         self._rejected = False
         self._in_headers = False
-        self._timer: asyncio.TimerHandle | None = None
+        # When the header or idle timeout runs out (monotonic seconds, 0: none); the server's sweeper checks it.
+        self.deadline = 0.0
         self._forwarded = b""
         self._peer = b""
 
@@ -246,7 +247,7 @@ class ClientConnection(asyncio.Protocol):
             url = url[path_start:] if path_start != -1 else b"/"
         elif not url.startswith(b"/") and not (url == b"*" and method == b"OPTIONS"):
             self._reject(400, "the request target must be a path")
-        route = self.server.router.match(normalise_host(host or b""), url)
+        route = self.server.router.match(host or b"", url)
         if route is None:
             telemetry.ERRORS.labels("", "404").inc()
             self._reject(404, "no route for this host and path")
@@ -413,17 +414,21 @@ class ClientConnection(asyncio.Protocol):
                 self.transport.resume_reading()
 
     def _arm(self, timeout: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.server.loop.call_later(timeout, self._timed_out)
+        self.deadline = monotonic() + timeout
 
     def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.deadline = 0.0
+
+    def check_deadlines(self, now: float) -> None:
+        """Called by the server's sweeper: one pass over all connections replaces a timer per request."""
+        if self.deadline and now >= self.deadline:
+            self.deadline = 0.0
+            self._timed_out()
+        active = self._active
+        if active is not None and active.upstream is not None:
+            active.upstream.check_deadline(now)
 
     def _timed_out(self) -> None:
-        self._timer = None
         if self._in_headers:
             telemetry.ERRORS.labels("", "408").inc()
             self.transport.write(error_response(408, "the request headers did not arrive in time"))

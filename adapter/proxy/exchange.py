@@ -8,7 +8,7 @@ explicit: once DONE, nothing else writes for it.
 from __future__ import annotations
 
 import asyncio
-import time
+from time import monotonic
 from typing import TYPE_CHECKING
 
 from adapter.proxy.http1 import CHUNK_END, chunk
@@ -136,7 +136,7 @@ class Exchange:
             if self.chunked:
                 upstream.transport.write(CHUNK_END)
                 self._keep_for_replay(CHUNK_END)
-            self.sent_at = time.monotonic()
+            self.sent_at = monotonic()
             upstream.expect_response(self.route.limits.response_timeout)
 
     def _keep_for_replay(self, framed: bytes) -> None:
@@ -174,7 +174,7 @@ class Exchange:
         self.written = True
         self.attempts += 1
         if self.body_done:
-            self.sent_at = time.monotonic()
+            self.sent_at = monotonic()
             upstream.expect_response(self.route.limits.response_timeout)
 
     def retriable(self) -> bool:

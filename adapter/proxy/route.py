@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -20,9 +20,6 @@ from adapter.proxy.counts import RouteCounts
 from adapter.proxy.exchange import ASSIGNED, QUEUED, Exchange
 from adapter.proxy.upstream import Endpoint
 from adapter.telemetry import proxy as telemetry
-
-if TYPE_CHECKING:
-    from prometheus_client.metrics import Histogram
 
 _PROBE_TIMEOUT = 1.0
 
@@ -38,8 +35,7 @@ class Route:
         self.on_cold: Callable[[], None] | None = None
         # Set by the waker when it patched the scale subresource (monotonic).
         self.wake_sent_at = 0.0
-        self.upstream_seconds: Histogram = telemetry.UPSTREAM_SECONDS.labels(self.name)
-        self._requests = telemetry.REQUESTS.labels(self.name)
+        self.stats = telemetry.HOT_PATH.stats(self.name)
         self._hold_seconds = telemetry.HOLD_SECONDS.labels(self.name)
         self._connects = {result: telemetry.UPSTREAM_CONNECTS.labels(self.name, result) for result in ("ok", "error")}
         self._endpoints: list[Endpoint] = []
@@ -191,7 +187,7 @@ class Route:
         exchange.endpoint = endpoint
         endpoint.inflight += 1
         if not exchange.attempts:
-            self._requests.inc()
+            self.stats.requests += 1
         endpoint.dispatch(exchange)
 
     def _unassign(self, exchange: Exchange) -> None:

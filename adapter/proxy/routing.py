@@ -47,10 +47,11 @@ class Router(Generic[T]):
             table.sort(key=lambda entry: -len(entry[0]))
         self._by_host: dict[bytes, list[tuple[bytes, T]] | None] = {}
 
-    def _candidates(self, host: bytes) -> list[tuple[bytes, T]] | None:
-        found = self._by_host.get(host, False)
+    def _candidates(self, raw_host: bytes) -> list[tuple[bytes, T]] | None:
+        found = self._by_host.get(raw_host, False)
         if found is not False:
             return found  # type: ignore[return-value]
+        host = normalise_host(raw_host)
         entries = self._exact.get(host)
         if entries is None:
             entries = next((table for suffix, table in self._wildcard if host.endswith(suffix)), None)
@@ -58,11 +59,11 @@ class Router(Generic[T]):
             entries = self._any
         # The cache is bounded: hosts come from clients, and a client may send any number of them.
         if len(self._by_host) < _MAX_CACHED_HOSTS:
-            self._by_host[host] = entries
+            self._by_host[raw_host] = entries
         return entries
 
     def match(self, host: bytes, path: bytes) -> T | None:
-        """The route for a normalised host and a request path, or None (the proxy answers 404 itself)."""
+        """The route for a Host header (as sent) and a request path, or None (the proxy answers 404 itself)."""
         entries = self._candidates(host)
         if entries is None:
             return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 
 from adapter.config.proxy import ProxyConfig, RouteConfig, ServiceUpstream
 from adapter.kube.client import KubeClient, KubeConfigError
@@ -18,6 +19,7 @@ from adapter.telemetry import proxy as telemetry
 
 log = logging.getLogger(__name__)
 _BACKLOG = 4096
+_MIN_TICK, _MAX_TICK = 0.01, 1.0
 
 
 class ProxyServer:
@@ -36,6 +38,7 @@ class ProxyServer:
         self._admin: asyncio.Server | None = None
         self._watchers: list[EndpointSliceWatcher] = []
         self._wakers: list[Waker] = []
+        self._sweeper: asyncio.Task[None] | None = None
         telemetry.CONNECTIONS.set_function(lambda: len(self.connections))
 
     # --- connections ---
@@ -71,7 +74,24 @@ class ProxyServer:
             lambda: ClientConnection(self), self.config.bind, self.config.port, backlog=_BACKLOG
         )
         self._admin = await start_admin(self.config.admin_bind, self.config.admin_port, lambda: not self.draining)
+        self._sweeper = self.loop.create_task(self._sweep())
         log.info("proxy listening on %s:%d, admin on %d", self.config.bind, self.port, self.admin_port)
+
+    async def _sweep(self) -> None:
+        """Header, idle and response timeouts: deadlines are set on the hot path, checked here a few times a second.
+
+        The tick is a quarter of the shortest timeout (at most 1 s), so a timeout fires at most 25% late.
+        """
+        config = self.config
+        shortest = min(
+            [config.header_timeout, config.idle_timeout, *(r.limits.response_timeout for r in self.routes.values())]
+        )
+        tick = min(max(shortest / 4, _MIN_TICK), _MAX_TICK)
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            for connection in list(self.connections):
+                connection.check_deadlines(now)
 
     def _kube_client(self) -> KubeClient | None:
         if self._kube is None:
@@ -143,6 +163,8 @@ class ProxyServer:
             route.fail_held(503, "the proxy is shutting down")
         for connection in list(self.connections):
             connection.shut_down()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for watcher in self._watchers:
             await watcher.close()
         for waker in self._wakers:

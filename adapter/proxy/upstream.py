@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from time import monotonic
 from typing import TYPE_CHECKING
 
 import httptools
@@ -53,7 +53,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._client_chunked = False
         self._until_close = False
         self._tunnel: ClientConnection | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        # When the response head is due (monotonic seconds, 0: not waiting), and the timeout it came from.
+        self.deadline = 0.0
+        self._timeout = 0.0
 
     # --- asyncio callbacks ---
 
@@ -132,7 +134,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._cancel_timer()
         route = exchange.route
         if exchange.sent_at:
-            route.upstream_seconds.observe(time.monotonic() - exchange.sent_at)
+            route.stats.upstream_seconds.observe(monotonic() - exchange.sent_at)
         if status == 101 and not exchange.upgrade:
             self._lost("switched protocols unasked")
             return
@@ -178,8 +180,12 @@ class UpstreamConnection(asyncio.Protocol):
             self._parser = httptools.HttpResponseParser(_HeadResponse(self))
 
     def expect_response(self, timeout: float) -> None:
-        self._cancel_timer()
-        self._timer = asyncio.get_running_loop().call_later(timeout, self._response_timeout, timeout)
+        self._timeout = timeout
+        self.deadline = monotonic() + timeout
+
+    def check_deadline(self, now: float) -> None:
+        if self.deadline and now >= self.deadline:
+            self._response_timeout()
 
     def release(self) -> None:
         self.exchange = None
@@ -262,17 +268,14 @@ class UpstreamConnection(asyncio.Protocol):
         if exchange is not None:
             exchange.upstream_lost(reason)
 
-    def _response_timeout(self, timeout: float) -> None:
-        self._timer = None
+    def _response_timeout(self) -> None:
         exchange, self.exchange = self.exchange, None
         self.close()
         if exchange is not None:
-            exchange.fail(504, f"the upstream did not answer in {timeout:g} s")
+            exchange.fail(504, f"the upstream did not answer in {self._timeout:g} s")
 
     def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.deadline = 0.0
 
 
 class Endpoint:

@@ -1,10 +1,18 @@
 """Metrics of the buffering proxy: what is held, how long cold starts take phase by phase, what failed.
 
 The held and in-flight gauges read the routes' own counters when scraped (see adapter/proxy/counts.py),
-so the hot path pays nothing for them.
+and the two per-request series (requests, upstream response time) are plain integers in `HotPathStats`,
+read by one collector at scrape time: the hot path pays neither a lock nor a label lookup for them.
 """
 
-from prometheus_client import Counter, Gauge, Histogram
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 # Holds can last as long as a cold start: up to ten minutes.
 _HOLD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -49,15 +57,8 @@ ERRORS = Counter(
     "Requests the proxy answered itself or dropped, by status (404, 413, 431, 499 client gone, 502, 503, 504)",
     ["route", "code"],
 )
-REQUESTS = Counter("zeroscale_proxy_requests_total", "Requests forwarded upstream (retries not counted)", ["route"])
 RETRIES = Counter(
     "zeroscale_proxy_retries_total", "Requests moved to another endpoint before any byte reached upstream", ["route"]
-)
-UPSTREAM_SECONDS = Histogram(
-    "zeroscale_proxy_upstream_response_seconds",
-    "Request sent upstream to response head received",
-    ["route"],
-    buckets=_LATENCY_BUCKETS,
 )
 CONNECTIONS = Gauge("zeroscale_proxy_client_connections", "Open client connections")
 REFUSED_CONNECTIONS = Counter(
@@ -66,3 +67,60 @@ REFUSED_CONNECTIONS = Counter(
 UPSTREAM_CONNECTS = Counter(
     "zeroscale_proxy_upstream_connections_total", "Upstream connections opened, by result", ["route", "result"]
 )
+
+
+class FastHistogram:
+    """Bucket counts as plain integers; observed on the event loop's thread only, read at scrape time."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+
+class HotPathStats:
+    """One route's per-request series."""
+
+    __slots__ = ("requests", "upstream_seconds")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.upstream_seconds = FastHistogram(_LATENCY_BUCKETS)
+
+
+class _HotPathCollector(Collector):
+    def __init__(self) -> None:
+        self._routes: dict[str, HotPathStats] = {}
+
+    def stats(self, route: str) -> HotPathStats:
+        return self._routes.setdefault(route, HotPathStats())
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "zeroscale_proxy_requests", "Requests forwarded upstream (retries not counted)", labels=["route"]
+        )
+        latency = HistogramMetricFamily(
+            "zeroscale_proxy_upstream_response_seconds",
+            "Request sent upstream to response head received",
+            labels=["route"],
+        )
+        for route, stats in list(self._routes.items()):
+            requests.add_metric([route], stats.requests)
+            histogram = stats.upstream_seconds
+            cumulative, buckets = 0, []
+            for bound, count in zip((*histogram.bounds, float("inf")), histogram.counts, strict=True):
+                cumulative += count
+                buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
+            latency.add_metric([route], buckets, histogram.total)
+        yield requests
+        yield latency
+
+
+HOT_PATH = _HotPathCollector()
+REGISTRY.register(HOT_PATH)

@@ -1,0 +1,269 @@
+"""The buffering proxy against its baselines, all in this run, on loopback.
+
+(a) Warm path: wrk at 1 and 64 connections against the upstream directly, nginx `proxy_pass` with
+    upstream keepalive (1 worker) and `zeroscale proxy` (1 process), interleaved, ROUNDS rounds;
+    medians, and ratios against nginx and direct. The upstream is an nginx worker answering a short body.
+(b) Wake detection: the upstream starts listening while a request is held; time from `listen()` to
+    the first byte of the forwarded request (connect probes, the path without API access).
+(c) Memory: RSS growth of the proxy process while it holds 10,000 idle connections, each with a request.
+
+Run: python perf/proxy_bench.py   (needs nginx and wrk; last line:
+ratio_vs_nginx=<x> added_p50_us=<y> wake_p99_ms=<z> held_10k_rss_mib=<w>)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.netutil import free_port, wait_for_port  # noqa: E402
+
+ROUNDS = 3
+SECONDS = int(os.environ.get("PROXY_BENCH_SECONDS", "5"))
+CONNECTIONS = (1, 64)
+WAKE_TRIALS = 50
+HELD = 10_000
+_UNITS = {"us": 1.0, "ms": 1000.0, "s": 1_000_000.0}
+
+
+@contextmanager
+def nginx(body: str) -> Iterator[int]:
+    """One nginx master with one worker, configured by `body` (a server block using {port})."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="bench-nginx-") as prefix:
+        conf = Path(prefix, "nginx.conf")
+        conf.write_text(
+            f"""
+daemon off;
+worker_processes 1;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log error;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {prefix}/body;
+  proxy_temp_path {prefix}/proxy;
+  fastcgi_temp_path {prefix}/fastcgi;
+  uwsgi_temp_path {prefix}/uwsgi;
+  scgi_temp_path {prefix}/scgi;
+  {body.replace("{port}", str(port))}
+}}
+"""
+        )
+        process = subprocess.Popen(["nginx", "-c", str(conf), "-p", prefix], stderr=subprocess.DEVNULL)
+        try:
+            wait_for_port(port)
+            yield port
+        finally:
+            process.terminate()
+            process.wait(10)
+
+
+@contextmanager
+def zeroscale_proxy(upstream: int, **extra: str) -> Iterator[tuple[int, int, subprocess.Popen[bytes]]]:
+    port, admin = free_port(), free_port()
+    env = {
+        **os.environ,
+        "ZEROSCALE_PROXY__SIDECAR__UPSTREAM": f"127.0.0.1:{upstream}",
+        "ZEROSCALE_PROXY__BIND": "127.0.0.1",
+        "ZEROSCALE_PROXY__PORT": str(port),
+        "ZEROSCALE_PROXY__ADMIN_BIND": "127.0.0.1",
+        "ZEROSCALE_PROXY__ADMIN_PORT": str(admin),
+        **extra,
+    }
+    env.pop("ZEROSCALE_CONFIG", None)
+    process = subprocess.Popen([sys.executable, "-m", "adapter", "--log-level", "WARNING", "proxy"], env=env, cwd=ROOT)
+    try:
+        wait_for_port(port)
+        yield port, admin, process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wrk(port: int, connections: int) -> tuple[float, float, float]:
+    """(requests/s, p50 us, p99 us)."""
+    threads = 1 if connections == 1 else 2
+    out = subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{SECONDS}s", "--latency", f"http://127.0.0.1:{port}/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", out)
+    if errors:
+        raise SystemExit(f"wrk saw errors against port {port}:\n{out}")
+
+    def percentile(label: str) -> float:
+        value, unit = re.search(rf"\s{label}%\s+([\d.]+)(us|ms|s)", out).groups()  # type: ignore[union-attr]
+        return float(value) * _UNITS[unit]
+
+    return rps, percentile("50"), percentile("99")
+
+
+def warm_path() -> dict[tuple[str, int], list[tuple[float, float, float]]]:
+    results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    with nginx('server { listen 127.0.0.1:{port}; location / { return 200 "hello from upstream\\n"; } }') as up:
+        proxy_block = (
+            f"upstream up {{ server 127.0.0.1:{up}; keepalive 128; }}\n"
+            "server { listen 127.0.0.1:{port}; location / { proxy_pass http://up; "
+            'proxy_http_version 1.1; proxy_set_header Connection ""; } }'
+        )
+        with nginx(proxy_block) as via_nginx, zeroscale_proxy(up) as (ours, _, _):
+            targets = {"direct": up, "nginx": via_nginx, "zeroscale": ours}
+            for port in targets.values():
+                wrk(port, 64)  # warm-up: connections, caches
+            for round_number in range(1, ROUNDS + 1):
+                for connections in CONNECTIONS:
+                    for name, port in targets.items():
+                        figures = wrk(port, connections)
+                        results.setdefault((name, connections), []).append(figures)
+                        print(
+                            f"round {round_number} {name:9s} c={connections:<3d} "
+                            f"{figures[0]:9.0f} req/s  p50 {figures[1]:8.0f} us  p99 {figures[2]:8.0f} us",
+                            flush=True,
+                        )
+    return results
+
+
+async def wake_trials(proxy_port: int, upstream_port: int) -> list[float]:
+    delays = []
+    for trial in range(WAKE_TRIALS):
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+        writer.write(b"GET /trial/%d HTTP/1.1\r\nHost: bench\r\n\r\n" % trial)
+        await asyncio.sleep(0.03 + (trial % 7) * 0.007)  # held, probes failing
+        first_byte = asyncio.get_running_loop().create_future()
+
+        async def handle(up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter) -> None:
+            data = await up_reader.read(65536)
+            if data and not first_byte.done():
+                first_byte.set_result(time.perf_counter())
+                await up_reader.readuntil(b"\r\n\r\n") if b"\r\n\r\n" not in data else None
+                up_writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                await up_writer.drain()
+            up_writer.close()
+
+        started = time.perf_counter()
+        server = await asyncio.start_server(handle, "127.0.0.1", upstream_port)
+        arrived = await asyncio.wait_for(first_byte, 10)
+        delays.append((arrived - started) * 1000)
+        response = await asyncio.wait_for(reader.read(65536), 10)
+        assert response.startswith(b"HTTP/1.1 200"), response
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        await asyncio.sleep(0.02)
+    return delays
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def held_count(admin: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=5).read().decode()
+    match = re.search(r'zeroscale_proxy_held_requests\{route="sidecar"\} ([\d.e+]+)', text)
+    return float(match.group(1)) if match else 0.0
+
+
+def held_memory() -> tuple[float, int]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = HELD + 1000
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(wanted * 2, soft), hard), hard))
+    limits = {
+        "ZEROSCALE_PROXY__SIDECAR__LIMITS__MAX_HELD_REQUESTS": str(HELD * 2),
+        "ZEROSCALE_PROXY__SIDECAR__LIMITS__HOLD_TIMEOUT": "600",
+        "ZEROSCALE_PROXY__SIDECAR__PROBE_INTERVAL": "0.5",
+    }
+    with zeroscale_proxy(free_port(), **limits) as (port, admin, process):
+        warm = socket.create_connection(("127.0.0.1", port))
+        warm.sendall(b"GET /warm HTTP/1.1\r\nHost: bench\r\n\r\n")
+        while held_count(admin) < 1:
+            time.sleep(0.05)
+        before = rss_kib(process.pid)
+        sockets = [warm]
+        request = b"GET /idle HTTP/1.1\r\nHost: bench\r\n\r\n"
+        for _ in range(HELD - 1):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(request)
+            sockets.append(sock)
+        deadline = time.monotonic() + 60
+        while held_count(admin) < HELD and time.monotonic() < deadline:
+            time.sleep(0.2)
+        held = held_count(admin)
+        time.sleep(1)
+        after = rss_kib(process.pid)
+        for sock in sockets:
+            sock.close()
+    return held, after - before
+
+
+def main() -> None:
+    for tool in ("nginx", "wrk"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is needed (scripts/setup-system.sh installs it)")
+    print(f"(a) warm path: wrk {SECONDS}s per run, {ROUNDS} rounds interleaved", flush=True)
+    results = warm_path()
+    median = {key: tuple(statistics.median(run[i] for run in runs) for i in range(3)) for key, runs in results.items()}
+    for connections in CONNECTIONS:
+        for name in ("direct", "nginx", "zeroscale"):
+            rps, p50, p99 = median[(name, connections)]
+            print(f"median {name:9s} c={connections:<3d} {rps:9.0f} req/s  p50 {p50:8.0f} us  p99 {p99:8.0f} us")
+    ratio = median[("zeroscale", 64)][0] / median[("nginx", 64)][0]
+    ratio_direct = median[("zeroscale", 64)][0] / median[("direct", 64)][0]
+    added_p50 = median[("zeroscale", 1)][1] - median[("direct", 1)][1]
+    nginx_added_p50 = median[("nginx", 1)][1] - median[("direct", 1)][1]
+    p99_ratio = median[("zeroscale", 64)][2] / median[("nginx", 64)][2]
+    print(
+        f"req/s at 64 connections: {ratio:.2f} of nginx, {ratio_direct:.2f} of direct; "
+        f"added p50 at 1 connection: {added_p50:.0f} us (nginx adds {nginx_added_p50:.0f} us); "
+        f"p99 at 64 connections: {p99_ratio:.2f}x nginx's"
+    )
+
+    print(f"(b) wake detection: {WAKE_TRIALS} cold starts, upstream listen() -> first forwarded byte", flush=True)
+    upstream_port = free_port()
+    with zeroscale_proxy(upstream_port) as (port, _, _):
+        delays = asyncio.run(wake_trials(port, upstream_port))
+    delays.sort()
+    wake_p50 = statistics.median(delays)
+    wake_p99 = delays[min(len(delays) - 1, int(len(delays) * 0.99))]
+    print(f"wake detection p50 {wake_p50:.1f} ms, p99 {wake_p99:.1f} ms, max {delays[-1]:.1f} ms")
+
+    print(f"(c) memory: {HELD} held idle connections", flush=True)
+    held, growth_kib = held_memory()
+    growth_mib = growth_kib / 1024
+    print(f"held {held:.0f} requests; RSS growth {growth_mib:.1f} MiB ({growth_kib * 1024 / HELD / 1024:.1f} KiB each)")
+    print(
+        f"ratio_vs_nginx={ratio:.2f} added_p50_us={added_p50:.0f} wake_p99_ms={wake_p99:.1f} "
+        f"held_10k_rss_mib={growth_mib:.1f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
