@@ -28,6 +28,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,25 +149,29 @@ def warm_path() -> dict[tuple[str, int], list[tuple[float, float, float]]]:
     return results
 
 
+async def answer_once(
+    first_byte: asyncio.Future[float], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """The woken upstream: note when the first request byte arrives, answer it, close."""
+    data = await reader.read(65536)
+    if data and not first_byte.done():
+        first_byte.set_result(time.perf_counter())
+        while b"\r\n\r\n" not in data:
+            data += await reader.read(65536)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        await writer.drain()
+    writer.close()
+
+
 async def wake_trials(proxy_port: int, upstream_port: int) -> list[float]:
     delays = []
     for trial in range(WAKE_TRIALS):
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
         writer.write(b"GET /trial/%d HTTP/1.1\r\nHost: bench\r\n\r\n" % trial)
         await asyncio.sleep(0.03 + (trial % 7) * 0.007)  # held, probes failing
-        first_byte = asyncio.get_running_loop().create_future()
-
-        async def handle(up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter) -> None:
-            data = await up_reader.read(65536)
-            if data and not first_byte.done():
-                first_byte.set_result(time.perf_counter())
-                await up_reader.readuntil(b"\r\n\r\n") if b"\r\n\r\n" not in data else None
-                up_writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
-                await up_writer.drain()
-            up_writer.close()
-
+        first_byte: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         started = time.perf_counter()
-        server = await asyncio.start_server(handle, "127.0.0.1", upstream_port)
+        server = await asyncio.start_server(partial(answer_once, first_byte), "127.0.0.1", upstream_port)
         arrived = await asyncio.wait_for(first_byte, 10)
         delays.append((arrived - started) * 1000)
         response = await asyncio.wait_for(reader.read(65536), 10)
