@@ -15,7 +15,15 @@ from adapter.hpa.conditions import ABLE_TO_SCALE, SCALED_TO_ZERO, SCALING_ACTIVE
 from adapter.hpa.decision import Decision, Event, MetricResult
 from adapter.hpa.ratelimit import Limited, ScaleEvents, limit_legacy, limit_with_behavior
 from adapter.hpa.replicas import Pods, ReplicaCountError, Tolerances, propose
-from adapter.hpa.spec import ExternalMetric, HPASpec, Metric, ObjectMetric, UnsupportedMetric, selector_go_repr
+from adapter.hpa.spec import (
+    ExternalMetric,
+    HPASpec,
+    Metric,
+    ObjectMetric,
+    TargetType,
+    UnsupportedMetric,
+    selector_go_repr,
+)
 from adapter.hpa.stabilization import RecommendationHistory, Stabilized
 
 DEFAULT_TOLERANCE = 0.1  # --horizontal-pod-autoscaler-tolerance
@@ -116,6 +124,7 @@ class HorizontalController:
             now,
         )
         current = current_replicas
+        self.recommendations.record_initial(current, now)
         events: list[Event] = []
         results: tuple[MetricResult, ...] = ()
         proposal: int | None = None
@@ -334,7 +343,7 @@ def _kind(metric: ExternalMetric | ObjectMetric) -> str:
 
 
 def _fetch_failure(namespace: str, metric: ExternalMetric | ObjectMetric, message: str) -> _Failed:
-    """The error texts of replica_calculator.go and horizontal.go for a metric that could not be read."""
+    """replica_calculator.go's error for a metric that could not be read."""
     if isinstance(metric, ExternalMetric):
         error = (
             f"unable to get external metric {namespace}/{metric.name}/{selector_go_repr(metric.selector)}: {message}"
@@ -347,6 +356,14 @@ def _fetch_failure(namespace: str, metric: ExternalMetric | ObjectMetric, messag
 
 
 def _calculation_failure(metric: ExternalMetric | ObjectMetric, error: str) -> _Failed:
+    """The condition quotes `error`; computeStatusFor*Metric and computeReplicasForMetric wrap it twice."""
+    average = metric.target.type is TargetType.AVERAGE_VALUE
     if isinstance(metric, ExternalMetric):
-        return _Failed("FailedGetExternalMetric", error, f"failed to get {metric.name} external metric: {error}")
-    return _Failed("FailedGetObjectMetric", error, f"failed to get object metric value: {error}")
+        middle = (
+            f"failed to get {metric.name} external metric: {error}"
+            if average
+            else f"failed to get external metric {metric.name}: {error}"
+        )
+        return _Failed("FailedGetExternalMetric", error, f"failed to get {metric.name} external metric value: {middle}")
+    middle = f"failed to get {metric.name} object metric: {error}" if average else error
+    return _Failed("FailedGetObjectMetric", error, f"failed to get object metric value: {middle}")

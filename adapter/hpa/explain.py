@@ -2,8 +2,8 @@
 
 Reads HPA manifests, reads each External metric from a running adapter (`--adapter-url`)
 or through a cluster (`--kubeconfig`), or takes `--set name=value`, and runs one sync of
-`HorizontalController`. One sync has no history: stabilization windows and rate limits see
-only this recommendation, as on the HPA's first sync after a restart.
+`HorizontalController`, as the HPA's first sync after a (re)start: the history holds only
+the current count (a scale-down waits out the down window) and no scale events.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 ONE_SHOT_NOTE = (
-    "one sync without history: stabilization windows and rate limits see no earlier recommendations or scale events"
+    "one sync, as the HPA's first after a (re)start: its history holds only the current count, so the "
+    "scale-down window holds any scale-down, and rate limits see no earlier scale events"
 )
 
 

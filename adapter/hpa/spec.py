@@ -124,6 +124,9 @@ class ObjectMetric:
 
     @property
     def label(self) -> str:
+        if self.target.type is TargetType.AVERAGE_VALUE:
+            # Upstream names AverageValue Object metrics "external metric" in status messages; kept so they match.
+            return f"external metric {self.name}({selector_go_repr(self.selector)})"
         return f"{self.described_object.kind} metric {self.name}"
 
     @property

@@ -42,6 +42,14 @@ class Stabilized:
 class RecommendationHistory:
     def __init__(self) -> None:
         self._items: list[_Recommendation] = []
+        self._started = False
+
+    def record_initial(self, current: int, now: float) -> None:
+        """recordInitialRecommendation: the first sync seeds the history with the current count,
+        so a scale-down right after the controller (re)starts waits out the down window."""
+        if not self._started:
+            self._items.append(_Recommendation(current, now))
+            self._started = True
 
     def __len__(self) -> int:
         return len(self._items)

@@ -99,8 +99,30 @@ def test_all_metrics_failing_holds_the_current_count() -> None:
         "no metrics returned from external metrics API"
     )
     assert [e.reason for e in decision.events] == ["FailedGetExternalMetric", "FailedComputeMetricsReplicas"]
-    assert decision.events[1].message.startswith("invalid metrics (1 invalid out of 1), first error is: failed to get")
-    assert len(controller.recommendations) == 0  # no normalization ran, so nothing was recorded
+    assert decision.events[1].message == (
+        "invalid metrics (1 invalid out of 1), first error is: failed to get queue external metric value: "
+        "failed to get queue external metric: unable to get external metric default/queue/nil: "
+        "no metrics returned from external metrics API"
+    )
+    assert len(controller.recommendations) == 1  # only the initial one: no normalization ran
+
+
+def test_value_target_errors_are_wrapped_differently() -> None:
+    """horizontal.go wraps Value errors as 'failed to get external metric NAME' (AverageValue: 'NAME external')."""
+    controller = make_controller(target=("Value", "10"))
+    decision = controller.sync(0, 3, 3, 3, [MetricFailure("boom")])
+    assert decision.events[1].message == (
+        "invalid metrics (1 invalid out of 1), first error is: failed to get queue external metric value: "
+        "failed to get external metric queue: unable to get external metric default/queue/nil: boom"
+    )
+
+
+def test_first_sync_seeds_the_history_with_the_current_count() -> None:
+    """recordInitialRecommendation: right after a (re)start a scale-down waits out the down window."""
+    controller = make_controller(behavior={"scaleDown": {"stabilizationWindowSeconds": 60}})
+    assert sync(controller, 0, 6, "10").desired_replicas == 6
+    assert sync(controller, 45, 6, "10").desired_replicas == 6
+    assert sync(controller, 60, 6, "10").desired_replicas == 1
 
 
 def two_metrics() -> list[dict[str, object]]:
