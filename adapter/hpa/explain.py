@@ -13,7 +13,7 @@ import asyncio
 import json
 import ssl
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +27,24 @@ from adapter.hpa.controller import (
     MetricReading,
 )
 from adapter.hpa.decision import Decision
-from adapter.hpa.fetch import read_external_metric, read_pods, read_scale, read_scaled_to_zero
+from adapter.hpa.fetch import adapter_client, read_external_metric, read_pods, read_scale, read_scaled_to_zero
 from adapter.hpa.manifest import HPAManifest, ManifestError, load_manifests, parse_manifests
 from adapter.hpa.quantity import QuantityError, quantity_milli
 from adapter.hpa.render import decision_json, print_decision
 from adapter.hpa.replicas import Pods
 from adapter.hpa.spec import ExternalMetric, ObjectMetric
-from adapter.kube.client import KubeClient, KubeError, resolve_endpoint
+from adapter.kube.client import KubeClient, KubeError
 
 
 class UsageError(Exception):
     """Something the user must give or fix; printed without a traceback, exit code 2."""
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a replica count")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,9 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="what-if: use this Quantity for every metric of that name (repeatable)",
     )
     parser.add_argument(
-        "--replicas", type=int, help="current replicas (default: the scale subresource via --kubeconfig)"
+        "--replicas", type=_count, help="current replicas (default: the scale subresource via --kubeconfig)"
     )
-    parser.add_argument("--ready-pods", type=int, help="ready pods for Value targets (default: --replicas)")
+    parser.add_argument("--ready-pods", type=_count, help="ready pods for Value targets (default: --replicas)")
     parser.add_argument(
         "--scaled-to-zero",
         action="store_true",
@@ -142,22 +149,14 @@ def _read_manifests(files: list[str], namespace: str) -> list[HPAManifest]:
 def _adapter_client(args: argparse.Namespace) -> KubeClient | None:
     if not args.adapter_url:
         return None
-    config = KubeAPIConfig(
-        url=args.adapter_url,
+    return adapter_client(
+        args.adapter_url,
         ca_file=args.ca_file,
         token_file=args.token_file,
-        client_cert_file=args.client_cert,
-        client_key_file=args.client_key,
+        client_cert=args.client_cert,
+        client_key=args.client_key,
+        insecure=args.insecure_skip_tls_verify,
     )
-    endpoint = resolve_endpoint(config)
-    if args.insecure_skip_tls_verify and endpoint.ssl is not None:
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        if args.client_cert and args.client_key:
-            context.load_cert_chain(str(args.client_cert), str(args.client_key))
-        endpoint = replace(endpoint, ssl=context)
-    return KubeClient(endpoint, config.timeout)
 
 
 class _Explainer:
@@ -235,6 +234,9 @@ def run(args: argparse.Namespace) -> int:
         explained = asyncio.run(_explain_all(args, manifests))
     except (UsageError, ManifestError) as err:
         print(f"explain: {err}", file=sys.stderr)
+        return 2
+    except (OSError, ssl.SSLError) as err:  # ssl's errors do not name the file
+        print(f"explain: cannot use --ca-file/--client-cert/--client-key: {err}", file=sys.stderr)
         return 2
     except KubeError as err:
         print(f"explain: {err}", file=sys.stderr)

@@ -7,19 +7,46 @@ Errors become the `MetricFailure` texts client-go and metrics/client.go would pr
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from adapter.config.kube import KubeAPIConfig
 from adapter.hpa.controller import MetricFailure, MetricReading
 from adapter.hpa.manifest import scaled_to_zero_of
 from adapter.hpa.quantity import QuantityError, quantity_milli
 from adapter.hpa.replicas import Pods, sum_usage
 from adapter.hpa.spec import ExternalMetric, ObjectReference, selector_query
-from adapter.kube.client import KubeAPIError, KubeClient, KubeError
+from adapter.kube.client import KubeAPIError, KubeClient, KubeError, resolve_endpoint
 
 _FETCH_FAILED = "unable to fetch metrics from external metrics API"
+
+
+def adapter_client(
+    url: str,
+    *,
+    ca_file: Path | None = None,
+    token_file: Path | None = None,
+    client_cert: Path | None = None,
+    client_key: Path | None = None,
+    insecure: bool = False,
+) -> KubeClient:
+    """A client for an external metrics API server reached directly (an adapter), not through a cluster."""
+    config = KubeAPIConfig(
+        url=url, ca_file=ca_file, token_file=token_file, client_cert_file=client_cert, client_key_file=client_key
+    )
+    endpoint = resolve_endpoint(config)
+    if insecure and endpoint.ssl is not None:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        if client_cert and client_key:
+            context.load_cert_chain(str(client_cert), str(client_key))
+        endpoint = replace(endpoint, ssl=context)
+    return KubeClient(endpoint, config.timeout)
 
 
 def external_metric_path(namespace: str, metric: ExternalMetric) -> str:
