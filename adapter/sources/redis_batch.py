@@ -40,12 +40,14 @@ class Batcher:
         source: str,
         target: str,
         window: float,
+        timeout: float,
         max_in_flight: int,
     ) -> None:
         self._client = client
         self._source = source
         self._target = target
         self._window = window
+        self._timeout = timeout
         self._waiting: list[_Waiter] = []
         self._timer: asyncio.TimerHandle | None = None
         self._sending: set[asyncio.Task[None]] = set()
@@ -93,7 +95,7 @@ class Batcher:
     async def _pipeline(self, commands: list[Command]) -> list[Any]:
         telemetry.PIPELINE_COMMANDS.labels(self._source).observe(len(commands))
         telemetry.ROUND_TRIPS.labels(self._source).inc(self._nodes(commands))
-        async with self._client.pipeline(transaction=False) as pipe:
+        async with asyncio.timeout(self._timeout), self._client.pipeline(transaction=False) as pipe:
             for command in commands:
                 pipe.execute_command(*command)
             results: list[Any] = await pipe.execute(raise_on_error=False)

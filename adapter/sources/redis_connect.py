@@ -58,7 +58,9 @@ def _tls(config: RedisSource) -> dict[str, Any]:
 def _common(config: RedisSource) -> dict[str, Any]:
     return {
         "socket_connect_timeout": config.connect_timeout,
-        "socket_timeout": config.timeout,
+        # No per-reply read timeout: it would cost a timer per command of a 1,000-command pipeline.
+        # The batcher bounds each whole pipeline by `timeout` instead.
+        "socket_timeout": None,
         "decode_responses": True,
         "retry": _RETRY,
         "health_check_interval": 30,

@@ -7,6 +7,7 @@ missing list, a missing stream. Anything else that does not give a number raises
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable, Mapping
@@ -28,14 +29,21 @@ LENGTH_COMMANDS = {"list": "LLEN", "zset": "ZCARD", "set": "SCARD", "hash": "HLE
 _MAX_REMEMBERED_TYPES = 100_000
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(template: str) -> tuple[Template, list[str]]:
+    return Template(template), placeholders(template)
+
+
 def expand(template: str, params: Mapping[str, tuple[str, ...]]) -> list[str]:
     """Every string the template makes from the selector's values (`key in (a,b)` gives two)."""
-    names = placeholders(template)
+    parsed, names = _parsed(template)
+    if len(names) == 1 and template in (f"${names[0]}", f"${{{names[0]}}}") and params.get(names[0]):
+        return list(params[names[0]])  # the common case, `${key}`, without substituting
     missing = [name for name in names if not params.get(name)]
     if missing:
         raise SourceError(f"the selector gives no value for {', '.join(missing)}")
     combos = itertools.product(*(params[name] for name in names))
-    return [Template(template).substitute(dict(zip(names, combo, strict=True))) for combo in combos]
+    return [parsed.substitute(dict(zip(names, combo, strict=True))) for combo in combos]
 
 
 def _value(results: Results, command: Command) -> Any:
@@ -85,31 +93,43 @@ class QueueReader:
         return {key: int(_value(results, command)) for key, command in commands.items()}
 
     async def _lengths(self, keys: list[str]) -> dict[str, int]:
-        """TYPE and the length command of the type seen last time go together; a changed type costs a trip more."""
-        guessed = {key: self._types.get(key, "list") for key in keys}
-        first: list[Command] = []
-        for key in keys:
-            first += [("TYPE", key), (LENGTH_COMMANDS[guessed[key]], key)]
-        results = await self._send(first)
+        """One command per key: the length command of the type the key had last time (list at first).
+
+        A missing key answers 0 to every length command (Redis deletes empty lists, sets, hashes
+        and sorted sets), so only a key of another type needs more: it answers WRONGTYPE, and
+        then TYPE goes out with every length command in a second trip.
+        """
+        commands = {key: (LENGTH_COMMANDS[self._types.get(key, "list")], key) for key in keys}
+        results = await self._send(list(commands.values()))
         lengths: dict[str, int] = {}
-        again: list[Command] = []
+        retype: list[str] = []
+        for key, command in commands.items():
+            reply = results[command]
+            if isinstance(reply, rx.ResponseError) and str(reply).startswith("WRONGTYPE"):
+                retype.append(key)
+            else:
+                lengths[key] = int(_value(results, command))
+        if retype:
+            lengths.update(await self._retyped(retype))
+        return lengths
+
+    async def _retyped(self, keys: list[str]) -> dict[str, int]:
+        commands: list[Command] = []
+        for key in keys:
+            commands += [("TYPE", key), *((name, key) for name in LENGTH_COMMANDS.values())]
+        results = await self._send(commands)
+        lengths: dict[str, int] = {}
         for key in keys:
             kind = str(_value(results, ("TYPE", key)))
             if kind == "none":
-                lengths[key] = 0  # no key: nothing queued (Redis deletes empty lists)
+                lengths[key] = 0  # deleted between the two trips
                 continue
             if kind not in LENGTH_COMMANDS:
                 raise SourceError(
                     f"WRONGTYPE: key {key!r} holds a {kind}; `length` counts lists, sorted sets, sets, hashes, streams"
                 )
             self._remember(key, kind)
-            if kind == guessed[key]:
-                lengths[key] = int(_value(results, (LENGTH_COMMANDS[kind], key)))
-            else:
-                again.append((LENGTH_COMMANDS[kind], key))
-        if again:
-            retried = await self._send(again)
-            lengths.update({command[1]: int(_value(retried, command)) for command in again})
+            lengths[key] = int(_value(results, (LENGTH_COMMANDS[kind], key)))
         return lengths
 
     def _remember(self, key: str, kind: str) -> None:

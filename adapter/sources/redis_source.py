@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
@@ -22,7 +24,12 @@ class RedisQueues(Source):
         # Keep one pooled connection free for the keyspace subscriber.
         in_flight = max(1, config.max_connections - 1)
         self._batcher = Batcher(
-            self._connection.client, config.name, self._connection.target, config.batch_window, in_flight
+            self._connection.client,
+            config.name,
+            self._connection.target,
+            config.batch_window,
+            config.timeout,
+            in_flight,
         )
         self._reader = QueueReader(self._batcher.run, config.name)
         self._watchers: dict[str, set[SourceQuery]] = {}  # key -> the watched queries that read it
@@ -36,7 +43,8 @@ class RedisQueues(Source):
 
     async def check(self) -> None:
         try:
-            await self._connection.client.ping()
+            async with asyncio.timeout(self._config.timeout):
+                await self._connection.client.ping()
         except Exception as err:
             raise connection_error(err, self._connection.target) from None
 
