@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import types
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import cast
+from typing import Any, cast
 
 import httptools
 
@@ -65,7 +66,28 @@ class Response:
         self.content_type = content_type
 
 
-Handler = Callable[[Request], Awaitable[Response]]
+# A handler's first step runs eagerly inside data_received, outside any Task (see Connection._start):
+# until it first suspends it must not need asyncio.current_task() (asyncio.timeout does; wait_for does not).
+Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+_INTERNAL_ERROR = Response(500, b"internal error\n", "text/plain; charset=utf-8")
+
+
+@types.coroutine
+def _resume(coroutine: Coroutine[Any, Any, Response], suspended: Any) -> Generator[Any, Any, Response]:
+    """Go on driving a coroutine that already ran its first step (what `yield from` would do)."""
+    while True:
+        try:
+            sent = yield suspended
+        except BaseException as error:  # cancellation included: the coroutine gets to handle it
+            try:
+                suspended = coroutine.throw(error)
+            except StopIteration as done:
+                return cast(Response, done.value)
+        else:
+            try:
+                suspended = coroutine.send(sent)
+            except StopIteration as done:
+                return cast(Response, done.value)
 
 
 class Connection(asyncio.Protocol):
@@ -83,6 +105,8 @@ class Connection(asyncio.Protocol):
         self._pending: deque[tuple[Request, bool]] = deque()
         self._worker: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._deadline: float | None = None
         self._reading = True
         self._write_paused = False
         self._closing = False
@@ -102,12 +126,14 @@ class Connection(asyncio.Protocol):
         ssl_object = transport.get_extra_info("ssl_object")
         if isinstance(ssl_object, ssl.SSLObject | ssl.SSLSocket):
             self.peer_certificate = ssl_object.getpeercert(binary_form=True)
-        self._arm(self._server.limits.idle_timeout)
+        self._set_deadline(self._server.limits.idle_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self._server.release(self)
-        self._disarm()
+        self._clear_deadline()
+        if self._timer is not None:
+            self._timer.cancel()
         if self._worker is not None:
             self._worker.cancel()
 
@@ -140,15 +166,30 @@ class Connection(asyncio.Protocol):
             self._transport.close()
 
     # -- timers ----------------------------------------------------------------------------
+    # One deadline per connection, moved by plain assignment on every request; a single timer
+    # follows it lazily, so the hot path creates and cancels no timer handles.
 
-    def _arm(self, seconds: float) -> None:
-        self._disarm()
-        self._timer = self._loop.call_later(seconds, self.close)
+    def _set_deadline(self, seconds: float) -> None:
+        deadline = self._loop.time() + seconds
+        self._deadline = deadline
+        if self._timer is None or deadline < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = deadline
+            self._timer = self._loop.call_at(deadline, self._on_timer)
 
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    def _clear_deadline(self) -> None:
+        self._deadline = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._deadline is None:
+            return
+        if self._loop.time() >= self._deadline:
+            self.close()
+        else:
+            self._timer_at = self._deadline
+            self._timer = self._loop.call_at(self._deadline, self._on_timer)
 
     # -- httptools callbacks -----------------------------------------------------------------
 
@@ -158,7 +199,7 @@ class Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._body_bytes = 0
         if not self._pending and self._worker is None:
-            self._arm(self._server.limits.header_timeout)
+            self._set_deadline(self._server.limits.header_timeout)
 
     def on_url(self, url: bytes) -> None:
         self._count_head(len(url))
@@ -169,7 +210,7 @@ class Connection(asyncio.Protocol):
         self._headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
-        self._disarm()
+        self._clear_deadline()
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -177,13 +218,17 @@ class Connection(asyncio.Protocol):
             raise _RequestTooLarge(413, f"request body larger than {MAX_BODY_BYTES} bytes")
 
     def on_message_complete(self) -> None:
+        if self._closing:
+            return
         method = self._parser.get_method().decode("ascii", "replace")
         request = Request(self, method, self._url.decode("latin-1"), self._headers)
-        self._pending.append((request, self._parser.should_keep_alive()))
+        keep_alive = self._parser.should_keep_alive()
+        if self._worker is None:
+            self._start(request, keep_alive)
+            return
+        self._pending.append((request, keep_alive))
         if len(self._pending) >= _MAX_PENDING:
             self._pause_reading()
-        if self._worker is None:
-            self._worker = self._loop.create_task(self._work())
 
     def _count_head(self, size: int) -> None:
         self._head_bytes += size
@@ -192,26 +237,59 @@ class Connection(asyncio.Protocol):
 
     # -- answering ----------------------------------------------------------------------------
 
-    async def _work(self) -> None:
-        handler = self._server.handler
+    def _start(self, request: Request, keep_alive: bool) -> None:
+        """Run the handler's first step right here; most answers (cached values) complete in it.
+
+        Like Python 3.12's eager tasks: no Task is made unless the handler really waits
+        (a cold series, a TokenReview), which keeps the per-request cost low.
+        """
+        coroutine = self._server.handler(request)
         try:
+            suspended = coroutine.send(None)
+        except StopIteration as done:
+            self._answer(request, done.value, keep_alive)
+            return
+        except Exception:
+            log.exception("request %s %s failed", request.method, request.target)
+            self._answer(request, _INTERNAL_ERROR, keep_alive)
+            return
+        self._worker = self._loop.create_task(self._finish(coroutine, suspended, request, keep_alive))
+
+    async def _finish(
+        self, coroutine: Coroutine[Any, Any, Response], suspended: Any, request: Request, keep_alive: bool
+    ) -> None:
+        """Complete a handler that suspended, then answer whatever was pipelined behind it, in order."""
+        try:
+            try:
+                response = await _resume(coroutine, suspended)
+            except Exception:
+                log.exception("request %s %s failed", request.method, request.target)
+                response = _INTERNAL_ERROR
+            if not self._answer(request, response, keep_alive):
+                return
             while self._pending and not self._closing:
                 request, keep_alive = self._pending.popleft()
                 if not self._write_paused and len(self._pending) < _MAX_PENDING:
                     self._resume_reading()
                 try:
-                    response = await handler(request)
+                    response = await self._server.handler(request)
                 except Exception:
                     log.exception("request %s %s failed", request.method, request.target)
-                    response = Response(500, b"internal error\n", "text/plain; charset=utf-8")
-                self._write(response, keep_alive, head_only=request.method == "HEAD")
-                if not keep_alive:
-                    self.close()
+                    response = _INTERNAL_ERROR
+                if not self._answer(request, response, keep_alive):
                     return
         finally:
             self._worker = None
-        if not self._closing:
-            self._arm(self._server.limits.idle_timeout)
+
+    def _answer(self, request: Request, response: Response, keep_alive: bool) -> bool:
+        """Write the answer; False when the connection closes after it."""
+        self._write(response, keep_alive, head_only=request.method == "HEAD")
+        if not keep_alive:
+            self.close()
+            return False
+        if not self._pending:
+            self._set_deadline(self._server.limits.idle_timeout)
+        return True
 
     def _write(self, response: Response, keep_alive: bool, head_only: bool = False) -> None:
         if self._transport is None or self._closing:

@@ -68,7 +68,9 @@ class ExternalMetricsAPI:
             return "health", _OK
         if path == "/openapi" or path.startswith("/openapi/"):
             return "openapi", _OPENAPI_NOT_FOUND
-        segments = [unquote(segment) for segment in path.split("/")]
+        segments = path.split("/")
+        if "%" in path:
+            segments = [unquote(segment) for segment in segments]
         is_list = len(segments) == 7 and path.startswith(_VERSION_PATH + "/namespaces/")
         route = "list" if is_list else "discovery" if path in _DISCOVERY or path == _VERSION_PATH else "other"
         verb = "list" if is_list else "get"
@@ -105,7 +107,7 @@ class ExternalMetricsAPI:
         return _forbidden(user, attributes, decision.reason)
 
     async def _list(self, namespace: str, metric: str, query: str) -> Response:
-        selector = parse_qs(query).get("labelSelector", [""])[0]
+        selector = parse_qs(query).get("labelSelector", [""])[0] if query else ""
         try:
             reading = await self._cache.read(metric, namespace, selector)
         except MetricError as err:

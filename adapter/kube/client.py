@@ -345,8 +345,11 @@ class KubeClient:
         """Make one call; return (status, decoded JSON) for 2xx, raise KubeAPIError for >= 400."""
         body = b"" if json_body is None else json.dumps(json_body).encode()
         try:
-            async with asyncio.timeout(self._timeout):
-                status, data = await self._exchange_with_retry(method, path, body, content_type)
+            # wait_for, not asyncio.timeout: it also works when called outside a Task (the API
+            # server runs a handler's first step eagerly, see adapter/api/http.py).
+            status, data = await asyncio.wait_for(
+                self._exchange_with_retry(method, path, body, content_type), self._timeout
+            )
         except TimeoutError:
             raise KubeConnectionError(
                 f"{method} {path}: no answer from the Kubernetes API within {self._timeout:g}s"
