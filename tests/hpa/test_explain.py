@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -284,3 +285,29 @@ def test_reads_scale_pods_and_metrics_through_a_kubeconfig(
 def test_usage_errors(args: list[str], message: str, manifests: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explain", "-f", str(manifests), *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_reads_stdin_and_several_files(
+    manifests: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """-f - reads stdin; -f repeats; answers come in file order."""
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(hpa_document(name="other")))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(yaml.safe_dump(hpa_document(name="piped"))))
+    code, results = explain_json(
+        capsys,
+        "-f",
+        "-",
+        "-f",
+        str(manifests),
+        "-f",
+        str(other),
+        "--set",
+        "queue=10",
+        "--set",
+        "s0-jobs=1",
+        "--replicas",
+        "1",
+    )
+    assert code == 0
+    assert [r["hpa"] for r in results] == ["default/piped", "default/worker", "default/web", "default/other"]
