@@ -31,8 +31,9 @@ class KafkaSource(SourceBase):
     request_timeout: Duration = 5.0
     # One cluster metadata read serves every group for this long (SPEC: one refresh per interval).
     metadata_max_age: Duration = 5.0
-    # One read of a group's offsets serves every series of that group for this long.
-    offsets_max_age: Duration = 2.0
+    # One read of a group's offsets serves every series of that group for this long: one read per
+    # group per refresh interval (the default is cache.interval's).
+    offsets_max_age: Duration = 5.0
     # Bound on the per-partition lag series this source exports to Prometheus.
     partition_lag_series_limit: int = Field(default=1000, ge=0)
 

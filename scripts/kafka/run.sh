@@ -66,6 +66,9 @@ transaction.state.log.min.isr=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
+# Retention is applied every second from the first, so a topic with a short retention.ms shows it quickly.
+log.initial.task.delay.ms=1000
+log.retention.check.interval.ms=1000
 $tls_properties
 PROPS
 

@@ -30,7 +30,7 @@ async def test_readme_example_loads(tmp_path: Path) -> None:
     assert isinstance(metric, KafkaMetric)
     assert source.sasl is not None
     assert source.sasl.mechanism == "SCRAM-SHA-512"
-    assert source.offsets_max_age == 2.0
+    assert source.offsets_max_age == 5.0
     assert metric.lag_threshold == 100
     assert metric.activation_threshold == 1
     built = build_source(source)

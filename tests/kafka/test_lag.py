@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from aiokafka.admin import NewPartitions, RecordsToDelete
+from aiokafka.admin import NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.structs import TopicPartition
 from prometheus_client import REGISTRY
 
@@ -63,6 +63,22 @@ async def test_retention_deleted_messages_are_not_lag(kafka: KafkaDriver, lag_so
     await kafka.admin.delete_records({TopicPartition(name, 0): RecordsToDelete(before_offset=6)})
     metric = lag_metric(lag_source.name, offset_reset_policy="earliest")
     assert await read_lag(lag_source, metric, f"group={name},topic={name}") == 4
+
+
+async def test_messages_removed_by_retention_are_not_lag(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
+    # Each message in its own segment, kept 1 ms: the broker's retention check deletes all but the
+    # active (last) segment.
+    config = {"retention.ms": "1", "segment.bytes": "1048576", "segment.ms": "1", "file.delete.delay.ms": "0"}
+    await kafka.admin.create_topics([NewTopic(name, 1, 1, topic_configs=config)])
+    for _ in range(5):
+        await kafka.produce(name, {0: 1})
+        await asyncio.sleep(0.01)
+    metric = lag_metric(lag_source.name, offset_reset_policy="earliest")
+    deadline = asyncio.get_running_loop().time() + 30
+    while (lag := await read_lag(lag_source, metric, f"group={name},topic={name}")) == 5:
+        assert asyncio.get_running_loop().time() < deadline, "retention removed nothing within 30s"
+        await asyncio.sleep(0.5)
+    assert lag < 5  # only what is still in the log counts (KEDA: the log end, 5)
 
 
 async def test_partitions_added_are_picked_up(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
