@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.structs import TopicPartition
 from prometheus_client import REGISTRY
@@ -234,3 +235,34 @@ async def test_partition_series_are_capped(kafka: KafkaDriver, broker: KafkaBrok
     finally:
         await source.close()
     assert partition_gauge(source, name, name, 0) is None  # closing removes the source's series
+
+
+async def test_lag_reads_through_a_rebalance(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
+    await kafka.topic(name, 4)
+    await kafka.produce(name, {p: 5 for p in range(4)})
+    options = {"group_id": name, "enable_auto_commit": False, "auto_offset_reset": "earliest"}
+    first = AIOKafkaConsumer(name, bootstrap_servers=kafka.bootstrap, heartbeat_interval_ms=100, **options)
+    await first.start()
+    second = AIOKafkaConsumer(name, bootstrap_servers=kafka.bootstrap, heartbeat_interval_ms=100, **options)
+    try:
+        await first.getmany(timeout_ms=5000, max_records=6)
+        await first.commit()
+        metric = lag_metric(lag_source.name, allow_idle_consumers=True)
+        selector = f"group={name},topic={name}"
+        before = await read_lag(lag_source, metric, selector)
+        assert 0 < before < 20
+
+        async def reads() -> list[int]:
+            values = []
+            for _ in range(15):
+                values.append(await read_lag(lag_source, metric, selector))
+                await asyncio.sleep(0.1)
+            return values
+
+        # The second member's join makes the group rebalance while the lag is read.
+        await second.start()
+        _, values = await asyncio.gather(second.getmany(timeout_ms=1500), reads())
+        assert values == [before] * 15
+    finally:
+        await second.stop()
+        await first.stop()
