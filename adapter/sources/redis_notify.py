@@ -92,6 +92,8 @@ class KeyspaceWatcher:
         self._listeners: dict[str, _NodeListener] = {}
         # redis-py may swallow a cancellation arriving mid-command, so the loops also check this flag.
         self._closed = False
+        self._said: set[str] = set()
+        self._backoff = _RETRY_SECONDS  # doubles while subscribing fails, back to 1s once it works
         telemetry.NOTIFICATIONS_ACTIVE.labels(source).set(0)
 
     def add(self, key: str) -> None:
@@ -112,21 +114,23 @@ class KeyspaceWatcher:
             telemetry.NOTIFICATIONS.labels(self._source).inc()
             self._on_change(channel[len(self._prefix) :])
 
+    def _say_once(self, level: int, message: str) -> None:
+        """Log a condition the first time it is seen: retries every second must not flood the log."""
+        if message not in self._said:
+            self._said.add(message)
+            log.log(level, "source %s: %s", self._source, message)
+
     async def _run(self) -> None:
-        warned = False
         while not self._closed:
             try:
                 clients = await self._nodes()
                 flags = await self._flags(next(iter(clients.values())))
                 if flags is not None and not publishes_keyspace_events(flags):
-                    if not warned:
-                        log.warning(
-                            "source %s: the server does not publish keyspace events (notify-keyspace-events=%r); "
-                            "polling every interval instead (notify-keyspace-events 'Kl' or more refreshes at once)",
-                            self._source,
-                            flags,
-                        )
-                        warned = True
+                    self._say_once(
+                        logging.WARNING,
+                        f"the server does not publish keyspace events (notify-keyspace-events={flags!r}); polling "
+                        "every interval instead (notify-keyspace-events 'Kl' or more refreshes at once)",
+                    )
                     await asyncio.sleep(_RECHECK_SECONDS)
                     continue
                 await self._follow(clients)
@@ -134,15 +138,16 @@ class KeyspaceWatcher:
                 raise
             except Exception as err:
                 telemetry.NOTIFICATIONS_ACTIVE.labels(self._source).set(0)
-                log.warning("source %s: keyspace notifications: %s; retrying", self._source, err)
-                await asyncio.sleep(_RETRY_SECONDS)
+                self._say_once(logging.WARNING, f"keyspace notifications: {err}; polling meanwhile, retrying")
+                await asyncio.sleep(self._backoff)
+                self._backoff = min(self._backoff * 2, _RECHECK_SECONDS)
 
     async def _flags(self, client: Redis) -> str | None:
         """The server's notify-keyspace-events, or None when it will not say (CONFIG denied or renamed)."""
         try:
             reply = await client.config_get("notify-keyspace-events")
         except RedisError as err:
-            log.info("source %s: cannot read notify-keyspace-events (%s); subscribing anyway", self._source, err)
+            self._say_once(logging.INFO, f"cannot read notify-keyspace-events ({err}); subscribing anyway")
             return None
         return str(reply.get("notify-keyspace-events", ""))
 
@@ -163,6 +168,7 @@ class KeyspaceWatcher:
             wanted = {self._prefix + key for key in self._keys}
             for listener in self._listeners.values():
                 await listener.sync(wanted)
+            self._backoff = _RETRY_SECONDS
             if set(await self._nodes()) != set(clients):
                 return  # Cluster topology changed: rebuild the listeners
 
