@@ -294,14 +294,12 @@ class Connection(asyncio.Protocol):
     def _write(self, response: Response, keep_alive: bool, head_only: bool = False) -> None:
         if self._transport is None or self._closing:
             return
-        reason = _REASONS.get(response.status, "Unknown")
-        head = (
-            f"HTTP/1.1 {response.status} {reason}\r\n"
-            f"Content-Type: {response.content_type}\r\n"
-            f"Content-Length: {len(response.body)}\r\n"
-            f"{'' if keep_alive else 'Connection: close' + chr(13) + chr(10)}"
-            "Cache-Control: no-cache, private\r\n\r\n"
-        ).encode("latin-1")
+        shape = (response.status, response.content_type, len(response.body), keep_alive)
+        head = _heads.get(shape)
+        if head is None:
+            head = _head(*shape)
+            if len(_heads) < _MAX_HEADS:
+                _heads[shape] = head
         self._transport.write(head if head_only else head + response.body)
 
     def _fail(self, status: int, message: str) -> None:
@@ -319,6 +317,22 @@ class Connection(asyncio.Protocol):
         if not self._reading and self._transport is not None and not self._closing:
             self._reading = True
             self._transport.resume_reading()
+
+
+# Response heads depend on few things; the common ones are built once.
+_MAX_HEADS = 256
+_heads: dict[tuple[int, str, int, bool], bytes] = {}
+
+
+def _head(status: int, content_type: str, length: int, keep_alive: bool) -> bytes:
+    connection = "" if keep_alive else "Connection: close\r\n"
+    return (
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"
+        f"Content-Type: {content_type}\r\n"
+        f"Content-Length: {length}\r\n"
+        f"{connection}"
+        "Cache-Control: no-cache, private\r\n\r\n"
+    ).encode("latin-1")
 
 
 class _RequestTooLarge(Exception):

@@ -49,6 +49,8 @@ class ExternalMetricsAPI:
         authorizer: Authorizer | None,
     ) -> None:
         self._cache = cache
+        if (authenticator is None) != (authorizer is None):
+            raise ValueError("authentication and authorization are on together or off together")
         self._authenticator = authenticator
         self._authorizer = authorizer
         self._resource_list = documents.api_resource_list(cache.catalogue.names())
@@ -73,11 +75,13 @@ class ExternalMetricsAPI:
             segments = [unquote(segment) for segment in segments]
         is_list = len(segments) == 7 and path.startswith(_VERSION_PATH + "/namespaces/")
         route = "list" if is_list else "discovery" if path in _DISCOVERY or path == _VERSION_PATH else "other"
-        verb = "list" if is_list else "get"
-        attributes = Attributes(verb, path, segments[5], segments[6].lower()) if is_list else Attributes(verb, path)
-        refused = await self._refuse(request, attributes)
-        if refused is not None:
-            return route, refused
+        if self._authenticator is not None:
+            attributes = (
+                Attributes("list", path, segments[5], segments[6].lower()) if is_list else Attributes("get", path)
+            )
+            refused = await self._refuse(request, self._authenticator, attributes)
+            if refused is not None:
+                return route, refused
         if request.method not in ("GET", "HEAD"):
             return route, _status(405, "MethodNotAllowed", f"the server does not allow this method: {request.method}")
         if is_list:
@@ -89,12 +93,11 @@ class ExternalMetricsAPI:
             return route, Response(200, document)
         return route, _status(404, "NotFound", f"the server could not find the requested resource {path}")
 
-    async def _refuse(self, request: Request, attributes: Attributes) -> Response | None:
+    async def _refuse(self, request: Request, authenticator: Authenticator, attributes: Attributes) -> Response | None:
         """401 / 403 / 500 when the caller may not make this request; None when it may."""
-        if self._authenticator is None or self._authorizer is None:
-            return None
+        assert self._authorizer is not None
         try:
-            user = await self._authenticator.authenticate(request)
+            user = await authenticator.authenticate(request)
         except Unauthenticated:
             return _status(401, "Unauthorized", "Unauthorized")
         try:
