@@ -10,7 +10,9 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
+from redis.credentials import CredentialProvider
 
+from adapter.config.base import SecretFile
 from adapter.config.redis import RedisSource, split_address
 
 # One quick reconnect inside a query (a failover or a dropped idle connection), then the error
@@ -32,13 +34,31 @@ class RedisConnection:
             await other.aclose()
 
 
-def _auth(username: Any, password: Any) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {}
-    if username is not None:
-        kwargs["username"] = username.read()
-    if password is not None:
-        kwargs["password"] = password.read()
-    return kwargs
+class FileCredentials(CredentialProvider):
+    """Reads the ACL user and password from their files at every new connection, so a rotated secret
+    is picked up on the next reconnect without a restart."""
+
+    def __init__(self, username: SecretFile | None, password: SecretFile | None) -> None:
+        self._username = username
+        self._password = password
+
+    def get_credentials(self) -> tuple[str] | tuple[str, str]:
+        password = self._password.read() if self._password is not None else ""
+        if self._username is None:
+            return (password,)
+        return self._username.read(), password
+
+    async def get_credentials_async(self) -> tuple[str] | tuple[str, str]:
+        return self.get_credentials()
+
+    def __repr__(self) -> str:
+        return "FileCredentials(...)"  # never the secrets
+
+
+def _auth(username: SecretFile | None, password: SecretFile | None) -> dict[str, Any]:
+    if username is None and password is None:
+        return {}
+    return {"credential_provider": FileCredentials(username, password)}
 
 
 def _tls(config: RedisSource) -> dict[str, Any]:

@@ -136,3 +136,31 @@ async def test_tls_without_client_certificate_is_refused(
     source = make_source(url=f"rediss://{tls_server.address}", tls={"ca_file": tls_files["ca"]}, connect_timeout=2)
     with pytest.raises(SourceError, match=f"redis 127.0.0.1:{tls_server.port}"):
         await source.query(query_for(redis_metric("length"), "key=jobs"))
+
+
+async def test_a_rotated_password_is_read_again_from_its_file(
+    acl_users: RedisProcess, make_source: Make, tmp_path: Path
+) -> None:
+    acl_users.client().rpush("jobs", "a")
+    password = tmp_path / "password"
+    password.write_text("s3cret-pass\n", encoding="utf-8")
+    source = make_source(
+        url=f"redis://{acl_users.address}",
+        username={"file": str(secret_file(tmp_path))},
+        password={"file": str(password)},
+    )
+    query = query_for(redis_metric("length"), "key=jobs")
+    assert (await source.query(query))[0].value == 1
+    admin = acl_users.client()
+    admin.acl_setuser("reader", enabled=True, reset_passwords=True, passwords=["+rotated-pass"])
+    admin.client_kill_filter(user="reader")  # the server drops the old sessions
+    with pytest.raises(SourceError, match="authentication"):
+        await source.query(query)
+    password.write_text("rotated-pass\n", encoding="utf-8")
+    assert (await source.query(query))[0].value == 1
+
+
+def secret_file(directory: Path) -> Path:
+    path = directory / "username"
+    path.write_text("reader\n", encoding="utf-8")
+    return path
