@@ -2,7 +2,8 @@
 
 Groups in `always_allow_groups` (default `system:masters`) skip the review, as upstream's
 delegating authorizer does. `allowed: true` allows; anything else (denied, or no opinion)
-is refused with 403. A review that cannot be made is an error (answered 500 by the API).
+is refused with 403. A review that cannot be made, or that answers both allowed and denied,
+is an error (KubeError; answered 500 by the API).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from adapter.api.authn import User
 from adapter.api.documents import GROUP, VERSION
 from adapter.api.ttlcache import TTLCache
 from adapter.config.server import AuthConfig
-from adapter.kube.client import KubeClient
+from adapter.kube.client import KubeClient, KubeError
 from adapter.telemetry import api as telemetry
 
 SUBJECTACCESSREVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
@@ -94,6 +95,6 @@ class Authorizer:
         status = review.get("status") or {}
         reason = str(status.get("reason", ""))
         if status.get("allowed") and status.get("denied"):
-            # SPEC 4.4: both set is an error, never an allow.
-            return Decision(False, "the SubjectAccessReview answered both allowed and denied")
+            # SPEC 4.4: both set is an error, never an allow (and not cached as a decision).
+            raise KubeError("the SubjectAccessReview answered both allowed and denied")
         return Decision(bool(status.get("allowed")), reason)

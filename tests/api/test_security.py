@@ -12,7 +12,7 @@ import trustme
 
 from tests.api.conftest import RunningServer, StartServer
 from tests.api.httpclient import Answer, fetch, tls_client
-from tests.kube_standin import KubeStandIn
+from tests.kube_standin import KubeStandIn, Reply
 
 LIST = "/apis/external.metrics.k8s.io/v1beta1/namespaces/team-a/DEMO-Queue-Depth"
 HPA = "system:serviceaccount:kube-system:horizontal-pod-autoscaler"
@@ -136,6 +136,15 @@ async def test_no_opinion_is_403_and_a_failed_review_is_500(
     kube.authorize = broken
     headers = [("X-Remote-User", "someone-else")]
     answer = await fetch(server.port, LIST, headers, tls_client(cert=front_proxy_cert))
+    assert (answer.status, answer.json()["reason"]) == (500, "InternalError")
+
+
+async def test_allowed_and_denied_together_is_an_error(
+    server: RunningServer, kube: KubeStandIn, front_proxy_cert: trustme.LeafCert
+) -> None:
+    both = Reply(201, {"kind": "SubjectAccessReview", "status": {"allowed": True, "denied": True}})
+    kube.add_route("POST", r"/apis/authorization\.k8s\.io/v1/subjectaccessreviews", lambda request, match: both)
+    answer = await fetch(server.port, LIST, AGGREGATOR_HEADERS, tls_client(cert=front_proxy_cert))
     assert (answer.status, answer.json()["reason"]) == (500, "InternalError")
 
 
