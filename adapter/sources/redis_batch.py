@@ -80,17 +80,23 @@ class Batcher:
             try:
                 results = await self._pipeline(unique)
             except Exception as err:
-                failure = connection_error(err, self._target)
-                for waiter in live:
-                    if not waiter.future.done():
-                        waiter.future.set_exception(SourceError(str(failure)))
+                self._fail(live, str(connection_error(err, self._target)))
                 return
+            except asyncio.CancelledError:
+                self._fail(live, "the source is closing")
+                raise
             finally:
                 telemetry.PIPELINE_SECONDS.labels(self._source).observe(time.perf_counter() - started)
         table = dict(zip(unique, results, strict=True))
         for waiter in live:
             if not waiter.future.done():
                 waiter.future.set_result({c: table[c] for c in waiter.commands})
+
+    @staticmethod
+    def _fail(waiters: list[_Waiter], message: str) -> None:
+        for waiter in waiters:
+            if not waiter.future.done():
+                waiter.future.set_exception(SourceError(message))  # one exception object per caller
 
     async def _pipeline(self, commands: list[Command]) -> list[Any]:
         telemetry.PIPELINE_COMMANDS.labels(self._source).observe(len(commands))
@@ -115,9 +121,7 @@ class Batcher:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for waiter in self._waiting:
-            if not waiter.future.done():
-                waiter.future.set_exception(SourceError("the source is closing"))
+        self._fail(self._waiting, "the source is closing")
         self._waiting = []
         for task in list(self._sending):
             task.cancel()
