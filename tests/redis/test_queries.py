@@ -165,3 +165,10 @@ async def test_concurrent_reads_share_one_pipeline(server: RedisProcess, source:
     results = await asyncio.gather(*(source.query(q) for q in queries))
     assert [int(s[0].value) for s in results] == [i + 1 for i in range(50)]
     assert trips._value.get() == before + 1
+
+
+async def test_database_index(server: RedisProcess, make_source: Make) -> None:
+    server.client(db=3).rpush("jobs", "a", "b", "c")
+    server.client(db=0).rpush("jobs", "a")
+    source = make_source(name="db3", url=f"redis://{server.address}", db=3)
+    assert await value(source, "length", "key=jobs") == 3
