@@ -49,6 +49,9 @@ _SPECIAL = {
 }
 
 
+_PLAIN_CONNECTION_TOKENS = frozenset({b"close", b"keep-alive", b"upgrade"})
+
+
 class _Rejected(Exception):
     """Raised in a parser callback after the proxy answered an error: stops parsing this connection."""
 
@@ -252,7 +255,7 @@ class ClientConnection(asyncio.Protocol):
             telemetry.ERRORS.labels("", "404").inc()
             self._reject(404, "no route for this host and path")
         is_upgrade = bool(upgrade) and b"upgrade" in tokens
-        if tokens - {b"close", b"keep-alive", b"upgrade"}:
+        if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:
             # Headers the client named in Connection are hop-by-hop too.
             kept = [line for line in kept if line.split(b":", 1)[0].lower() not in tokens]
         parts = [method, b" ", url, b" HTTP/1.1\r\n", *kept]
@@ -277,15 +280,15 @@ class ClientConnection(asyncio.Protocol):
             self,
             route,
             b"".join(parts),
-            chunked=chunked,
-            content_length=content_length,
+            chunked,
+            content_length,
             # After an upgrade request the parser only passes bytes through: the connection cannot be reused.
-            keep_alive=keep_alive and not is_upgrade,
-            upgrade=is_upgrade,
-            expect_continue=expect_continue,
-            http10=http10,
-            is_head=method == b"HEAD",
-            idempotent=method in IDEMPOTENT,
+            keep_alive and not is_upgrade,
+            is_upgrade,
+            expect_continue,
+            http10,
+            method == b"HEAD",
+            method in IDEMPOTENT,
         )
 
     def _start(self, exchange: Exchange) -> None:

@@ -38,7 +38,7 @@ class RouteCounts:
         listener(self.route, self.held, self.inflight)
         return lambda: self._listeners.remove(listener)
 
-    def add(self, held: int = 0, inflight: int = 0) -> None:
+    def add(self, held: int, inflight: int) -> None:
         self.held += held
         self.inflight += inflight
         if self._listeners:

@@ -60,7 +60,6 @@ class Exchange:
         client: ClientConnection,
         route: Route,
         head: bytes,
-        *,
         chunked: bool,
         content_length: int | None,
         keep_alive: bool,
@@ -156,6 +155,12 @@ class Exchange:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if not (self.replay or self.body or self.body_done):
+            # The common case (headers just read, nothing buffered): one write, no list.
+            upstream.transport.write(self.head)
+            self.written = True
+            self.attempts += 1
+            return
         pieces = [self.head]
         if self.replay:
             pieces.extend(self.replay)

@@ -135,10 +135,10 @@ class Route:
             self.queue.remove(exchange)
             self.counts.held_bytes -= exchange.body_size
             self._hold_seconds.observe(time.monotonic() - exchange.held_at)
-            self.counts.add(held=-1)
+            self.counts.add(-1, 0)
         elif state == ASSIGNED:
             self._unassign(exchange)
-            self.counts.add(inflight=-1)
+            self.counts.add(0, -1)
             if self.queue:
                 self.pump()
 
@@ -158,7 +158,7 @@ class Route:
             self.queue.appendleft(exchange)
         else:
             self.queue.append(exchange)
-        self.counts.add(held=1, inflight=-1 if was_assigned else 0)
+        self.counts.add(1, -1 if was_assigned else 0)
         now = time.monotonic()
         if not exchange.held_at:
             exchange.held_at = now
@@ -179,10 +179,10 @@ class Route:
             waited = time.monotonic() - exchange.held_at
             exchange.waited = waited
             self._hold_seconds.observe(waited)
-            self.counts.add(held=-1, inflight=1)
+            self.counts.add(-1, 1)
         else:
             self.counts.held_bytes += exchange.body_size
-            self.counts.add(inflight=1)
+            self.counts.add(0, 1)
         exchange.state = ASSIGNED
         exchange.endpoint = endpoint
         endpoint.inflight += 1

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _NO_BODY_STATUSES = frozenset({204, 304})
+_PLAIN_CONNECTION_TOKENS = frozenset({b"close", b"keep-alive", b"upgrade"})
+_SPECIAL_LENGTHS = frozenset(len(name) for name in (*HOP_BY_HOP, b"content-length"))
+# The Connection values nearly every upstream sends, parsed once.
+_PLAIN_TOKENS = {value: connection_tokens(value) for value in (b"keep-alive", b"close", b"Keep-Alive", b"Close")}
 
 
 class _HeadResponse:
@@ -205,20 +209,23 @@ class UpstreamConnection(asyncio.Protocol):
         has_length = chunked = False
         tokens: set[bytes] = set()
         upgrade = b""
+        append = parts.append
         for name, value in self._headers:
-            lower = name.lower()
-            if lower in HOP_BY_HOP:
-                if lower == b"connection":
-                    tokens |= connection_tokens(value)
-                elif lower == b"transfer-encoding":
-                    chunked = b"chunked" in value.lower()
-                elif lower == b"upgrade":
-                    upgrade = value
-                continue
-            if lower == b"content-length":
-                has_length = True
-            parts.append(b"%b: %b\r\n" % (name, value))
-        if tokens - {b"close", b"keep-alive", b"upgrade"}:
+            # Only names as long as a hop-by-hop one or Content-Length need a closer (lower-cased) look.
+            if len(name) in _SPECIAL_LENGTHS:
+                lower = name.lower()
+                if lower in HOP_BY_HOP:
+                    if lower == b"connection":
+                        tokens |= _PLAIN_TOKENS.get(value) or connection_tokens(value)
+                    elif lower == b"transfer-encoding":
+                        chunked = b"chunked" in value.lower()
+                    elif lower == b"upgrade":
+                        upgrade = value
+                    continue
+                if lower == b"content-length":
+                    has_length = True
+            append(b"%b: %b\r\n" % (name, value))
+        if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:
             parts = [parts[0], *(p for p in parts[1:] if p.split(b":", 1)[0].lower() not in tokens)]
         upstream_keep_alive = b"close" not in tokens and self._parser.get_http_version() == "1.1"
         client = exchange.client
