@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from string import Template
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
@@ -75,6 +76,9 @@ class RedisSource(SourceBase):
             raise ValueError(f"set exactly one of url (standalone), sentinel, cluster_nodes (given: {named})")
         if self.url is not None and not self.url.startswith(("redis://", "rediss://")):
             raise ValueError("url must start with redis:// or rediss://")
+        if self.url is not None and urlsplit(self.url).password is not None:
+            # A secret in the config file would be printed wherever the config is.
+            raise ValueError("url must not hold a password: use password: {file: ...} (and username: {file: ...})")
         if self.cluster_nodes:
             _check_addresses(self.cluster_nodes, "cluster_nodes")
             if self.db != 0:

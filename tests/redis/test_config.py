@@ -41,6 +41,7 @@ def test_the_readme_example_loads(tmp_path: Path) -> None:
         ({}, "set exactly one of url"),
         ({"url": "redis://a:6379", "cluster_nodes": ["b:6379"]}, r"given: url, cluster_nodes"),
         ({"url": "http://a:6379"}, "must start with redis:// or rediss://"),
+        ({"url": "redis://user:hunter2@a:6379"}, "url must not hold a password"),
         ({"cluster_nodes": ["no-port"]}, "'no-port' is not host:port"),
         ({"cluster_nodes": ["a:6379"], "db": 2}, "only database 0"),
         ({"sentinel": {"addresses": [], "master_name": "m"}}, "needs at least one host:port"),
