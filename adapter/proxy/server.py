@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 import time
+from collections.abc import Callable
 
 from adapter.config.proxy import ProxyConfig, RouteConfig, ServiceUpstream
 from adapter.kube.client import KubeClient, KubeConfigError
 from adapter.proxy.admin import start_admin
 from adapter.proxy.client import ClientConnection
+from adapter.proxy.counts import CountsListener
 from adapter.proxy.readiness import EndpointSliceWatcher, probe_address
 from adapter.proxy.route import Route
 from adapter.proxy.routing import Router
@@ -51,6 +54,16 @@ class ProxyServer:
 
     def forget(self, connection: ClientConnection) -> None:
         self.connections.discard(connection)
+
+    def subscribe(self, listener: CountsListener) -> Callable[[], None]:
+        """Held and in-flight counts of every route, after each change (for the adapter's pending-count stream)."""
+        stops = [route.counts.subscribe(listener) for route in self.routes.values()]
+
+        def unsubscribe() -> None:
+            for stop in stops:
+                stop()
+
+        return unsubscribe
 
     @property
     def port(self) -> int:
@@ -190,11 +203,23 @@ async def serve(config: ProxyConfig) -> None:
     await server.shutdown()
 
 
+def _raise_file_limit(connections: int) -> None:
+    """Each client connection and its upstream connection take a descriptor: ask for enough, up to the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 2 * connections + 256
+    if soft < wanted:
+        limit = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+        if limit < wanted:
+            log.warning("open files limited to %d: fewer than max_connections=%d can be served", limit, connections)
+
+
 def run_proxy(config: ProxyConfig) -> int:
     import uvloop
 
     if not config.effective_routes():
         log.error("no routes: set proxy.routes, or proxy.sidecar.upstream (ZEROSCALE_PROXY__SIDECAR__UPSTREAM)")
         return 2
+    _raise_file_limit(config.max_connections)
     uvloop.run(serve(config))
     return 0
