@@ -54,6 +54,18 @@ def _explain(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _certs(args: argparse.Namespace) -> int:
+    from adapter.certs import run
+
+    return run(args)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from adapter.doctor.run import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zeroscale", description=__doc__)
     parser.add_argument("--version", action="version", version=f"zeroscale {__version__}")
@@ -77,6 +89,18 @@ def build_parser() -> argparse.ArgumentParser:
     explain = commands.add_parser("explain", help="what the HPA (v1.37) would do with these manifests now, and why")
     add_explain_arguments(explain)
     explain.set_defaults(run=_explain)
+
+    from adapter.certs import add_arguments as add_certs_arguments
+
+    certs = commands.add_parser("certs", help="make a CA, the adapter's serving certificate and its caBundle")
+    add_certs_arguments(certs)
+    certs.set_defaults(run=_certs)
+
+    from adapter.doctor.run import add_arguments as add_doctor_arguments
+
+    doctor = commands.add_parser("doctor", help="check an installation in a cluster and say what is wrong")
+    add_doctor_arguments(doctor)
+    doctor.set_defaults(run=_doctor)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""`zeroscale doctor`: check an installation in a cluster and say in plain words what is wrong."""
