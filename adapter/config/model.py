@@ -7,6 +7,8 @@ from typing import Annotated, Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from adapter.config.grpc import GRPCConfig
+from adapter.config.http import HTTPMetric, HTTPSource
 from adapter.config.kafka import KafkaMetric, KafkaSource
 from adapter.config.proxy import ProxyConfig
 from adapter.config.redis import RedisMetric, RedisSource
@@ -14,8 +16,8 @@ from adapter.config.server import CacheConfig, ServerConfig
 from adapter.config.static import StaticMetric, StaticSource
 
 # Each queue system adds its pair of models here; `type` picks the member.
-SourceConfig = Annotated[StaticSource | RedisSource | KafkaSource, Field(discriminator="type")]
-MetricConfig = Annotated[StaticMetric | RedisMetric | KafkaMetric, Field(discriminator="type")]
+SourceConfig = Annotated[StaticSource | RedisSource | KafkaSource | HTTPSource, Field(discriminator="type")]
+MetricConfig = Annotated[StaticMetric | RedisMetric | KafkaMetric | HTTPMetric, Field(discriminator="type")]
 
 
 class ZeroscaleConfig(BaseSettings):
@@ -29,6 +31,7 @@ class ZeroscaleConfig(BaseSettings):
     server: ServerConfig = Field(default_factory=ServerConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    grpc: GRPCConfig = Field(default_factory=GRPCConfig)
     sources: list[SourceConfig] = Field(default_factory=list)
     metrics: list[MetricConfig] = Field(default_factory=list)
 

@@ -36,6 +36,10 @@ class Reading:
     timestamp: float  # wall-clock time of the source read
 
 
+# Told of each new reading of a series it subscribed to.
+ReadingListener = Callable[[Reading], None]
+
+
 class _Series:
     def __init__(self, key: SeriesKey, query: SourceQuery, source: Source, config: CacheConfig) -> None:
         metric = query.metric
@@ -72,12 +76,30 @@ class MetricCache:
         self._clock = clock
         self._series: dict[SeriesKey, _Series] = {}
         self._by_query: dict[SourceQuery, _Series] = {}
+        self._listeners: dict[SeriesKey, list[ReadingListener]] = {}
         for source in sources.values():
             source.set_change_listener(self._on_change)
 
     @property
     def catalogue(self) -> Catalogue:
         return self._catalogue
+
+    def subscribe(self, key: SeriesKey, listener: ReadingListener) -> Callable[[], None]:
+        """Call `listener` after every successful refresh of the series `key`; returns the unsubscribe function.
+
+        For pushing changes (KEDA's StreamIsActive) without polling. The listener runs on the event loop
+        inside the refresh: it must only record the reading, never block or raise. A subscription does
+        not keep the series warm; reading it does.
+        """
+        listeners = self._listeners.setdefault(key, [])
+        listeners.append(listener)
+
+        def unsubscribe() -> None:
+            listeners.remove(listener)
+            if not listeners and self._listeners.get(key) is listeners:
+                del self._listeners[key]
+
+        return unsubscribe
 
     def series_count(self) -> int:
         return len(self._series)
@@ -187,6 +209,8 @@ class MetricCache:
             series.read_at = self._clock()
             series.error = None
             telemetry.LAST_REFRESH.labels(series.key.metric).set(series.reading.timestamp)
+            for listener in list(self._listeners.get(series.key, ())):
+                listener(series.reading)
         finally:
             telemetry.SOURCE_QUERY_SECONDS.labels(source_name).observe(self._clock() - started)
 

@@ -21,6 +21,10 @@ def build_source(config: SourceConfig) -> Source:
             from adapter.sources.kafka import KafkaLag
 
             return KafkaLag(config)
+        case "http":
+            from adapter.sources.http import ProxyCounts
+
+            return ProxyCounts(config)
     raise AssertionError(f"unhandled source type {config.type!r}")  # the config union is exhaustive
 
 

@@ -1,0 +1,72 @@
+"""The `http` source: requests held or in flight in the buffering proxies, summed over every proxy replica.
+
+The adapter subscribes to each proxy's pending-count stream (grpc.counts on the proxy). Replicas are
+found by DNS (every address of a headless Service, re-resolved periodically) or listed statically.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from adapter.config.base import Duration, MetricBase, SelectorLabel, SourceBase, TLSClientFiles
+from adapter.config.proxy import split_address
+
+
+class HTTPSource(SourceBase):
+    type: Literal["http"]
+    # host:port of a headless Service (every A/AAAA record is one proxy replica), e.g.
+    # `zeroscale-proxy-counts.zeroscale.svc.cluster.local:9091`.
+    dns: str | None = None
+    # Or fixed host:port addresses, one per replica.
+    proxies: list[str] = Field(default_factory=list)
+    resolve_interval: Duration = Field(default=5.0, gt=0)
+    # A replica that has sent nothing (not even a heartbeat) for this long drops out of the sum.
+    # Until then its last counts stay in: a blip in the connection does not make requests vanish.
+    stale_after: Duration = Field(default=5.0, gt=0)
+    tls: TLSClientFiles | None = None
+    # Name to check in the proxies' certificate (replicas are dialled by IP address).
+    tls_server_name: str | None = None
+    reconnect_min: Duration = 0.05
+    reconnect_max: Duration = 2.0
+    keepalive_time: Duration = 10.0
+    keepalive_timeout: Duration = 5.0
+    max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
+
+    @field_validator("proxies")
+    @classmethod
+    def _addresses(cls, proxies: list[str]) -> list[str]:
+        for address in proxies:
+            split_address(address)
+        return proxies
+
+    @model_validator(mode="after")
+    def _one_discovery(self) -> HTTPSource:
+        if (self.dns is None) == (not self.proxies):
+            raise ValueError("set exactly one of dns (a headless Service host:port) and proxies (host:port list)")
+        if self.dns is not None:
+            split_address(self.dns)
+        if self.tls is not None and not self.tls.verify_hostname:
+            raise ValueError("gRPC always checks the proxies' certificate name: set tls_server_name instead")
+        return self
+
+
+def _route_label() -> dict[str, SelectorLabel]:
+    return {"route": SelectorLabel(pattern=r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?", required=True)}
+
+
+class HTTPMetric(MetricBase):
+    """Requests of one route (selector `route=<name>`, or `route in (a,b)` for a sum) over every replica."""
+
+    type: Literal["http"]
+    # pending = held + in flight: the requests that need a ready replica.
+    count: Literal["pending", "held", "inflight"] = "pending"
+    labels: dict[str, SelectorLabel] = Field(default_factory=_route_label)
+
+    @model_validator(mode="after")
+    def _route_required(self) -> HTTPMetric:
+        route = self.labels.get("route")
+        if route is None or not route.required or len(self.labels) != 1:
+            raise ValueError("an http metric has exactly one selector label, route, and it is required")
+        return self

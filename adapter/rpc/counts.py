@@ -1,0 +1,130 @@
+"""The proxy's side of the pending counts: a gRPC stream of every route's held and in-flight requests.
+
+The proxy's hot path calls `_changed` synchronously on each count change; it only records the
+numbers and, if no send is scheduled, schedules one. The first change after a quiet spell goes out
+on the next loop turn; later ones within `coalesce` seconds share one message. Each message is a
+whole snapshot, so a slow reader just gets the newest one (its wake-up flag coalesces further).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+
+from adapter.config.grpc import CountsServerConfig
+from adapter.proxy.counts import RouteCounts
+from adapter.rpc.generated import proxycounts_pb2 as pb
+from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
+from adapter.rpc.server import Context, RunningServer, StreamSlots, start_server
+from adapter.telemetry import rpc as telemetry
+
+SERVICE = "zeroscale.proxy.v1.PendingCounts"
+_SERVER = "counts"
+
+
+class CountsHub:
+    """The latest counts of every route, and a wake-up flag per open stream."""
+
+    def __init__(self, routes: Mapping[str, RouteCounts], coalesce: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._coalesce = coalesce
+        self._snapshot: dict[str, tuple[int, int]] = {}
+        self._streams: set[asyncio.Event] = set()
+        self._scheduled: asyncio.Handle | None = None
+        self._sent_at = -coalesce
+        self._unsubscribe = [counts.subscribe(self._changed) for counts in routes.values()]
+
+    def close(self) -> None:
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        if self._scheduled is not None:
+            self._scheduled.cancel()
+
+    def _changed(self, route: str, held: int, inflight: int) -> None:
+        self._snapshot[route] = (held, inflight)
+        if self._scheduled is None:
+            delay = self._sent_at + self._coalesce - self._loop.time()
+            if delay > 0:
+                self._scheduled = self._loop.call_later(delay, self._wake)
+            else:
+                self._scheduled = self._loop.call_soon(self._wake)
+
+    def _wake(self) -> None:
+        self._scheduled = None
+        self._sent_at = self._loop.time()
+        for stream in self._streams:
+            stream.set()
+
+    def add(self, stream: asyncio.Event) -> None:
+        self._streams.add(stream)
+
+    def remove(self, stream: asyncio.Event) -> None:
+        self._streams.discard(stream)
+
+    def message(self, sequence: int, heartbeat: bool) -> pb.CountsUpdate:
+        routes = [pb.RouteCounts(route=name, held=h, inflight=i) for name, (h, i) in self._snapshot.items()]
+        return pb.CountsUpdate(routes=routes, sent_unix_nanos=time.time_ns(), sequence=sequence, heartbeat=heartbeat)
+
+
+class PendingCounts(pb_grpc.PendingCountsServicer):
+    def __init__(self, hub: CountsHub, config: CountsServerConfig) -> None:
+        self._hub = hub
+        self._heartbeat = config.heartbeat_interval
+        self._slots = StreamSlots(_SERVER, config.max_streams)
+
+    async def Watch(self, request: pb.WatchRequest, context: Context) -> AsyncIterator[pb.CountsUpdate]:
+        async with self._slots.hold(context, "Watch"):
+            wake = asyncio.Event()
+            self._hub.add(wake)
+            try:
+                sequence = 0
+                yield self._hub.message(sequence, heartbeat=False)
+                while True:
+                    heartbeat = False
+                    try:
+                        async with asyncio.timeout(self._heartbeat):
+                            await wake.wait()
+                    except TimeoutError:
+                        heartbeat = True
+                    wake.clear()
+                    sequence += 1
+                    telemetry.STREAM_MESSAGES.labels(_SERVER, "Watch", "heartbeat" if heartbeat else "change").inc()
+                    yield self._hub.message(sequence, heartbeat)
+            finally:
+                self._hub.remove(wake)
+
+
+class CountsServer:
+    """The running stream server of one proxy process."""
+
+    def __init__(self, hub: CountsHub, running: RunningServer) -> None:
+        self.hub = hub
+        self.running = running
+
+    @property
+    def port(self) -> int:
+        return self.running.port
+
+    async def stop(self) -> None:
+        await self.running.stop()
+        self.hub.close()
+
+
+async def start_counts_server(config: CountsServerConfig, routes: Mapping[str, RouteCounts]) -> CountsServer | None:
+    """Serve `routes`' counts, or None when grpc.counts is not enabled; raises OSError if it cannot listen."""
+    if not config.enabled:
+        return None
+    hub = CountsHub(routes, config.coalesce)
+    servicer = PendingCounts(hub, config)
+    try:
+        running = await start_server(
+            config,
+            _SERVER,
+            lambda server: pb_grpc.add_PendingCountsServicer_to_server(servicer, server),  # type: ignore[no-untyped-call]
+            [SERVICE],
+        )
+    except OSError:
+        hub.close()
+        raise
+    return CountsServer(hub, running)

@@ -1,0 +1,155 @@
+"""The `http` source: a route's held and in-flight requests, summed over every proxy replica.
+
+Counts arrive pushed (adapter/sources/http_stream.py); `query` only adds up what is in memory.
+A replica stays in the sum while it was heard from within `stale_after`, even with its stream
+broken, and drops out after; a replica that cannot be reached never fails the metric as long as
+another one answers. With no replica heard from at all, the source has nothing to say and
+raises SourceError rather than a zero it does not know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from decimal import Decimal
+
+from adapter.config.http import HTTPMetric, HTTPSource
+from adapter.sources.base import Sample, Source, SourceError, SourceQuery
+from adapter.sources.http_discovery import replica_addresses
+from adapter.sources.http_stream import Replica, Subscription
+from adapter.telemetry import rpc as telemetry
+
+log = logging.getLogger(__name__)
+
+# A query made before any replica spoke waits this long for the first message (streams open at start).
+_FIRST_CONTACT_WAIT = 2.0
+_COUNT_INDEX = {"held": (0,), "inflight": (1,), "pending": (0, 1)}
+
+
+class ProxyCounts(Source):
+    def __init__(self, config: HTTPSource) -> None:
+        super().__init__()
+        self._config = config
+        self._replicas: dict[str, Replica] = {}
+        self._subscriptions: dict[str, Subscription] = {}
+        self._watched: dict[SourceQuery, None] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._heard = asyncio.Event()
+        telemetry.PROXY_REPLICAS.labels(config.name).set_function(self._live_count)
+
+    # --- lifecycle: discovery and expiry run once the first series is watched or read ---
+
+    def _start(self) -> None:
+        if not self._tasks:
+            self._tasks = [
+                asyncio.create_task(self._discover(), name=f"http source {self._config.name} discovery"),
+                asyncio.create_task(self._expire(), name=f"http source {self._config.name} expiry"),
+            ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(subscription.close() for subscription in self._subscriptions.values()))
+        self._subscriptions.clear()
+
+    async def _discover(self) -> None:
+        config = self._config
+        while True:
+            try:
+                self._follow(await replica_addresses(config))
+            except OSError as err:  # keep the replicas we know; DNS may be back next time
+                log.warning("http source %s: cannot resolve %s: %s", config.name, config.dns, err)
+            if config.dns is None:
+                return  # a fixed list never changes
+            await asyncio.sleep(config.resolve_interval)
+
+    def _follow(self, addresses: list[str]) -> None:
+        """Subscribe to new replicas, stop following gone ones (their counts expire like a silent replica's)."""
+        for address in addresses:
+            if address not in self._subscriptions:
+                replica = self._replicas.setdefault(address, Replica(address))
+                subscription = Subscription(replica, self._config, self._updated)
+                subscription.start()
+                self._subscriptions[address] = subscription
+        for address in set(self._subscriptions) - set(addresses):
+            log.info("http source %s: %s left the Service", self._config.name, address)
+            gone = self._subscriptions.pop(address)
+            self._tasks.append(asyncio.create_task(gone.close()))
+
+    async def _expire(self) -> None:
+        stale_after = self._config.stale_after
+        while True:
+            await asyncio.sleep(min(stale_after / 4, 0.25))
+            now = time.monotonic()
+            for address, replica in list(self._replicas.items()):
+                if replica.heard_at is None or replica.live(now, stale_after):
+                    continue
+                log.warning("http source %s: dropping %s, silent for %gs", self._config.name, address, stale_after)
+                telemetry.PROXY_DROPPED.labels(self._config.name).inc()
+                routes = set(replica.counts)
+                replica.heard_at, replica.counts = None, {}
+                if address not in self._subscriptions:
+                    del self._replicas[address]
+                self._notify(routes)
+
+    # --- push ---
+
+    def watch(self, query: SourceQuery) -> None:
+        self._start()
+        self._watched[query] = None
+
+    def unwatch(self, query: SourceQuery) -> None:
+        self._watched.pop(query, None)
+
+    def _updated(self, replica: Replica, routes: set[str]) -> None:
+        self._heard.set()
+        self._notify(routes)
+
+    def _notify(self, routes: set[str]) -> None:
+        for query in list(self._watched):
+            if not routes.isdisjoint(query.params.get("route", ())):
+                self.changed(query)
+
+    # --- reads ---
+
+    def _live(self) -> list[Replica]:
+        now = time.monotonic()
+        return [replica for replica in self._replicas.values() if replica.live(now, self._config.stale_after)]
+
+    def _live_count(self) -> int:
+        return len(self._live())
+
+    async def query(self, query: SourceQuery) -> list[Sample]:
+        self._start()
+        if not self._heard.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._heard.wait(), _FIRST_CONTACT_WAIT)
+        live = self._live()
+        if not live:
+            known = ", ".join(sorted(self._replicas)) or "none found yet"
+            raise SourceError(
+                f"no proxy replica has sent counts within {self._config.stale_after:g}s (replicas: {known})"
+            )
+        metric = query.metric
+        assert isinstance(metric, HTTPMetric)
+        fields = _COUNT_INDEX[metric.count]
+        samples = []
+        for route in query.params.get("route", ()):
+            reported = [replica.counts[route] for replica in live if route in replica.counts]
+            if not reported:
+                raise SourceError(f"no proxy replica serves route {route!r}")
+            total = sum(counts[i] for counts in reported for i in fields)
+            samples.append(Sample(Decimal(total), {"route": route}))
+        return samples
+
+    async def check(self) -> None:
+        self._start()
+        try:
+            await asyncio.wait_for(self._heard.wait(), self._config.stale_after)
+        except TimeoutError:
+            raise SourceError(f"no proxy replica answered within {self._config.stale_after:g}s") from None
+        finally:
+            await self.close()

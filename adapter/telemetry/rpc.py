@@ -1,0 +1,54 @@
+"""Metrics of the gRPC servers (KEDA's external scaler, the proxies' count streams) and of the `http` source."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# Servers (label `server`: scaler or counts).
+GRPC_REQUESTS = Counter(
+    "zeroscale_grpc_requests_total",
+    "gRPC calls answered, by method and status code",
+    ["server", "method", "code"],
+)
+GRPC_STREAMS = Gauge("zeroscale_grpc_streams", "Open server-side gRPC streams", ["server", "method"])
+GRPC_STREAMS_REFUSED = Counter(
+    "zeroscale_grpc_streams_refused_total",
+    "Streams refused with RESOURCE_EXHAUSTED because max_streams were open",
+    ["server"],
+)
+GRPC_TLS_RELOADS = Counter(
+    "zeroscale_grpc_tls_reloads_total",
+    "Certificate files re-read after a change, by outcome",
+    ["server", "result"],
+)
+STREAM_MESSAGES = Counter(
+    "zeroscale_grpc_stream_messages_total",
+    "Messages sent on server streams, by kind (change or heartbeat)",
+    ["server", "method", "kind"],
+)
+
+# The `http` source: its subscriptions to the proxies.
+PROXY_SUBSCRIPTIONS = Gauge(
+    "zeroscale_proxy_subscriptions",
+    "Proxy replicas whose count stream is open now",
+    ["source"],
+)
+PROXY_REPLICAS = Gauge(
+    "zeroscale_proxy_replicas",
+    "Proxy replicas whose counts are in the sum (heard from within stale_after)",
+    ["source"],
+)
+PROXY_RECONNECTS = Counter(
+    "zeroscale_proxy_subscription_reconnects_total",
+    "Count streams that ended or failed and were opened again",
+    ["source"],
+)
+PROXY_DROPPED = Counter(
+    "zeroscale_proxy_replicas_dropped_total",
+    "Replicas dropped from the sum after stale_after without a message",
+    ["source"],
+)
+PROXY_MESSAGE_LAG_SECONDS = Histogram(
+    "zeroscale_proxy_counts_message_lag_seconds",
+    "From a proxy sending a count update to the adapter receiving it (wall clocks of two hosts)",
+    ["source"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+)
