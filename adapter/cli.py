@@ -45,7 +45,8 @@ def _check(args: argparse.Namespace) -> int:
 def _proxy(args: argparse.Namespace) -> int:
     from adapter.proxy.server import run_proxy
 
-    return run_proxy(_load(args).proxy)
+    config = _load(args)
+    return run_proxy(config.proxy, config.grpc.counts)
 
 
 def _explain(args: argparse.Namespace) -> int:

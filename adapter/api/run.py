@@ -22,6 +22,8 @@ from adapter.config.server import ServerConfig
 from adapter.kube.client import KubeClient, KubeConfigError
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
+from adapter.rpc.scaler import start_scaler
+from adapter.rpc.server import RunningServer
 from adapter.sources import build_source
 
 log = logging.getLogger(__name__)
@@ -118,9 +120,11 @@ async def serve(config: ZeroscaleConfig, stop: asyncio.Event) -> int:
     api = HTTPServer(ExternalMetricsAPI(cache, authenticator, authorizer), limits)
     metrics = HTTPServer(_metrics_endpoint, limits)
     code = 0
+    scaler: RunningServer | None = None
     try:
         port = await api.start(server.bind, server.port, tls.listener_context)
         metrics_port = await metrics.start(server.metrics_bind, server.metrics_port, None)
+        scaler = await start_scaler(config.grpc.scaler, cache)  # KEDA's external scaler, when enabled
     except OSError as err:
         log.error("cannot listen: %s", err)
         code = 1
@@ -139,6 +143,8 @@ async def serve(config: ZeroscaleConfig, stop: asyncio.Event) -> int:
     await asyncio.gather(*background, return_exceptions=True)
     await api.stop()
     await metrics.stop()
+    if scaler is not None:
+        await scaler.stop()
     await cache.close()
     for source in sources.values():
         with contextlib.suppress(Exception):

@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Callable
 
+from adapter.config.grpc import CountsServerConfig
 from adapter.config.proxy import ProxyConfig, RouteConfig, ServiceUpstream
 from adapter.kube.client import KubeClient, KubeConfigError
 from adapter.proxy.admin import start_admin
@@ -191,16 +192,23 @@ class ProxyServer:
         log.info("proxy stopped")
 
 
-async def serve(config: ProxyConfig) -> None:
+async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
     server = ProxyServer(config)
     await server.start()
+    counts_server = None
+    if counts is not None and counts.enabled:
+        from adapter.rpc.counts import start_counts_server  # gRPC loads only when the count stream is on
+
+        counts_server = await start_counts_server(counts, server.subscribe)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         server.loop.add_signal_handler(signum, stop.set)
     await stop.wait()
     log.info("signal received: draining for up to %gs", config.grace_period)
     await server.shutdown()
+    if counts_server is not None:
+        await counts_server.stop()
 
 
 def _raise_file_limit(connections: int) -> None:
@@ -214,12 +222,12 @@ def _raise_file_limit(connections: int) -> None:
             log.warning("open files limited to %d: fewer than max_connections=%d can be served", limit, connections)
 
 
-def run_proxy(config: ProxyConfig) -> int:
+def run_proxy(config: ProxyConfig, counts: CountsServerConfig | None = None) -> int:
     import uvloop
 
     if not config.effective_routes():
         log.error("no routes: set proxy.routes, or proxy.sidecar.upstream (ZEROSCALE_PROXY__SIDECAR__UPSTREAM)")
         return 2
     _raise_file_limit(config.max_connections)
-    uvloop.run(serve(config))
+    uvloop.run(serve(config, counts))
     return 0

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable
 
 from adapter.config.grpc import CountsServerConfig
-from adapter.proxy.counts import RouteCounts
+from adapter.proxy.counts import CountsListener
 from adapter.rpc.generated import proxycounts_pb2 as pb
 from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
 from adapter.rpc.server import Context, RunningServer, StreamSlots, start_server
@@ -22,22 +22,24 @@ from adapter.telemetry import rpc as telemetry
 SERVICE = "zeroscale.proxy.v1.PendingCounts"
 _SERVER = "counts"
 
+# ProxyServer.subscribe: every route's counts after each change; returns the unsubscribe function.
+SubscribeCounts = Callable[[CountsListener], Callable[[], None]]
+
 
 class CountsHub:
     """The latest counts of every route, and a wake-up flag per open stream."""
 
-    def __init__(self, routes: Mapping[str, RouteCounts], coalesce: float) -> None:
+    def __init__(self, subscribe: SubscribeCounts, coalesce: float) -> None:
         self._loop = asyncio.get_running_loop()
         self._coalesce = coalesce
         self._snapshot: dict[str, tuple[int, int]] = {}
         self._streams: set[asyncio.Event] = set()
         self._scheduled: asyncio.Handle | None = None
         self._sent_at = -coalesce
-        self._unsubscribe = [counts.subscribe(self._changed) for counts in routes.values()]
+        self._unsubscribe = subscribe(self._changed)
 
     def close(self) -> None:
-        for unsubscribe in self._unsubscribe:
-            unsubscribe()
+        self._unsubscribe()
         if self._scheduled is not None:
             self._scheduled.cancel()
 
@@ -111,11 +113,9 @@ class CountsServer:
         self.hub.close()
 
 
-async def start_counts_server(config: CountsServerConfig, routes: Mapping[str, RouteCounts]) -> CountsServer | None:
-    """Serve `routes`' counts, or None when grpc.counts is not enabled; raises OSError if it cannot listen."""
-    if not config.enabled:
-        return None
-    hub = CountsHub(routes, config.coalesce)
+async def start_counts_server(config: CountsServerConfig, subscribe: SubscribeCounts) -> CountsServer:
+    """Serve the counts `subscribe` reports; raises OSError if it cannot listen."""
+    hub = CountsHub(subscribe, config.coalesce)
     servicer = PendingCounts(hub, config)
     try:
         running = await start_server(

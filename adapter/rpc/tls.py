@@ -19,7 +19,7 @@ from adapter.telemetry import rpc as telemetry
 log = logging.getLogger(__name__)
 
 
-class TLSFilesError(Exception):
+class TLSFilesError(OSError):
     """A certificate, key or CA file could not be read at start."""
 
 
