@@ -219,7 +219,12 @@ def _raise_file_limit(connections: int) -> None:
         limit = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
         if limit < wanted:
-            log.warning("open files limited to %d: fewer than max_connections=%d can be served", limit, connections)
+            log.warning(
+                "open files limited to %d: about %d of max_connections=%d can be served with their upstreams",
+                limit,
+                (limit - 256) // 2,
+                connections,
+            )
 
 
 def run_proxy(config: ProxyConfig, counts: CountsServerConfig | None = None) -> int:
