@@ -1,0 +1,151 @@
+"""Fixtures of the gRPC tests: the adapter and count-stream servers in-process on uvloop, KEDA-like clients."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+import uvloop
+
+from adapter.api.run import serve
+from adapter.config import ZeroscaleConfig
+from adapter.config.grpc import CountsServerConfig
+from adapter.proxy.counts import CountsListener, RouteCounts
+from adapter.rpc.counts import CountsServer, start_counts_server
+from adapter.rpc.generated import externalscaler_pb2 as pb
+from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
+from tests.netutil import free_port
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], Any]]:
+    """Both servers run on uvloop in production; so do their tests."""
+    return {"uvloop": uvloop.new_event_loop}
+
+
+DEMO_SOURCES = [
+    {
+        "name": "demo",
+        "type": "static",
+        "series": [{"labels": {"queue": "orders"}, "value": 1500}, {"labels": {"queue": "emails"}, "value": 0.5}],
+    }
+]
+DEMO_METRICS = [
+    {"name": "Demo-Queue-Depth", "type": "static", "source": "demo", "labels": {"queue": {"pattern": "[a-z]+"}}},
+    {"name": "team-depth", "type": "static", "source": "demo", "namespaces": ["team"]},
+]
+
+
+@dataclass
+class Adapter:
+    port: int
+    grpc_port: int
+    config: ZeroscaleConfig
+    stop_event: asyncio.Event
+    task: asyncio.Task[int]
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        assert await asyncio.wait_for(self.task, 10) == 0
+
+
+StartAdapter = Callable[..., Awaitable[Adapter]]
+
+
+def adapter_config(grpc_port: int, sources: list[Any], metrics: list[Any], **scaler: Any) -> ZeroscaleConfig:
+    return ZeroscaleConfig(
+        server={
+            "bind": "127.0.0.1",
+            "metrics_bind": "127.0.0.1",
+            "port": free_port(),
+            "metrics_port": free_port(),
+            "auth": {"enabled": False},
+        },
+        grpc={"scaler": {"enabled": True, "bind": "127.0.0.1", "port": grpc_port, **scaler}},
+        sources=sources,
+        metrics=metrics,
+    )
+
+
+@pytest.fixture
+async def start_adapter() -> AsyncIterator[StartAdapter]:
+    """Run `serve()` (metrics API + KEDA scaler) in this loop; `adapter.stop()` ends one early, the rest end after."""
+    running: list[Adapter] = []
+
+    async def start(
+        sources: list[Any] = DEMO_SOURCES, metrics: list[Any] = DEMO_METRICS, grpc_port: int = 0, **scaler: Any
+    ) -> Adapter:
+        config = adapter_config(grpc_port or free_port(), sources, metrics, **scaler)
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(config, stop))
+        port = config.grpc.scaler.port
+        for _ in range(200):
+            if task.done():
+                raise RuntimeError(f"the adapter stopped at start with code {task.result()}")
+            with contextlib.suppress(OSError):
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                adapter = Adapter(config.server.port, port, config, stop, task)
+                running.append(adapter)
+                return adapter
+            await asyncio.sleep(0.05)
+        raise TimeoutError("the adapter's gRPC port did not open within 10 s")
+
+    yield start
+    for adapter in running:
+        if not adapter.task.done():
+            await adapter.stop()
+
+
+@pytest.fixture
+async def scaler_channel(start_adapter: StartAdapter) -> AsyncIterator[pb_grpc.ExternalScalerStub]:
+    adapter = await start_adapter()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{adapter.grpc_port}") as channel:
+        yield pb_grpc.ExternalScalerStub(channel)
+
+
+def ref(metric: str = "demo-queue-depth", selector: str = "queue=orders", **extra: str) -> pb.ScaledObjectRef:
+    """A ScaledObjectRef as KEDA sends it: the trigger's metadata, scalerAddress included."""
+    metadata = {"scalerAddress": "zeroscale:9443", "metricName": metric, "labelSelector": selector, **extra}
+    return pb.ScaledObjectRef(name="worker", namespace="default", scalerMetadata=metadata)
+
+
+class Routes:
+    """The proxy's own per-route counters (RouteCounts), driven by the test instead of by requests."""
+
+    def __init__(self, *names: str) -> None:
+        self.counts = {name: RouteCounts(name) for name in names}
+
+    def subscribe(self, listener: CountsListener) -> Callable[[], None]:
+        stops = [counts.subscribe(listener) for counts in self.counts.values()]
+
+        def unsubscribe() -> None:
+            for stop in stops:
+                stop()
+
+        return unsubscribe
+
+
+StartCounts = Callable[..., Awaitable[CountsServer]]
+
+
+@pytest.fixture
+async def start_counts() -> AsyncIterator[StartCounts]:
+    """A pending-count stream server over the given routes' counters, on a free loopback port."""
+    servers: list[CountsServer] = []
+
+    async def start(routes: Routes, port: int = 0, **settings: Any) -> CountsServer:
+        config = CountsServerConfig(
+            enabled=True, bind="127.0.0.1", port=port or free_port(), heartbeat_interval=0.2, **settings
+        )
+        server = await start_counts_server(config, routes.subscribe)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop()
