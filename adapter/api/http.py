@@ -67,7 +67,7 @@ class Response:
 
 
 # A handler's first step runs eagerly inside data_received, outside any Task (see Connection._start):
-# until it first suspends it must not need asyncio.current_task() (asyncio.timeout does; wait_for does not).
+# until it first suspends it must not need asyncio.current_task(): run such code (asyncio.timeout) in a task.
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 _INTERNAL_ERROR = Response(500, b"internal error\n", "text/plain; charset=utf-8")
 
@@ -370,7 +370,9 @@ class HTTPServer:
             host,
             port,
             ssl=tls,
+            # A peer gets header_timeout for the TLS handshake and for answering our close_notify.
             ssl_handshake_timeout=self.limits.header_timeout if tls else None,
+            ssl_shutdown_timeout=self.limits.header_timeout if tls else None,
             backlog=1024,
         )
         bound: int = self._server.sockets[0].getsockname()[1]

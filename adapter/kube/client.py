@@ -343,13 +343,17 @@ class KubeClient:
         content_type: str = "application/json",
     ) -> tuple[int, dict[str, Any]]:
         """Make one call; return (status, decoded JSON) for 2xx, raise KubeAPIError for >= 400."""
+        # A task of its own: asyncio.timeout needs one, and the API server runs a handler's first
+        # step outside any task (adapter/api/http.py). Cancelling the caller cancels this task.
+        return await asyncio.get_running_loop().create_task(self._request(method, path, json_body, content_type))
+
+    async def _request(
+        self, method: str, path: str, json_body: object, content_type: str
+    ) -> tuple[int, dict[str, Any]]:
         body = b"" if json_body is None else json.dumps(json_body).encode()
         try:
-            # wait_for, not asyncio.timeout: it also works when called outside a Task (the API
-            # server runs a handler's first step eagerly, see adapter/api/http.py).
-            status, data = await asyncio.wait_for(
-                self._exchange_with_retry(method, path, body, content_type), self._timeout
-            )
+            async with asyncio.timeout(self._timeout):
+                status, data = await self._exchange_with_retry(method, path, body, content_type)
         except TimeoutError:
             raise KubeConnectionError(
                 f"{method} {path}: no answer from the Kubernetes API within {self._timeout:g}s"
