@@ -105,7 +105,11 @@ async def start_adapter() -> AsyncIterator[StartAdapter]:
 async def scaler_channel(start_adapter: StartAdapter) -> AsyncIterator[pb_grpc.ExternalScalerStub]:
     adapter = await start_adapter()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{adapter.grpc_port}") as channel:
-        yield pb_grpc.ExternalScalerStub(channel)
+        yield scaler_stub(channel)
+
+
+def scaler_stub(channel: grpc.aio.Channel) -> pb_grpc.ExternalScalerStub:
+    return pb_grpc.ExternalScalerStub(channel)  # type: ignore[no-untyped-call]  # protoc's stub is untyped
 
 
 def ref(metric: str = "demo-queue-depth", selector: str = "queue=orders", **extra: str) -> pb.ScaledObjectRef:

@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
-from tests.rpc.conftest import StartAdapter, ref
+from tests.rpc.conftest import StartAdapter, ref, scaler_stub
 
 
 async def keda_poll(stub: pb_grpc.ExternalScalerStub, scaled: pb.ScaledObjectRef) -> tuple[float, int, bool]:
@@ -102,7 +102,7 @@ async def test_unavailable_source_is_an_error_not_a_zero(start_adapter: StartAda
     """A static source with no matching series fails; KEDA must see UNAVAILABLE, never a made-up 0."""
     adapter = await start_adapter()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{adapter.grpc_port}") as channel:
-        stub = pb_grpc.ExternalScalerStub(channel)
+        stub = scaler_stub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as failed:
             await stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref(selector="queue=absent")))
         assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -124,7 +124,7 @@ async def test_stream_metric_spec_sends_the_spec_at_once_and_stays_open(
 async def test_streams_are_bounded(start_adapter: StartAdapter) -> None:
     adapter = await start_adapter(max_streams=1)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{adapter.grpc_port}") as channel:
-        stub = pb_grpc.ExternalScalerStub(channel)
+        stub = scaler_stub(channel)
         first = stub.StreamIsActive(ref())
         assert (await asyncio.wait_for(first.read(), 5)).result is True
         second = stub.StreamMetricSpec(ref())
@@ -151,7 +151,7 @@ async def test_health_service_reports_serving(start_adapter: StartAdapter) -> No
 async def test_messages_above_the_bound_are_refused(start_adapter: StartAdapter) -> None:
     adapter = await start_adapter(max_message_bytes=4096)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{adapter.grpc_port}") as channel:
-        stub = pb_grpc.ExternalScalerStub(channel)
+        stub = scaler_stub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.IsActive(ref(padding="x" * 10_000))
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
