@@ -1,0 +1,262 @@
+"""The manifests: every overlay renders, every object validates against Kubernetes 1.37, and the pieces agree.
+
+Schemas: kubernetes-validate's `1.37.0` (strict: unknown fields are errors). Custom resources (cert-manager,
+Prometheus Operator, KEDA) have no schema there; they are checked for the fields the installation relies on.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+from cryptography import x509
+
+from adapter.config import ZeroscaleConfig
+from adapter.config.grpc import CountsServerConfig, ScalerServerConfig
+from adapter.config.loader import load_config
+from tests.deploy.conftest import DEPLOY, EXAMPLE_CONFIGS, EXAMPLES, OVERLAYS, Objects, find, kustomize
+
+K8S_VERSION = "1.37.0"
+# Custom resources and why each has no 1.37 schema to validate against.
+CRD_KINDS = {
+    ("cert-manager.io/v1", "Issuer"): "cert-manager CRD",
+    ("cert-manager.io/v1", "Certificate"): "cert-manager CRD",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "Prometheus Operator CRD",
+    ("keda.sh/v1alpha1", "ScaledObject"): "KEDA CRD",
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): "KEDA CRD",
+}
+ADAPTER, PROXY, NAMESPACE = "zeroscale-adapter", "zeroscale-proxy", "zeroscale"
+
+
+def validate(obj: dict[str, Any]) -> None:
+    key = (obj["apiVersion"], obj["kind"])
+    if key in CRD_KINDS:
+        assert obj["metadata"]["name"], f"{key}: a {CRD_KINDS[key]} needs a name"
+        assert obj.get("spec"), f"{key}: a {CRD_KINDS[key]} needs a spec"
+        return
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def example_objects(path: Path) -> Objects:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def containers(deployment: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = deployment["spec"]["template"]["spec"]
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def port_numbers(deployment: dict[str, Any]) -> dict[str, int]:
+    return {port["name"]: port["containerPort"] for c in containers(deployment) for port in c.get("ports", [])}
+
+
+def base_config() -> ZeroscaleConfig:
+    return load_config(DEPLOY / "base" / "zeroscale.yaml")
+
+
+def test_the_schemas_cover_kubernetes_1_37() -> None:
+    assert K8S_VERSION in kubernetes_validate.utils.all_versions()
+
+
+def test_every_overlay_is_known() -> None:
+    assert set(OVERLAYS) == {"cert-manager", "certs", "keda", "monitoring"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_of_every_overlay_validates(rendered: dict[str, Objects], overlay: str) -> None:
+    assert rendered[overlay]
+    for obj in rendered[overlay]:
+        validate(obj)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+def test_every_example_validates_and_says_what_it_demonstrates(example: Path) -> None:
+    assert "DEMONSTRATES:" in example.read_text().split("\n", 1)[0]
+    for obj in example_objects(example):
+        validate(obj)
+
+
+def test_a_wrong_field_is_caught() -> None:
+    """The strict validation can fail: a typo in a Deployment is an error."""
+    deployment = find(kustomize(DEPLOY / "base"), "Deployment", ADAPTER)
+    deployment["spec"]["replica"] = 2
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(deployment)
+
+
+def test_example_configs_load(tmp_path: Path) -> None:
+    for fragment in EXAMPLE_CONFIGS:
+        merged = yaml.safe_load((DEPLOY / "base" / "zeroscale.yaml").read_text()) | yaml.safe_load(fragment.read_text())
+        path = tmp_path / fragment.name
+        path.write_text(yaml.safe_dump(merged))
+        config = load_config(path)
+        assert config.metrics, fragment.name
+
+
+def test_every_example_hpa_metric_is_served_by_its_config() -> None:
+    served = {
+        metric["name"] for fragment in EXAMPLE_CONFIGS for metric in yaml.safe_load(fragment.read_text())["metrics"]
+    }
+    hpas = [obj for path in EXAMPLES for obj in example_objects(path) if obj["kind"] == "HorizontalPodAutoscaler"]
+    assert len(hpas) == 3
+    for hpa in hpas:
+        for metric in hpa["spec"]["metrics"]:
+            assert metric["external"]["metric"]["name"] in served
+
+
+def test_the_kafka_example_wakes_from_zero(rendered: dict[str, Objects]) -> None:
+    """SPEC 5.4/5.5: minReplicas 0, an AverageValue target, a scale-up tolerance and a Pods policy."""
+    hpa = find(
+        example_objects(DEPLOY / "examples" / "kafka-consumer.yaml"), "HorizontalPodAutoscaler", "orders-consumer"
+    )
+    spec = hpa["spec"]
+    assert spec["minReplicas"] == 0
+    assert spec["metrics"][0]["external"]["target"]["type"] == "AverageValue"
+    assert "tolerance" in spec["behavior"]["scaleUp"]
+    assert any(policy["type"] == "Pods" for policy in spec["behavior"]["scaleUp"]["policies"])
+
+
+def test_base_config_loads_and_matches_the_pod_ports(base: Objects) -> None:
+    config = base_config()
+    adapter_ports = port_numbers(find(base, "Deployment", ADAPTER))
+    assert adapter_ports["https"] == config.server.port
+    assert adapter_ports["metrics"] == config.server.metrics_port
+    assert adapter_ports["grpc"] == ScalerServerConfig().port
+    proxy_ports = port_numbers(find(base, "Deployment", PROXY))
+    assert proxy_ports["http"] == config.proxy.port
+    assert proxy_ports["admin"] == config.proxy.admin_port
+    assert proxy_ports["counts"] == CountsServerConfig().port
+    assert config.server.tls.cert_file is not None
+    assert str(config.server.tls.cert_file).startswith("/etc/zeroscale/tls/")
+
+
+def test_apiservice_service_and_probes_agree(rendered: dict[str, Objects]) -> None:
+    objects = rendered["cert-manager"]
+    apiservice = find(objects, "APIService", "v1beta1.external.metrics.k8s.io")
+    ref = apiservice["spec"]["service"]
+    assert (ref["namespace"], ref["name"]) == (NAMESPACE, ADAPTER)
+    service = find(objects, "Service", ADAPTER)
+    # The aggregator matches the APIService port to a Service port, then that port's name in the EndpointSlices.
+    port = next(p for p in service["spec"]["ports"] if p["port"] == ref["port"])
+    assert port["name"] == "https"
+    assert port["targetPort"] == "https"
+    deployment = find(objects, "Deployment", ADAPTER)
+    assert "https" in port_numbers(deployment)
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = containers(deployment)[0][probe]["httpGet"]
+        assert (get["path"], get["port"], get["scheme"]) == (path, "https", "HTTPS")
+
+
+def test_selectors_match_pod_labels(rendered: dict[str, Objects]) -> None:
+    objects = rendered["cert-manager"]
+    labels = {
+        name: find(objects, "Deployment", name)["spec"]["template"]["metadata"]["labels"] for name in (ADAPTER, PROXY)
+    }
+
+    def selects(selector: dict[str, str]) -> set[str]:
+        return {name for name, pod in labels.items() if selector.items() <= pod.items()}
+
+    for obj in objects:
+        spec = obj.get("spec") or {}
+        if obj["kind"] == "Service":
+            assert len(selects(spec["selector"])) == 1, obj["metadata"]["name"]
+        elif obj["kind"] in ("PodDisruptionBudget", "Deployment"):
+            assert len(selects(spec["selector"]["matchLabels"])) == 1, obj["metadata"]["name"]
+    for monitor in rendered["monitoring"]:
+        (name,) = selects(monitor["spec"]["selector"]["matchLabels"])
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            assert endpoint["port"] in port_numbers(find(objects, "Deployment", name))
+
+
+def test_services_and_network_policies_name_container_ports(rendered: dict[str, Objects]) -> None:
+    objects = rendered["cert-manager"]
+    all_ports = {name: port_numbers(find(objects, "Deployment", name)) for name in (ADAPTER, PROXY)}
+    for obj in objects:
+        if obj["kind"] == "Service":
+            target = next(
+                n for n in all_ports if obj["spec"]["selector"].items() <= {"app.kubernetes.io/name": n}.items()
+            )
+            for port in obj["spec"]["ports"]:
+                assert port["targetPort"] in all_ports[target]
+        if obj["kind"] == "NetworkPolicy" and obj["spec"]["podSelector"]:
+            name = obj["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
+            for rule in obj["spec"]["ingress"]:
+                for port in rule["ports"]:
+                    assert port["port"] in all_ports[name]
+    headless = find(objects, "Service", "zeroscale-proxy-pods")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert "counts" in {port["name"] for port in headless["spec"]["ports"]}
+    assert "grpc" in {port["name"] for port in find(objects, "Service", ADAPTER)["spec"]["ports"]}
+
+
+def test_the_adapter_deployment_is_hardened(rendered: dict[str, Objects]) -> None:
+    objects = rendered["cert-manager"]
+    adapter = find(objects, "Deployment", ADAPTER)
+    assert adapter["spec"]["replicas"] == 2
+    pod = adapter["spec"]["template"]["spec"]
+    assert pod["affinity"]["podAntiAffinity"]
+    assert pod["serviceAccountName"] == ADAPTER
+    assert find(objects, "PodDisruptionBudget", ADAPTER)["spec"]["minAvailable"] == 1
+    for name in (ADAPTER, PROXY):
+        pod = find(objects, "Deployment", name)["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in pod["containers"]:
+            security = container["securityContext"]
+            assert security["readOnlyRootFilesystem"] is True
+            assert security["allowPrivilegeEscalation"] is False
+            assert security["capabilities"] == {"drop": ["ALL"]}
+            assert container["resources"]["requests"]
+
+
+def test_the_rbac_binds_the_right_subjects(rendered: dict[str, Objects]) -> None:
+    objects = rendered["cert-manager"]
+    reader = find(objects, "RoleBinding", "zeroscale-adapter-auth-reader")
+    assert reader["metadata"]["namespace"] == "kube-system"
+    assert reader["roleRef"]["name"] == "extension-apiserver-authentication-reader"
+    delegator = find(objects, "ClusterRoleBinding", "zeroscale-adapter:system:auth-delegator")
+    assert delegator["roleRef"]["name"] == "system:auth-delegator"
+    for binding in (reader, delegator):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ADAPTER, "namespace": NAMESPACE}]
+    hpa = find(objects, "ClusterRoleBinding", "zeroscale-hpa-external-metrics")
+    assert hpa["subjects"] == [
+        {"kind": "ServiceAccount", "name": "horizontal-pod-autoscaler", "namespace": "kube-system"}
+    ]
+
+
+def test_cert_manager_overlay_injects_the_serving_certificate_ca(rendered: dict[str, Objects]) -> None:
+    objects = rendered["cert-manager"]
+    apiservice = find(objects, "APIService", "v1beta1.external.metrics.k8s.io")
+    namespace, name = apiservice["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].split("/")
+    certificate = find(objects, "Certificate", name)
+    assert certificate["metadata"]["namespace"] == namespace
+    assert f"{ADAPTER}.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
+    volumes = find(objects, "Deployment", ADAPTER)["spec"]["template"]["spec"]["volumes"]
+    secret_volume = next(v for v in volumes if "secret" in v)
+    assert secret_volume["secret"]["secretName"] == certificate["spec"]["secretName"]
+
+
+def test_certs_overlay_carries_the_generated_secret_and_ca_bundle(rendered: dict[str, Objects]) -> None:
+    objects = rendered["certs"]
+    apiservice = find(objects, "APIService", "v1beta1.external.metrics.k8s.io")
+    secrets = [obj for obj in objects if obj["kind"] == "Secret"]
+    assert len(secrets) == 1
+    assert secrets[0]["type"] == "kubernetes.io/tls"
+    ca_pem = base64.b64decode(secrets[0]["data"]["ca.crt"])
+    assert base64.b64decode(apiservice["spec"]["caBundle"]) == ca_pem
+    serving = x509.load_pem_x509_certificate(base64.b64decode(secrets[0]["data"]["tls.crt"]))
+    serving.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_pem))
+    volumes = find(objects, "Deployment", ADAPTER)["spec"]["template"]["spec"]["volumes"]
+    # kustomize rewrote the reference to the generated (hash-suffixed) name.
+    assert any(v.get("secret", {}).get("secretName") == secrets[0]["metadata"]["name"] for v in volumes)
+
+
+def test_keda_overlay_leaves_the_apiservice_to_keda(rendered: dict[str, Objects]) -> None:
+    kinds = {(obj["kind"], obj["metadata"]["name"]) for obj in rendered["keda"]}
+    assert ("APIService", "v1beta1.external.metrics.k8s.io") not in kinds
+    assert ("ClusterRole", "zeroscale-external-metrics-reader") not in kinds
+    assert ("Deployment", ADAPTER) in kinds
