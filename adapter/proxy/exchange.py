@@ -130,13 +130,22 @@ class Exchange:
 
     def body_end(self) -> None:
         self.body_done = True
+        if self.state == DONE:
+            return
         upstream = self.upstream
-        if upstream is not None and self.state != DONE:
+        if upstream is None:
             if self.chunked:
-                upstream.transport.write(CHUNK_END)
-                self._keep_for_replay(CHUNK_END)
-            self.sent_at = monotonic()
-            upstream.expect_response(self.route.limits.response_timeout)
+                # Buffered like any other piece, so `attach` (and a retry) sends it exactly once, last.
+                self.body.append(CHUNK_END)
+                self.body_size += len(CHUNK_END)
+                if self.state in (QUEUED, ASSIGNED):
+                    self.route.counts.held_bytes += len(CHUNK_END)
+            return
+        if self.chunked:
+            upstream.transport.write(CHUNK_END)
+            self._keep_for_replay(CHUNK_END)
+        self.sent_at = monotonic()
+        upstream.expect_response(self.route.limits.response_timeout)
 
     def _keep_for_replay(self, framed: bytes) -> None:
         if self.replay is not None:
@@ -172,9 +181,6 @@ class Exchange:
             self.body = []
             self.body_size = 0
             self.client.resume_reading_for_body()
-        if self.body_done and self.chunked and not self.upgrade:
-            pieces.append(CHUNK_END)
-            self._keep_for_replay(CHUNK_END)
         upstream.transport.write(b"".join(pieces) if len(pieces) > 1 else self.head)
         self.written = True
         self.attempts += 1

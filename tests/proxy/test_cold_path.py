@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from prometheus_client import REGISTRY
 
@@ -231,3 +232,52 @@ async def test_websocket_through_a_cold_start() -> None:
             await until(lambda: server.routes["ws"].counts.inflight == 0)
         finally:
             await upstream.stop()
+
+
+async def test_held_chunked_body_is_forwarded_once_with_its_terminator() -> None:
+    port = free_port()
+    async with running_proxy([route("chunks", f"127.0.0.1:{port}")]) as server:
+        raw = (
+            b"PUT /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+        )
+        pending = asyncio.create_task(request(server.port, raw))
+        await until(lambda: server.routes["chunks"].counts.held == 1)
+        assert server.routes["chunks"].counts.held_bytes > 0
+        upstream = await Upstream(port).start()
+        try:
+            response = await pending
+        finally:
+            await upstream.stop()
+        assert response.body == b"hello world"
+        assert [seen.body for seen in upstream.requests] == [b"hello world"]
+        assert upstream.received.count(b"0\r\n\r\n") == 1
+        assert server.routes["chunks"].counts.held_bytes == 0
+
+
+async def test_idempotent_chunked_request_is_resent_once_after_a_lost_connection() -> None:
+    attempts: list[bytes] = []
+
+    async def flaky(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        data = await reader.readuntil(b"0\r\n\r\n")
+        with contextlib.suppress(TimeoutError):
+            data += await asyncio.wait_for(reader.read(65536), 0.1)  # anything sent twice arrives now
+        attempts.append(data)
+        if len(attempts) == 1:
+            writer.transport.abort()  # dies before answering
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server_socket = await asyncio.start_server(flaky, "127.0.0.1", 0)
+    address = f"127.0.0.1:{server_socket.sockets[0].getsockname()[1]}"
+    try:
+        async with running_proxy([route("flaky", address)]) as server:
+            raw = b"PUT /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+            response = await request(server.port, raw)
+    finally:
+        server_socket.close()
+    assert response.status == 200
+    assert len(attempts) == 2
+    assert attempts[0] == attempts[1]
+    assert attempts[1].count(b"0\r\n\r\n") == 1

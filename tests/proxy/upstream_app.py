@@ -6,7 +6,8 @@ Paths choose the behaviour:
 - `/slow?s=N`: answers after N seconds.
 - `/crash`: sends half a response, then closes the connection.
 - `/ws`: upgrades (101) and then echoes every byte back.
-Every request is recorded in `requests` (method, path, headers, body), in arrival order.
+Every request is recorded in `requests` (method, path, headers, body), in arrival order, and every
+byte received (outside tunnels) in `received`.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class _Conn(asyncio.Protocol):
         if self.tunnel:
             self.transport.write(data)
             return
+        self.app.received += data
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -87,6 +89,8 @@ class Upstream:
     def __init__(self, port: int = 0) -> None:
         self.port = port
         self.requests: list[Seen] = []
+        # Every byte received outside tunnels, over all connections.
+        self.received = bytearray()
         self.connections = 0
         self.open: set[_Conn] = set()
         self._server: asyncio.Server | None = None
