@@ -72,6 +72,9 @@ class ClientConnection(asyncio.Protocol):
         self._tunnel: UpstreamConnection | None = None
         self._early: list[bytes] | None = None  # bytes after an upgrade request, until the tunnel is up
         self._pauses = 0
+        self._paused_upstream: UpstreamConnection | None = None
+        self._head_bytes = 0
+        self._max_head = self._config.max_header_bytes + self._config.max_request_line_bytes
         self._closed = False
         self._rejected = False
         self._in_headers = False
@@ -105,6 +108,10 @@ class ClientConnection(asyncio.Protocol):
             return
         if self._closed:
             return
+        if self._parsing is None:
+            # Between bodies everything is head: httptools buffers a header until it ends, so the
+            # limit is enforced on the bytes received, not only in on_header.
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -113,6 +120,9 @@ class ClientConnection(asyncio.Protocol):
         except httptools.HttpParserError as err:
             if not self._rejected:
                 self._bad_request(str(err))
+        else:
+            if self._head_bytes > self._max_head and self._parsing is None and not self._rejected:
+                self._refuse(431, f"the request head is larger than {self._config.max_header_bytes} bytes")
 
     def eof_received(self) -> bool:
         # A half-closed client is treated as gone: nothing reliable can follow.
@@ -137,11 +147,12 @@ class ClientConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         upstream = self._current_upstream()
-        if upstream is not None:
+        if upstream is not None and not upstream.closed:
             upstream.transport.pause_reading()
+            self._paused_upstream = upstream
 
     def resume_writing(self) -> None:
-        upstream = self._current_upstream()
+        upstream, self._paused_upstream = self._paused_upstream, None
         if upstream is not None and not upstream.closed:
             upstream.transport.resume_reading()
 
@@ -170,6 +181,7 @@ class ClientConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_headers = False
+        self._head_bytes = 0
         self._cancel_timer()
         exchange = self._exchange()
         self._parsing = exchange
@@ -322,7 +334,8 @@ class ClientConnection(asyncio.Protocol):
         if not reusable or self._early is not None or self.server.draining:
             self._close()
             return
-        self._resume(_PAUSE_PIPELINE)
+        # Whatever paused reading belonged to the finished exchange.
+        self._resume(_PAUSE_PIPELINE | _PAUSE_UPSTREAM | _PAUSE_BODY)
         if self._waiting:
             self._start(self._waiting.popleft())
         elif self._parsing is None:
@@ -377,7 +390,12 @@ class ClientConnection(asyncio.Protocol):
         return self._active.upstream if self._active is not None else None
 
     def _reject(self, code: int, message: str) -> NoReturn:
-        """Answer a request the proxy refuses before accepting it, and stop parsing."""
+        """In a parser callback: refuse the request being parsed, and stop parsing."""
+        self._refuse(code, message)
+        raise _Rejected(message)
+
+    def _refuse(self, code: int, message: str) -> None:
+        """Answer a request the proxy refuses before accepting it; nothing more is read from this client."""
         if code != 404:
             telemetry.ERRORS.labels("", str(code)).inc()
         self._rejected = True
@@ -385,10 +403,9 @@ class ClientConnection(asyncio.Protocol):
             self.transport.write(error_response(code, message))
             self._close()
         else:
-            # Let the request before it finish; nothing more is read from this client.
+            # Let the request before it finish first.
             self._pause(_PAUSE_PIPELINE)
             self._active.keep_alive = False
-        raise _Rejected(message)
 
     def _bad_request(self, reason: str) -> None:
         exchange = self._parsing

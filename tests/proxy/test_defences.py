@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from adapter.proxy.routing import Router, normalise_host
 from adapter.proxy.server import ProxyServer
-from tests.proxy.conftest import get, request, route, running_proxy
+from tests.proxy.conftest import get, post, read_response, request, route, running_proxy
 from tests.proxy.upstream_app import Upstream
 
 SMUGGLING = [
@@ -169,3 +169,35 @@ def test_routing_matches_only_configured_hosts_and_prefixes(
         name = normalise_host(host).decode("latin-1")
         assert "*" in hosts or name in hosts or any(h.startswith("*.") and name.endswith(h[1:]) for h in hosts)
         assert path.startswith(prefix.encode())
+
+
+async def test_one_endless_header_line_is_431_not_buffered(upstream: Upstream) -> None:
+    async with running_proxy([route("endless", upstream.address)], max_header_bytes=1024) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: a\r\nX-Endless: ")
+        answer = b""
+        with contextlib.suppress(ConnectionError):
+            for _ in range(64):
+                writer.write(b"a" * 1024)
+                try:
+                    # Stop sending once the proxy answered (more bytes would only draw a reset).
+                    answer = await asyncio.wait_for(reader.read(65536), 0.02)
+                    break
+                except TimeoutError:
+                    continue
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 431")
+
+
+async def test_large_response_to_a_slow_client_is_streamed_and_the_connection_reused(upstream: Upstream) -> None:
+    async with running_proxy([route("big", upstream.address)]) as server:
+        body = bytes(range(256)) * 40_000  # 10 MB: more than any socket buffer
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(post(body))
+        response = await asyncio.wait_for(read_response(reader), 30)
+        assert response.body == body
+        for index in range(3):
+            writer.write(get(f"/echo?after={index}"))
+            follow_up = await asyncio.wait_for(read_response(reader), 10)
+            assert follow_up.headers["x-seen-path"] == f"/echo?after={index}"
+        writer.close()
