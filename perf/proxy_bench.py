@@ -206,6 +206,7 @@ def held_memory() -> tuple[float, int]:
         "ZEROSCALE_PROXY__SIDECAR__LIMITS__MAX_HELD_REQUESTS": str(HELD * 2),
         "ZEROSCALE_PROXY__SIDECAR__LIMITS__HOLD_TIMEOUT": "600",
         "ZEROSCALE_PROXY__SIDECAR__PROBE_INTERVAL": "0.5",
+        "ZEROSCALE_PROXY__MAX_CONNECTIONS": str(HELD + 100),
     }
     with zeroscale_proxy(free_port(), **limits) as (port, admin, process):
         warm = socket.create_connection(("127.0.0.1", port))

@@ -24,6 +24,8 @@ from adapter.telemetry import proxy as telemetry
 log = logging.getLogger(__name__)
 _BACKLOG = 4096
 _MIN_TICK, _MAX_TICK = 0.01, 1.0
+# Upstream connections (pooled, bounded per endpoint), the admin port, the Kubernetes API.
+_SPARE_DESCRIPTORS = 4096
 
 
 class ProxyServer:
@@ -212,19 +214,14 @@ async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None) -
 
 
 def _raise_file_limit(connections: int) -> None:
-    """Each client connection and its upstream connection take a descriptor: ask for enough, up to the hard limit."""
+    """Each client connection takes a descriptor, and so does each pooled upstream connection: ask for enough."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = 2 * connections + 256
+    wanted = connections + _SPARE_DESCRIPTORS
     if soft < wanted:
         limit = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
         if limit < wanted:
-            log.warning(
-                "open files limited to %d: about %d of max_connections=%d can be served with their upstreams",
-                limit,
-                (limit - 256) // 2,
-                connections,
-            )
+            log.warning("open files limited to %d: fewer than max_connections=%d can be served", limit, connections)
 
 
 def run_proxy(config: ProxyConfig, counts: CountsServerConfig | None = None) -> int:
