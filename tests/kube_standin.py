@@ -50,7 +50,7 @@ import secrets
 import ssl
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -450,7 +450,3 @@ class KubeStandIn:
         if decision == "deny":
             status["denied"] = True
         return Reply(201, {**review, "metadata": {"creationTimestamp": None}, "status": status})
-
-    def reviews_for(self, user: str) -> Iterator[dict[str, Any]]:
-        """The SubjectAccessReview specs received for one user."""
-        return (review["spec"] for review in self.access_reviews if review.get("spec", {}).get("user") == user)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import unquote
 
 from cryptography import x509
@@ -63,7 +63,7 @@ class TrustBundle:
     uid_headers: tuple[str, ...] = ()
     group_headers: tuple[str, ...] = ()
     extra_prefixes: tuple[str, ...] = ()
-    client_cas: tuple[x509.Certificate, ...] = field(default=())
+    client_cas: tuple[x509.Certificate, ...] = ()
 
     def tls_pem(self) -> bytes:
         """Every CA a client certificate may come from, for the TLS handshake."""

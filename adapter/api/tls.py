@@ -90,10 +90,6 @@ class ServingTLS:
     def listener_context(self) -> ssl.SSLContext:
         return self._listener
 
-    @property
-    def current(self) -> ssl.SSLContext:
-        return self._current
-
     def set_client_cas(self, pem: bytes) -> None:
         """Trust these CAs for client certificates from the next handshake on."""
         if pem == self._client_cas:

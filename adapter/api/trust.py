@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
+
 from adapter.api.authn import TrustBundle, load_pem_bundle
 from adapter.config.server import AuthConfig
 from adapter.kube.client import KubeClient, KubeError
@@ -26,6 +28,7 @@ log = logging.getLogger(__name__)
 CONFIGMAP_NAMESPACE = "kube-system"
 CONFIGMAP_NAME = "extension-apiserver-authentication"
 CONFIGMAPS = f"/api/v1/namespaces/{CONFIGMAP_NAMESPACE}/configmaps"
+WHERE = f"{CONFIGMAP_NAMESPACE}/{CONFIGMAP_NAME}"
 _RETRY_SECONDS = (1.0, 2.0, 5.0, 10.0)
 
 Publish = Callable[[TrustBundle], None]
@@ -35,7 +38,7 @@ def _lower(names: list[str]) -> tuple[str, ...]:
     return tuple(name.lower() for name in names)
 
 
-def _file_bundle(path: Path | None, what: str) -> tuple[Any, ...]:
+def _file_bundle(path: Path | None, what: str) -> tuple[x509.Certificate, ...]:
     if path is None:
         return ()
     try:
@@ -73,7 +76,7 @@ def bundle_from_configmap(data: dict[str, str], config: AuthConfig) -> TrustBund
             raise ValueError(f"ConfigMap key {key} is not a JSON array of strings")
         return value
 
-    def cas(key: str) -> tuple[Any, ...]:
+    def cas(key: str) -> tuple[x509.Certificate, ...]:
         pem = data.get(key)
         return load_pem_bundle(pem.encode(), f"ConfigMap key {key}") if pem else ()
 
@@ -113,7 +116,7 @@ class TrustWatcher:
         try:
             await self._read_configmap()
         except (KubeError, ValueError) as err:
-            log.error("cannot read %s/%s yet (front-proxy auth off until it can): %s", *_where(), err)
+            log.error("cannot read %s yet (front-proxy auth off until it can): %s", WHERE, err)
 
     async def run(self) -> None:
         """Keep the bundle current until cancelled."""
@@ -142,7 +145,7 @@ class TrustWatcher:
             try:
                 bundle = bundle_from_files(self._config)
             except ValueError as err:
-                telemetry.TLS_RELOADS.labels("trust-bundle", "failure").inc()
+                telemetry.TLS_RELOADS.labels("client-cas", "failure").inc()
                 log.warning("client CA files changed but cannot be loaded, keeping the previous ones: %s", err)
                 continue
             self._files_seen = state
@@ -158,8 +161,8 @@ class TrustWatcher:
         try:
             bundle = bundle_from_configmap(configmap.get("data") or {}, self._config)
         except ValueError as err:
-            telemetry.TLS_RELOADS.labels("trust-bundle", "failure").inc()
-            log.error("%s/%s refused, keeping the previous trust: %s", *_where(), err)
+            telemetry.TLS_RELOADS.labels("client-cas", "failure").inc()
+            log.error("%s refused, keeping the previous trust: %s", WHERE, err)
             return
         self._publish(bundle)
 
@@ -176,9 +179,5 @@ class TrustWatcher:
                         self._apply(event["object"])
             except KubeError as err:
                 failures += 1
-                log.warning("watch of %s/%s failed: %s", *_where(), err)
+                log.warning("watch of %s failed: %s", WHERE, err)
             await asyncio.sleep(_RETRY_SECONDS[min(failures, len(_RETRY_SECONDS) - 1)])
-
-
-def _where() -> tuple[str, str]:
-    return CONFIGMAP_NAMESPACE, CONFIGMAP_NAME
