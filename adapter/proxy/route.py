@@ -22,6 +22,7 @@ from adapter.proxy.upstream import Endpoint
 from adapter.telemetry import proxy as telemetry
 
 _PROBE_TIMEOUT = 1.0
+_IDLE_PROBE_INTERVAL = 1.0
 
 
 class Route:
@@ -125,6 +126,7 @@ class Route:
     def connect_failed(self, endpoint: Endpoint, exchange: Exchange) -> None:
         endpoint.healthy = False
         endpoint.close_idle()
+        self._ensure_prober()
         if exchange.state == ASSIGNED and exchange.endpoint is endpoint and exchange.upstream is None:
             self.retry(exchange)
 
@@ -229,12 +231,14 @@ class Route:
             self._prober = self.spawn(self._probe_loop())
 
     async def _probe_loop(self) -> None:
-        while self.queue and not self._closed:
+        """Re-dial endpoints that refused connections: every probe_interval while requests wait, else every second."""
+        while not self._closed:
             failing = [ep for ep in self._endpoints if not ep.healthy]
-            if failing:
-                await asyncio.gather(*(self._probe(ep) for ep in failing))
-                self._readiness_changed()
-            await asyncio.sleep(self.config.probe_interval)
+            if not failing:
+                return
+            await asyncio.gather(*(self._probe(ep) for ep in failing))
+            self._readiness_changed()
+            await asyncio.sleep(self.config.probe_interval if self.queue else _IDLE_PROBE_INTERVAL)
 
     async def _probe(self, endpoint: Endpoint) -> None:
         connection = await endpoint.connect(min(self.limits.connect_timeout, _PROBE_TIMEOUT))

@@ -281,3 +281,26 @@ async def test_idempotent_chunked_request_is_resent_once_after_a_lost_connection
     assert len(attempts) == 2
     assert attempts[0] == attempts[1]
     assert attempts[1].count(b"0\r\n\r\n") == 1
+
+
+async def test_an_endpoint_that_refused_is_probed_back_into_use() -> None:
+    good = await Upstream().start()
+    late_port = free_port()
+    try:
+        async with running_proxy([route("mixed", good.address)]) as server:
+            app = server.routes["mixed"]
+            app.set_endpoints([("127.0.0.1", late_port), ("127.0.0.1", good.port)])
+            # Every request is answered (a refused connect moves it to the other endpoint).
+            for index in range(6):
+                assert (await request(server.port, get(f"/echo?n={index}"))).status == 200
+            assert app.usable_count() == 1
+            late = await Upstream(late_port).start()
+            try:
+                await until(lambda: app.usable_count() == 2, within=5)
+                for index in range(10):
+                    await request(server.port, get(f"/echo?again={index}"))
+                assert late.requests  # back in rotation
+            finally:
+                await late.stop()
+    finally:
+        await good.stop()
