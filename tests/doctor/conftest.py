@@ -1,0 +1,166 @@
+"""A cluster as the Kubernetes API stand-in shows it, holding a healthy Zeroscale installation the tests break.
+
+The objects are the ones deploy/overlays/certs renders (APIService, Service, the generated Secret), plus
+what the cluster adds: the aggregator's Available condition, EndpointSlices, discovery through the aggregator.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from adapter.certs import issue
+from tests.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = "zeroscale"
+APISERVICES = "/apis/apiregistration.k8s.io/v1/apiservices"
+SERVICES = f"/api/v1/namespaces/{NS}/services"
+SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
+SECRETS = f"/api/v1/namespaces/{NS}/secrets"
+APISERVICE_NAME = "v1beta1.external.metrics.k8s.io"
+ADAPTER_SA = f"system:serviceaccount:{NS}:zeroscale-adapter"
+
+
+@functools.cache
+def _rendered_base_text() -> str:
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(ROOT / "deploy" / "base")], capture_output=True, text=True, timeout=60, check=True
+    )
+    return done.stdout
+
+
+def rendered_base() -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(_rendered_base_text()) if doc]
+
+
+def _one(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(obj for obj in objects if obj["kind"] == kind and obj["metadata"]["name"] == name)
+
+
+@dataclass
+class Cluster:
+    kube: KubeStandIn
+    kubeconfig: Path
+    discovery: Reply = field(default_factory=lambda: Reply(200, {}))
+    denied: set[tuple[str, str]] = field(default_factory=set)  # (user, resource)
+
+    def apiservice(self) -> dict[str, Any]:
+        found = self.kube.get(APISERVICES, APISERVICE_NAME)
+        assert found is not None
+        return found
+
+    def update(self, collection: str, name: str, change: Any) -> None:
+        obj = self.kube.get(collection, name)
+        assert obj is not None
+        change(obj)
+        self.kube.put(collection, obj)
+
+
+def write_kubeconfig(kube: KubeStandIn, path: Path) -> None:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "standin",
+                "clusters": [
+                    {"name": "standin", "cluster": {"server": kube.url, "certificate-authority": str(kube.ca_file)}}
+                ],
+                "users": [{"name": "admin", "user": {"tokenFile": str(kube.token_file)}}],
+                "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "admin"}}],
+            }
+        )
+    )
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    objects = rendered_base()
+    issued = issue("zeroscale-adapter", NS, days=90)
+    with KubeStandIn() as kube:
+        kubeconfig = tmp_path / "kubeconfig"
+        write_kubeconfig(kube, kubeconfig)
+        state = Cluster(kube, kubeconfig)
+        for pattern, kind in (
+            (APISERVICES, "APIServiceList"),
+            (SERVICES, "ServiceList"),
+            (SLICES, "EndpointSliceList"),
+        ):
+            kube.serve_collection(re.escape(pattern), kind)
+        kube.serve_collection(re.escape(SECRETS), "SecretList")
+
+        apiservice = _one(objects, "APIService", APISERVICE_NAME)
+        apiservice["spec"]["caBundle"] = base64.b64encode(issued.ca_pem).decode()
+        apiservice["status"] = {
+            "conditions": [{"type": "Available", "status": "True", "reason": "Passed", "message": "all checks passed"}]
+        }
+        kube.put(APISERVICES, apiservice)
+        kube.put(SERVICES, _one(objects, "Service", "zeroscale-adapter"))
+        kube.put(
+            SLICES,
+            {
+                "kind": "EndpointSlice",
+                "apiVersion": "discovery.k8s.io/v1",
+                "metadata": {
+                    "name": "zeroscale-adapter-abcde",
+                    "labels": {"kubernetes.io/service-name": "zeroscale-adapter"},
+                },
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": True}}, {"addresses": ["10.0.0.8"]}],
+                "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}],
+            },
+        )
+        kube.put(
+            SECRETS,
+            {
+                "kind": "Secret",
+                "apiVersion": "v1",
+                "type": "kubernetes.io/tls",
+                "metadata": {"name": "zeroscale-adapter-serving"},
+                "data": {
+                    key: base64.b64encode(value).decode()
+                    for key, value in (
+                        ("tls.crt", issued.cert_pem),
+                        ("tls.key", issued.key_pem),
+                        ("ca.crt", issued.ca_pem),
+                    )
+                },
+            },
+        )
+        state.discovery = Reply(
+            200,
+            {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": "external.metrics.k8s.io/v1beta1",
+                "resources": [
+                    {"name": "kafka-lag", "namespaced": True, "kind": "ExternalMetricValueList", "verbs": ["get"]}
+                ],
+            },
+        )
+
+        def discovery(_request: StandInRequest, _match: re.Match[str]) -> Reply:
+            return state.discovery
+
+        kube.add_route("GET", r"/apis/external\.metrics\.k8s\.io/v1beta1", discovery)
+
+        def authorize(spec: dict[str, Any]) -> str:
+            resource = (spec.get("resourceAttributes") or {}).get("resource", "")
+            return "deny" if (spec.get("user"), resource) in state.denied else "allow"
+
+        kube.authorize = authorize
+        yield state
+
+
+def unavailable(reason: str, message: str) -> Reply:
+    return Reply(503, status_body(503, "ServiceUnavailable", f"{reason}: {message}"))

@@ -1,0 +1,198 @@
+"""`zeroscale doctor` against the Kubernetes API stand-in: a healthy installation, then each usual breakage.
+
+The breakages are the common causes of `FailedDiscoveryCheck` and `unable to fetch metrics` (kedacore/keda
+#1613, #3778, #5946): another provider owns the APIService, the port or its name does not match, no ready
+endpoint, the certificate names the wrong host or is not signed by the caBundle, RBAC.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from adapter.certs import issue
+from adapter.config.kube import KubeAPIConfig
+from adapter.doctor.checks import HPA_USER, Doctor, Installation
+from adapter.doctor.findings import Finding
+from adapter.doctor.run import diagnose
+from adapter.kube.client import KubeClient
+from tests.doctor.conftest import (
+    ADAPTER_SA,
+    APISERVICE_NAME,
+    APISERVICES,
+    SECRETS,
+    SERVICES,
+    SLICES,
+    Cluster,
+    unavailable,
+)
+
+
+async def run_doctor(cluster: Cluster) -> list[Finding]:
+    return await diagnose(KubeAPIConfig(kubeconfig=cluster.kubeconfig), Installation())
+
+
+def failures(findings: list[Finding]) -> dict[str, str]:
+    return {f.check: f"{f.message} -> {f.hint}" for f in findings if f.level == "fail"}
+
+
+async def test_a_healthy_installation_has_no_problems(cluster: Cluster) -> None:
+    findings = await run_doctor(cluster)
+    assert failures(findings) == {}
+    checks = {f.check for f in findings if f.level == "ok"}
+    assert {"APIService", "APIService Available", "ready endpoints", "caBundle", "HPA controller RBAC"} <= checks
+    # The HPA check asks for a metric the adapter serves, as the HPA controller would.
+    (hpa_review,) = [r["spec"] for r in cluster.kube.access_reviews if r["spec"]["user"] == HPA_USER]
+    assert hpa_review["resourceAttributes"]["resource"] == "kafka-lag"
+    assert hpa_review["resourceAttributes"]["verb"] == "list"
+
+
+async def test_no_apiservice(cluster: Cluster) -> None:
+    cluster.kube.delete(APISERVICES, APISERVICE_NAME)
+    problems = failures(await run_doctor(cluster))
+    assert "no APIService v1beta1.external.metrics.k8s.io" in problems["APIService"]
+
+
+async def test_another_provider_owns_the_apiservice(cluster: Cluster) -> None:
+    def to_keda(obj: dict[str, Any]) -> None:
+        obj["spec"]["service"] = {"name": "keda-operator-metrics-apiserver", "namespace": "keda", "port": 443}
+        obj["metadata"]["labels"] = {"app.kubernetes.io/name": "keda-operator-metrics-apiserver"}
+
+    cluster.update(APISERVICES, APISERVICE_NAME, to_keda)
+    problems = failures(await run_doctor(cluster))
+    assert "another provider owns" in problems["APIService"]
+    assert "keda/keda-operator-metrics-apiserver" in problems["APIService"]
+
+
+async def test_failed_discovery_check_is_explained(cluster: Cluster) -> None:
+    def failing(obj: dict[str, Any]) -> None:
+        message = "failing or missing response from https://10.0.0.7:6443/apis/external.metrics.k8s.io/v1beta1: 403"
+        obj["status"] = {
+            "conditions": [
+                {"type": "Available", "status": "False", "reason": "FailedDiscoveryCheck", "message": message}
+            ]
+        }
+
+    cluster.update(APISERVICES, APISERVICE_NAME, failing)
+    cluster.discovery = unavailable("FailedDiscoveryCheck", "the server is currently unable to handle the request")
+    problems = failures(await run_doctor(cluster))
+    assert "FailedDiscoveryCheck" in problems["APIService Available"]
+    assert "401/403" in problems["APIService Available"]
+    assert "503" in problems["discovery GET /apis/external.metrics.k8s.io/v1beta1"]
+
+
+async def test_the_apiservice_port_is_not_a_service_port(cluster: Cluster) -> None:
+    cluster.update(APISERVICES, APISERVICE_NAME, lambda obj: obj["spec"]["service"].update(port=6443))
+    problems = failures(await run_doctor(cluster))
+    assert "has no port 6443" in problems["Service zeroscale/zeroscale-adapter"]
+    assert "https=443" in problems["Service zeroscale/zeroscale-adapter"]
+
+
+async def test_endpoint_port_name_does_not_match(cluster: Cluster) -> None:
+    cluster.update(SLICES, "zeroscale-adapter-abcde", lambda obj: obj["ports"][0].update(name="web"))
+    problems = failures(await run_doctor(cluster))
+    assert "no EndpointSlice port is named https" in problems["ready endpoints"]
+    assert "web" in problems["ready endpoints"]
+
+
+async def test_no_ready_endpoint(cluster: Cluster) -> None:
+    def not_ready(obj: dict[str, Any]) -> None:
+        for endpoint in obj["endpoints"]:
+            endpoint["conditions"] = {"ready": False}
+
+    cluster.update(SLICES, "zeroscale-adapter-abcde", not_ready)
+    assert "none ready" in failures(await run_doctor(cluster))["ready endpoints"]
+
+
+async def test_the_certificate_names_another_service(cluster: Cluster) -> None:
+    ca_bundle = cluster.apiservice()["spec"]["caBundle"]
+    other = issue("metrics-adapter", "monitoring", days=90)
+
+    def replace(obj: dict[str, Any]) -> None:
+        obj["data"]["tls.crt"] = base64.b64encode(other.cert_pem).decode()
+
+    cluster.update(SECRETS, "zeroscale-adapter-serving", replace)
+    problems = failures(await run_doctor(cluster))
+    assert "does not name zeroscale-adapter.zeroscale.svc" in problems["serving certificate names"]
+    assert "metrics-adapter.monitoring.svc" in problems["serving certificate names"]
+    # ... and that certificate's CA is not the caBundle's either.
+    assert cluster.apiservice()["spec"]["caBundle"] == ca_bundle
+    assert "did not sign the serving certificate" in problems["caBundle"]
+
+
+async def test_the_ca_bundle_is_from_another_ca(cluster: Cluster) -> None:
+    stranger = issue("zeroscale-adapter", "zeroscale", days=90).ca_pem
+    cluster.update(
+        APISERVICES, APISERVICE_NAME, lambda obj: obj["spec"].update(caBundle=base64.b64encode(stranger).decode())
+    )
+    problems = failures(await run_doctor(cluster))
+    assert set(problems) == {"caBundle"}
+    assert "unknown authority" in problems["caBundle"]
+
+
+async def test_no_ca_bundle_points_at_cert_manager(cluster: Cluster) -> None:
+    def injected(obj: dict[str, Any]) -> None:
+        del obj["spec"]["caBundle"]
+        obj["metadata"]["annotations"] = {"cert-manager.io/inject-ca-from": "zeroscale/zeroscale-adapter-serving"}
+
+    cluster.update(APISERVICES, APISERVICE_NAME, injected)
+    problem = failures(await run_doctor(cluster))["APIService"]
+    assert "no caBundle" in problem
+    assert "cainjector" in problem
+
+
+async def test_an_expired_certificate(cluster: Cluster) -> None:
+    client = KubeClient.from_config(KubeAPIConfig(kubeconfig=cluster.kubeconfig))
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=91)
+    try:
+        findings = await Doctor(client, Installation(), now=later).run()
+    finally:
+        await client.close()
+    assert "expired" in failures(findings)["serving certificate validity"]
+
+
+async def test_the_hpa_may_not_read_external_metrics(cluster: Cluster) -> None:
+    cluster.denied.add((HPA_USER, "kafka-lag"))
+    problem = failures(await run_doctor(cluster))["HPA controller RBAC"]
+    assert "may not list external.metrics.k8s.io" in problem
+    assert "hpa-rbac.yaml" in problem
+
+
+async def test_the_adapter_may_not_review_tokens(cluster: Cluster) -> None:
+    cluster.denied.add((ADAPTER_SA, "tokenreviews"))
+    problems = failures(await run_doctor(cluster))
+    assert set(problems) == {"adapter RBAC: create TokenReviews"}
+    assert "system:auth-delegator" in problems["adapter RBAC: create TokenReviews"]
+
+
+async def test_a_missing_service(cluster: Cluster) -> None:
+    cluster.kube.delete(SERVICES, "zeroscale-adapter")
+    problems = failures(await run_doctor(cluster))
+    assert "ServiceNotFound" in problems["Service zeroscale/zeroscale-adapter"]
+
+
+def _cli(cluster: Cluster) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "adapter", "doctor", "--kubeconfig", str(cluster.kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "KUBECONFIG": "/nonexistent"},
+    )
+
+
+def test_the_command_reports_in_plain_words_and_exits_by_result(cluster: Cluster) -> None:
+    healthy = _cli(cluster)
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    assert healthy.stdout.rstrip().endswith("no problems found")
+    cluster.update(SLICES, "zeroscale-adapter-abcde", lambda obj: obj["ports"][0].update(name="web"))
+    broken = _cli(cluster)
+    assert broken.returncode == 1
+    assert "[FAIL] ready endpoints: no EndpointSlice port is named https" in broken.stdout
+    assert "1 problem(s) found" in broken.stdout
