@@ -216,6 +216,7 @@ class ClientConnection(asyncio.Protocol):
         if method == b"CONNECT":
             self._reject(405, "CONNECT is not served by this proxy")
         host: bytes | None = None
+        host_line: int | None = None
         forwarded_for = b""
         upgrade = b""
         tokens: set[bytes] = set()
@@ -230,6 +231,7 @@ class ClientConnection(asyncio.Protocol):
                 if host is not None:
                     self._reject(400, "the request has more than one Host header")
                 host = value
+                host_line = len(kept)
                 kept.append(b"%b: %b\r\n" % (name, value))
             elif kind == _LENGTH:
                 content_length = int(value)  # llhttp accepted only digits, and only one value
@@ -260,6 +262,8 @@ class ClientConnection(asyncio.Protocol):
             path_start = url.find(b"/", scheme_end)
             host = url[scheme_end:path_start] if path_start != -1 else url[scheme_end:]
             url = url[path_start:] if path_start != -1 else b"/"
+            if host_line is not None:
+                kept[host_line] = b"Host: %b\r\n" % host
         elif not url.startswith(b"/") and not (url == b"*" and method == b"OPTIONS"):
             self._reject(400, "the request target must be a path")
         route = self.server.router.match(host or b"", url)

@@ -16,6 +16,7 @@ async def test_get_is_forwarded_with_forwarding_headers(proxy: ProxyServer, upst
     assert response.headers["x-seen-x-forwarded-for"] == "127.0.0.1"
     assert response.headers["x-seen-x-forwarded-proto"] == "http"
     assert response.headers["x-seen-x-forwarded-host"] == "app.example"
+    assert response.headers["x-seen-host"] == "app.example"  # the target's authority replaces Host
     assert response.headers["x-seen-host"] == "app.example"
     seen = upstream.requests[0]
     assert "keep-alive" not in seen.headers
@@ -125,3 +126,16 @@ async def test_longest_path_prefix_wins(upstream: Upstream) -> None:
         assert [r.path for r in upstream.requests] == ["/echo/apiary", "/echo"]
     finally:
         await other.stop()
+
+
+async def test_http10_client_and_absolute_form_target(proxy: ProxyServer, upstream: Upstream) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    writer.write(b"GET /echo?old HTTP/1.0\r\n\r\n")
+    data = await asyncio.wait_for(reader.read(), 5)  # HTTP/1.0 without keep-alive: closed after the answer
+    writer.close()
+    assert data.startswith(b"HTTP/1.1 200")
+    # No Host from the client: the upstream gets the configured address as Host.
+    assert upstream.requests[-1].headers["host"] == upstream.address
+    response = await request(proxy.port, b"GET http://app.example/echo?absolute HTTP/1.1\r\nHost: ignored\r\n\r\n")
+    assert response.headers["x-seen-path"] == "/echo?absolute"
+    assert response.headers["x-seen-x-forwarded-host"] == "app.example"
