@@ -36,6 +36,8 @@ class Route:
         self.on_cold: Callable[[], None] | None = None
         # Set by the waker when it patched the scale subresource (monotonic).
         self.wake_sent_at = 0.0
+        # Called after the endpoints were replaced (the waker reads the target's replicas again).
+        self.on_endpoints: Callable[[], None] | None = None
         self.stats = telemetry.HOT_PATH.stats(self.name)
         self._hold_seconds = telemetry.HOLD_SECONDS.labels(self.name)
         self._connects = {result: telemetry.UPSTREAM_CONNECTS.labels(self.name, result) for result in ("ok", "error")}
@@ -48,9 +50,13 @@ class Route:
         self._ready_at = 0.0
         self._await_first_byte = False
         self._closed = False
+        # Since when (monotonic) the upstream has had no endpoint at all, and the time so spent before.
+        self._zero_since = 0.0
+        self._zero_seconds = 0.0
         address = getattr(config.upstream, "address", None)
         self.default_host = (address or f"{config.upstream.service}.{config.upstream.namespace}").encode()  # type: ignore[union-attr]
         telemetry.READY_ENDPOINTS.labels(self.name).set_function(self.usable_count)
+        telemetry.AT_ZERO.track(self.name, self.seconds_at_zero)
 
     # --- endpoints ---
 
@@ -65,7 +71,10 @@ class Route:
             gone.removed = True
             gone.close_idle()
         self._endpoints = endpoints
+        self._track_zero(bool(endpoints))
         self._readiness_changed()
+        if self.on_endpoints is not None:
+            self.on_endpoints()
 
     def set_static_endpoint(self, address: str) -> None:
         self.set_endpoints([split_address(address)])
@@ -198,6 +207,20 @@ class Route:
         if endpoint is not None:
             endpoint.inflight -= 1
             exchange.endpoint = None
+
+    # --- time at zero ---
+
+    def _track_zero(self, any_endpoint: bool) -> None:
+        now = time.monotonic()
+        if any_endpoint and self._zero_since:
+            self._zero_seconds += now - self._zero_since
+            self._zero_since = 0.0
+        elif not any_endpoint and not self._zero_since:
+            self._zero_since = now
+
+    def seconds_at_zero(self) -> float:
+        running = time.monotonic() - self._zero_since if self._zero_since else 0.0
+        return self._zero_seconds + running
 
     # --- cold starts ---
 

@@ -146,6 +146,8 @@ class ProxyServer:
             return
         waker = Waker(kube, route, config.target, config.wake_replicas, config.wake_retry_interval)
         route.on_cold = waker.request
+        route.on_endpoints = waker.observe
+        waker.observe()
         self._wakers.append(waker)
 
     async def _drained(self, grace: float) -> None:

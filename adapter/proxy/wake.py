@@ -31,16 +31,33 @@ class Waker:
         self._replicas = replicas
         self._retry_interval = retry_interval
         self._task: asyncio.Task[None] | None = None
+        self._observer: asyncio.Task[None] | None = None
+        self._replicas_gauge = telemetry.TARGET_REPLICAS.labels(route.name, target.namespace, target.kind, target.name)
 
     def request(self) -> None:
         """Called on every request held while the route is cold; starts one wake loop at most."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
 
+    def observe(self) -> None:
+        """Read the target's replicas for zeroscale_proxy_target_replicas (at start and when endpoints change)."""
+        if self._observer is None or self._observer.done():
+            self._observer = asyncio.get_running_loop().create_task(self._read_replicas())
+
+    async def _read_replicas(self) -> None:
+        target = self._target
+        try:
+            scale = await get_scale(self._kube, target.namespace, target.kind, target.name)
+        except KubeError as err:
+            log.debug("route %s: cannot read the scale of %s: %s", self._route.name, target.name, err)
+            return
+        self._replicas_gauge.set(scale.replicas)
+
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._observer):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     async def _run(self) -> None:
         while self._route.cold:
@@ -54,13 +71,15 @@ class Waker:
         for _ in range(_CONFLICT_RETRIES):
             try:
                 scale = await get_scale(self._kube, target.namespace, target.kind, target.name)
+                self._replicas_gauge.set(scale.replicas)
                 if scale.replicas > 0:
                     result = "already_awake"
                     break
                 self._route.wake_sent_at = time.monotonic()
-                await set_replicas(
+                woken = await set_replicas(
                     self._kube, target.namespace, target.kind, target.name, self._replicas, scale.resource_version
                 )
+                self._replicas_gauge.set(woken.replicas)
                 result = "patched"
                 log.info("route %s: woke %s/%s to %d", self._route.name, target.kind, target.name, self._replicas)
                 break

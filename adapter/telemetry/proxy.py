@@ -8,7 +8,7 @@ read by one collector at scrape time: the hot path pays neither a lock nor a lab
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -63,6 +63,11 @@ RETRIES = Counter(
 CONNECTIONS = Gauge("zeroscale_proxy_client_connections", "Open client connections")
 REFUSED_CONNECTIONS = Counter(
     "zeroscale_proxy_refused_connections_total", "Client connections closed at once because max_connections was reached"
+)
+TARGET_REPLICAS = Gauge(
+    "zeroscale_proxy_target_replicas",
+    "spec.replicas of a route's scale target, read at start, whenever its endpoints change, and when waking it",
+    ["route", "namespace", "kind", "name"],
 )
 UPSTREAM_CONNECTS = Counter(
     "zeroscale_proxy_upstream_connections_total", "Upstream connections opened, by result", ["route", "result"]
@@ -124,3 +129,27 @@ class _HotPathCollector(Collector):
 
 HOT_PATH = _HotPathCollector()
 REGISTRY.register(HOT_PATH)
+
+
+class _AtZeroCollector(Collector):
+    """Seconds each route's upstream had no endpoint at all (its workload at zero: the saving), read at scrape."""
+
+    def __init__(self) -> None:
+        self._routes: dict[str, Callable[[], float]] = {}
+
+    def track(self, route: str, seconds: Callable[[], float]) -> None:
+        self._routes[route] = seconds
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "zeroscale_proxy_target_at_zero_seconds",
+            "Time the route's upstream had no endpoint (scaled to zero), as this proxy saw it",
+            labels=["route"],
+        )
+        for route, seconds in list(self._routes.items()):
+            family.add_metric([route], seconds())
+        yield family
+
+
+AT_ZERO = _AtZeroCollector()
+REGISTRY.register(AT_ZERO)
