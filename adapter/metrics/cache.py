@@ -152,6 +152,8 @@ class MetricCache:
         self._series.pop(series.key, None)
         self._by_query.pop(series.query, None)
         telemetry.SERIES.labels(series.key.metric).dec()
+        with contextlib.suppress(KeyError):  # never read successfully: no value series was made
+            telemetry.SERIES_VALUE.remove(series.key.metric, series.key.namespace, series.key.selector)
         series.source.unwatch(series.query)
 
     def _on_change(self, query: SourceQuery) -> None:
@@ -209,6 +211,8 @@ class MetricCache:
             series.read_at = self._clock()
             series.error = None
             telemetry.LAST_REFRESH.labels(series.key.metric).set(series.reading.timestamp)
+            key = series.key
+            telemetry.SERIES_VALUE.labels(key.metric, key.namespace, key.selector).set(float(series.reading.value))
             for listener in list(self._listeners.get(series.key, ())):
                 listener(series.reading)
         finally:

@@ -25,6 +25,11 @@ STALE_READS = Counter(
     "Reads answered 503 because the last good value was older than max_staleness",
     ["metric"],
 )
+SERIES_VALUE = Gauge(
+    "zeroscale_metric_value",
+    "Latest good value of each series kept warm (the queue depth served to the HPA), by metric, namespace, selector",
+    ["metric", "namespace", "selector"],
+)
 LAST_REFRESH = Gauge(
     "zeroscale_metric_last_success_timestamp_seconds",
     "Unix time of the newest successful refresh of any series of the metric",
