@@ -161,3 +161,17 @@ async def test_connections_beyond_the_limit_are_refused(served: Served) -> None:
     assert telemetry.CONNECTIONS_REFUSED._value.get() == refused_before + 1
     for _, held_writer in held:
         held_writer.close()
+
+
+async def test_connection_close_and_head(served: Served) -> None:
+    reader, writer = await served.connect()
+    try:
+        writer.write(request_bytes("/healthz", method="HEAD") + request_bytes("/livez", [("Connection", "close")]))
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"Content-Length: 2\r\n" in head  # the length of the body a GET would get, and no body
+        closing = await asyncio.wait_for(read_answer(reader), 10)
+        assert (closing.status, closing.body, closing.headers["connection"]) == (200, b"ok", "close")
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+    finally:
+        writer.close()

@@ -229,7 +229,7 @@ async def test_configmap_rotation_of_the_request_header_ca(
         await fetch(server.port, LIST, AGGREGATOR_HEADERS, tls_client(cert=old_cert))
 
 
-async def test_request_header_ca_from_files(
+async def test_request_header_ca_from_files_and_their_rotation(
     start_server: StartServer, kube: KubeStandIn, front_proxy_ca: trustme.CA, tmp_path: Path
 ) -> None:
     ca_file = tmp_path / "front-proxy-ca.crt"
@@ -240,6 +240,11 @@ async def test_request_header_ca_from_files(
     headers = [("X-Remote-User", "u"), ("X-Remote-Group", "system:masters")]
     assert (await fetch(server.port, LIST, headers, tls_client(cert=allowed))).status == 200
     assert not any("/configmaps" in path for _, path, _ in kube.requests)
+    rotated_ca = trustme.CA()
+    rotated_ca.cert_pem.write_to_path(str(ca_file))  # the file is replaced on disk
+    rotated = rotated_ca.issue_cert(common_name="aggregator")
+    answer = await _eventually(lambda: fetch(server.port, LIST, headers, tls_client(cert=rotated)))
+    assert answer.status == 200
 
 
 @pytest.mark.filterwarnings("ignore:ssl.TLSVersion:DeprecationWarning")
