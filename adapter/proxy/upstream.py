@@ -194,8 +194,9 @@ class UpstreamConnection(asyncio.Protocol):
     def release(self) -> None:
         self.exchange = None
         self._sink = None
-        # Paused for a slow client whose response has now been handed over in full: the next user reads.
-        self.transport.resume_reading()
+        if not self.closed and not self.transport.is_closing():
+            # Paused for a slow client whose response has now been handed over in full: the next user reads.
+            self.transport.resume_reading()
         self.endpoint.release(self)
 
     def close(self) -> None:
