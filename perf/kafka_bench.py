@@ -17,7 +17,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -33,6 +35,8 @@ from adapter.sources.kafka import KafkaLag
 from tests.kafka.broker import KafkaBroker, describe_groups
 
 ROUNDS = 30
+STEP_TIMEOUT = 300.0  # seconds
+T = TypeVar("T")
 BIG_PARTITIONS = 1000
 GROUPS, GROUP_PARTITIONS, GROUPS_PER_TOPIC = 200, 10, 10
 
@@ -101,6 +105,11 @@ async def measure(bootstrap: str, groups: list[str]) -> tuple[float, float]:
         await source.close()
 
 
+async def bounded(step: Awaitable[T]) -> T:
+    """A step that cannot hang the benchmark if the broker dies under it (clients retry forever)."""
+    return await asyncio.wait_for(step, STEP_TIMEOUT)
+
+
 def tool_ms(bootstrap: str, groups: list[str]) -> float:
     started = time.perf_counter()
     described = describe_groups(bootstrap, groups)
@@ -114,10 +123,10 @@ def main() -> None:
         broker = KafkaBroker(Path(state))
         broker.start()
         try:
-            big, small = asyncio.run(prepare(broker.bootstrap))
-            big_ms, big_requests = asyncio.run(measure(broker.bootstrap, [big]))
-            one_small_ms, one_small_requests = asyncio.run(measure(broker.bootstrap, small[:1]))
-            many_ms, many_requests = asyncio.run(measure(broker.bootstrap, small))
+            big, small = asyncio.run(bounded(prepare(broker.bootstrap)))
+            big_ms, big_requests = asyncio.run(bounded(measure(broker.bootstrap, [big])))
+            one_small_ms, one_small_requests = asyncio.run(bounded(measure(broker.bootstrap, small[:1])))
+            many_ms, many_requests = asyncio.run(bounded(measure(broker.bootstrap, small)))
             big_tool = tool_ms(broker.bootstrap, [big])
             many_tool = tool_ms(broker.bootstrap, small)
         finally:
