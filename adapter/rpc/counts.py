@@ -73,10 +73,10 @@ class PendingCounts(pb_grpc.PendingCountsServicer):
     def __init__(self, hub: CountsHub, config: CountsServerConfig) -> None:
         self._hub = hub
         self._heartbeat = config.heartbeat_interval
-        self._slots = StreamSlots(_SERVER, config.max_streams)
+        self.slots = StreamSlots(_SERVER, config.max_streams)
 
     async def Watch(self, request: pb.WatchRequest, context: Context) -> AsyncIterator[pb.CountsUpdate]:
-        async with self._slots.hold(context, "Watch"):
+        async with self.slots.hold(context, "Watch"):
             wake = asyncio.Event()
             self._hub.add(wake)
             try:
@@ -103,12 +103,17 @@ class CountsServer:
     def __init__(self, hub: CountsHub, running: RunningServer) -> None:
         self.hub = hub
         self.running = running
+        self._stopped = False
 
     @property
     def port(self) -> int:
         return self.running.port
 
     async def stop(self) -> None:
+        """Stop serving (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
         await self.running.stop()
         self.hub.close()
 
@@ -123,6 +128,7 @@ async def start_counts_server(config: CountsServerConfig, subscribe: SubscribeCo
             _SERVER,
             lambda server: pb_grpc.add_PendingCountsServicer_to_server(servicer, server),  # type: ignore[no-untyped-call]
             [SERVICE],
+            servicer.slots,
         )
     except OSError:
         hub.close()

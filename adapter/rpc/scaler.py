@@ -83,7 +83,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
     def __init__(self, cache: MetricCache, config: ScalerServerConfig) -> None:
         self._cache = cache
         self._heartbeat = config.heartbeat_interval
-        self._slots = StreamSlots(_SERVER, config.max_streams)
+        self.slots = StreamSlots(_SERVER, config.max_streams)
 
     # --- helpers ---
 
@@ -167,7 +167,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         except MetricError as err:
             await self._fail(context, "StreamIsActive", err)
             return
-        async with self._slots.hold(context, "StreamIsActive"):
+        async with self.slots.hold(context, "StreamIsActive"):
             updated = asyncio.Event()
             unsubscribe = self._cache.subscribe(key, lambda _reading: updated.set())
             loop = asyncio.get_running_loop()
@@ -212,7 +212,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         except MetricError as err:
             await self._fail(context, "StreamMetricSpec", err)
             return
-        async with self._slots.hold(context, "StreamMetricSpec"):
+        async with self.slots.hold(context, "StreamMetricSpec"):
             telemetry.STREAM_MESSAGES.labels(_SERVER, "StreamMetricSpec", "change").inc()
             yield spec
             await asyncio.Event().wait()  # open until the client leaves or the server stops
@@ -228,4 +228,5 @@ async def start_scaler(config: ScalerServerConfig, cache: MetricCache) -> Runnin
         _SERVER,
         lambda server: pb_grpc.add_ExternalScalerServicer_to_server(servicer, server),  # type: ignore[no-untyped-call]
         [SERVICE],
+        servicer.slots,
     )

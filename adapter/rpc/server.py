@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +47,12 @@ class StreamSlots:
         self._server = server
         self._limit = limit
         self.open = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def end_all(self) -> None:
+        """End every open stream now: they never finish on their own, so a graceful stop would only wait."""
+        for task in self._tasks:
+            task.cancel()
 
     def hold(self, context: Context, method: str) -> _Slot:
         return _Slot(self, context, method)
@@ -56,6 +63,7 @@ class _Slot:
         self._slots = slots
         self._context = context
         self._method = method
+        self._task: asyncio.Task[Any] | None = None
 
     async def __aenter__(self) -> None:
         slots = self._slots
@@ -66,12 +74,17 @@ class _Slot:
                 f"this server already serves {slots.open} streams (grpc.{slots._server}.max_streams)",
             )
         slots.open += 1
+        self._task = asyncio.current_task()
+        if self._task is not None:
+            slots._tasks.add(self._task)
         telemetry.GRPC_STREAMS.labels(slots._server, self._method).inc()
 
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         self._slots.open -= 1
+        if self._task is not None:
+            self._slots._tasks.discard(self._task)
         telemetry.GRPC_STREAMS.labels(self._slots._server, self._method).dec()
 
 
@@ -79,11 +92,13 @@ class _Slot:
 class RunningServer:
     server: grpc.aio.Server
     health: health_aio.HealthServicer
+    slots: StreamSlots
     port: int
 
     async def stop(self, grace: float = _GRACE_SECONDS) -> None:
-        """Tell health watchers NOT_SERVING, then end calls (streams are cancelled after `grace`)."""
+        """Tell health watchers NOT_SERVING, end the streams (clients reconnect elsewhere), let unary calls finish."""
         await self.health.enter_graceful_shutdown()
+        self.slots.end_all()
         await self.server.stop(grace)
 
 
@@ -92,6 +107,7 @@ async def start_server(
     name: str,
     register: Callable[[grpc.aio.Server], None],
     services: list[str],
+    slots: StreamSlots,
 ) -> RunningServer:
     """Listen on `config.bind:port` with the given services added by `register`; raise OSError if that fails."""
     server = grpc.aio.server(options=server_options(config))
@@ -112,4 +128,4 @@ async def start_server(
     if config.tls is not None and config.tls.client_ca_file is not None:
         security = "mutual TLS"
     log.info("grpc.%s listening on %s:%d (%s)", name, config.bind, port, security)
-    return RunningServer(server, health, port)
+    return RunningServer(server, health, slots, port)

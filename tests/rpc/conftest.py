@@ -124,6 +124,9 @@ class Routes:
     def __init__(self, *names: str) -> None:
         self.counts = {name: RouteCounts(name) for name in names}
 
+    def add(self, route: str, held: int = 0, inflight: int = 0) -> None:
+        self.counts[route].add(held, inflight)
+
     def subscribe(self, listener: CountsListener) -> Callable[[], None]:
         stops = [counts.subscribe(listener) for counts in self.counts.values()]
 
