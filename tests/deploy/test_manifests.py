@@ -166,10 +166,15 @@ def test_selectors_match_pod_labels(rendered: dict[str, Objects]) -> None:
             assert len(selects(spec["selector"])) == 1, obj["metadata"]["name"]
         elif obj["kind"] in ("PodDisruptionBudget", "Deployment"):
             assert len(selects(spec["selector"]["matchLabels"])) == 1, obj["metadata"]["name"]
+    # The sidecar example's pods are what the third PodMonitor finds.
+    deployments = {name: find(objects, "Deployment", name) for name in (ADAPTER, PROXY)}
+    deployments["gateway"] = find(example_objects(DEPLOY / "examples" / "sidecar-proxy.yaml"), "Deployment", "gateway")
+    labels["gateway"] = deployments["gateway"]["spec"]["template"]["metadata"]["labels"]
+    assert len(rendered["monitoring"]) == 3
     for monitor in rendered["monitoring"]:
         (name,) = selects(monitor["spec"]["selector"]["matchLabels"])
         for endpoint in monitor["spec"]["podMetricsEndpoints"]:
-            assert endpoint["port"] in port_numbers(find(objects, "Deployment", name))
+            assert endpoint["port"] in port_numbers(deployments[name])
 
 
 def test_services_and_network_policies_name_container_ports(rendered: dict[str, Objects]) -> None:
