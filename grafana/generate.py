@@ -14,7 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from grafanalib.core import (
+from grafanalib._gen import DashboardEncoder  # type: ignore[import-untyped]
+from grafanalib.core import (  # type: ignore[import-untyped]
     Dashboard,
     GridPos,
     Heatmap,
@@ -29,7 +30,6 @@ from grafanalib.core import (
     TimeSeries,
     YAxis,
 )
-from grafanalib._gen import DashboardEncoder
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "dashboards"
@@ -37,6 +37,7 @@ DATASOURCE = "${datasource}"
 RATE = "$__rate_interval"
 ROUTE = 'route=~"$route"'
 METRIC = 'metric=~"$metric"'
+SCALER = 'server="scaler"'
 
 
 def _target(expr: str, legend: str, ref: str, **extra: object) -> Target:
@@ -47,11 +48,18 @@ def _targets(*pairs: tuple[str, str]) -> list[Target]:
     return [_target(expr, legend, chr(ord("A") + index)) for index, (expr, legend) in enumerate(pairs)]
 
 
+def _rate(function: str, series: str, by: str, selector: str, window: str = RATE) -> str:
+    """`sum by (<by>) (<function>(<series>{<selector>}[<window>]))`."""
+    return f"sum by ({by}) ({function}({series}{{{selector}}}[{window}]))"
+
+
 def _quantile(q: float, histogram: str, by: str, selector: str) -> str:
-    return f"histogram_quantile({q}, sum by (le{', ' + by if by else ''}) (rate({histogram}_bucket{{{selector}}}[{RATE}])))"
+    return f"histogram_quantile({q}, {_rate('rate', histogram + '_bucket', ', '.join(['le', *by.split()]), selector)})"
 
 
-def _series(title: str, description: str, targets: list[Target], pos: GridPos, unit: str = "short", **extra: object) -> TimeSeries:
+def _series(
+    title: str, description: str, targets: list[Target], pos: GridPos, unit: str = "short", **extra: object
+) -> TimeSeries:
     return TimeSeries(
         title=title,
         description=description,
@@ -167,8 +175,8 @@ def scale_from_zero() -> Dashboard:
             "Wakes and cold starts",
             "Scale patches the proxy made (by result) and cold starts completed",
             _targets(
-                (f"sum by (route, result) (increase(zeroscale_proxy_wakes_total{{{ROUTE}}}[{RATE}]))", "{{route}} {{result}}"),
-                (f"sum by (route) (increase(zeroscale_proxy_cold_starts_total{{{ROUTE}}}[{RATE}]))", "{{route}} cold starts"),
+                (_rate("increase", "zeroscale_proxy_wakes_total", "route, result", ROUTE), "{{route}} {{result}}"),
+                (_rate("increase", "zeroscale_proxy_cold_starts_total", "route", ROUTE), "{{route}} cold starts"),
             ),
             GridPos(h=8, w=12, x=0, y=17),
             drawStyle="bars",
@@ -179,7 +187,7 @@ def scale_from_zero() -> Dashboard:
             _targets(
                 *(
                     (
-                        f'sum by (route) (rate(zeroscale_proxy_error_responses_total{{{ROUTE}, code="{code}"}}[{RATE}]))',
+                        _rate("rate", "zeroscale_proxy_error_responses_total", "route", f'{ROUTE}, code="{code}"'),
                         f"{code} {{{{route}}}}",
                     )
                     for code in ("503", "504", "499")
@@ -242,7 +250,7 @@ def adapter() -> Dashboard:
             "Queue depth against target: $metric",
             "The value served to the HPA (summed over its series) against the per-replica target",
             _targets(
-                (f'sum by (metric) (zeroscale_metric_value{{metric="$metric"}})', "queue depth"),
+                ('sum by (metric) (zeroscale_metric_value{metric="$metric"})', "queue depth"),
                 ("vector($target)", "target per replica"),
             ),
             GridPos(h=8, w=12, x=0, y=0),
@@ -265,8 +273,8 @@ def adapter() -> Dashboard:
             "Source errors",
             "Failed source queries, and reads answered 503 because the last good value was too old",
             _targets(
-                (f"sum by (source, metric) (rate(zeroscale_source_errors_total{{{METRIC}}}[{RATE}]))", "{{source}} {{metric}}"),
-                (f"sum by (metric) (rate(zeroscale_stale_reads_total{{{METRIC}}}[{RATE}]))", "stale reads {{metric}}"),
+                (_rate("rate", "zeroscale_source_errors_total", "source, metric", METRIC), "{{source}} {{metric}}"),
+                (_rate("rate", "zeroscale_stale_reads_total", "metric", METRIC), "stale reads {{metric}}"),
             ),
             GridPos(h=8, w=12, x=12, y=8),
             unit="ops",
@@ -292,8 +300,10 @@ def adapter() -> Dashboard:
             "gRPC latency",
             "KEDA external scaler calls, p50 and p99 by method",
             _targets(
-                (_quantile(0.5, "zeroscale_grpc_request_duration_seconds", "method", 'server="scaler"'), "p50 {{method}}"),
-                (_quantile(0.99, "zeroscale_grpc_request_duration_seconds", "method", 'server="scaler"'), "p99 {{method}}"),
+                *(
+                    (_quantile(q, "zeroscale_grpc_request_duration_seconds", "method", SCALER), f"p{p} {{{{method}}}}")
+                    for q, p in ((0.5, 50), (0.99, 99))
+                ),
             ),
             GridPos(h=8, w=12, x=0, y=24),
             unit="s",
@@ -302,8 +312,8 @@ def adapter() -> Dashboard:
             "API and gRPC requests",
             "Requests answered, by route kind or method, and status code",
             _targets(
-                ("sum by (route, code) (rate(zeroscale_api_requests_total[" + RATE + "]))", "api {{route}} {{code}}"),
-                ("sum by (method, code) (rate(zeroscale_grpc_requests_total[" + RATE + "]))", "grpc {{method}} {{code}}"),
+                (_rate("rate", "zeroscale_api_requests_total", "route, code", ""), "api {{route}} {{code}}"),
+                (_rate("rate", "zeroscale_grpc_requests_total", "method, code", ""), "grpc {{method}} {{code}}"),
             ),
             GridPos(h=8, w=12, x=12, y=24),
             unit="reqps",
