@@ -25,6 +25,9 @@ from adapter.telemetry import cache as telemetry
 
 log = logging.getLogger(__name__)
 
+# Spellings of one series' selector remembered for the fast path ("a=1,b=2" and "b=2,a=1" are one series).
+_REQUEST_FORMS_PER_SERIES = 4
+
 
 @dataclass(frozen=True)
 class Reading:
@@ -56,6 +59,7 @@ class _Series:
         self.in_flight: asyncio.Task[None] | None = None
         self.loop_task: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
+        self.requests: list[tuple[str, str, str]] = []  # spellings of this series' requests, see _by_request
         self.labels = {key: ",".join(values) for key, values in query.params.items()}
 
     def fresh(self, now: float) -> bool:
@@ -76,6 +80,9 @@ class MetricCache:
         self._clock = clock
         self._series: dict[SeriesKey, _Series] = {}
         self._by_query: dict[SourceQuery, _Series] = {}
+        # Requests as they arrived (name, namespace, selector text) -> series: a warm read skips parsing and
+        # validating the selector again, the largest cost of the API's hot path. Bounded per series.
+        self._by_request: dict[tuple[str, str, str], _Series] = {}
         self._listeners: dict[SeriesKey, list[ReadingListener]] = {}
         for source in sources.values():
             source.set_change_listener(self._on_change)
@@ -106,8 +113,12 @@ class MetricCache:
 
     async def read(self, name: str, namespace: str, selector: str) -> Reading:
         """The current value of a series; raises MetricError (404, 400 or 503)."""
-        key, query = self._catalogue.resolve(name, namespace, selector)
-        series = self._series.get(key) or self._create(key, query)
+        request = (name.lower(), namespace, selector)
+        series = self._by_request.get(request)
+        if series is None:
+            key, query = self._catalogue.resolve(name, namespace, selector)
+            series = self._series.get(key) or self._create(key, query)
+            self._remember(request, series)
         now = self._clock()
         series.last_access = now
         if not series.fresh(now):
@@ -148,7 +159,14 @@ class MetricCache:
         series.loop_task = asyncio.create_task(self._keep_warm(series), name=f"series {key}")
         return series
 
+    def _remember(self, request: tuple[str, str, str], series: _Series) -> None:
+        if len(series.requests) < _REQUEST_FORMS_PER_SERIES:
+            series.requests.append(request)
+            self._by_request[request] = series
+
     def _drop(self, series: _Series) -> None:
+        for request in series.requests:
+            self._by_request.pop(request, None)
         self._series.pop(series.key, None)
         self._by_query.pop(series.query, None)
         telemetry.SERIES.labels(series.key.metric).dec()

@@ -202,3 +202,20 @@ async def test_static_source_sums_matching_series_and_refuses_no_match() -> None
     with pytest.raises(MetricUnavailable, match="no static series matches"):
         await cache.read("jobs", "ns", "queue=zzz")
     await cache.close()
+
+
+async def test_spellings_of_one_selector_share_a_series_and_are_forgotten_with_it() -> None:
+    source = ScriptedSource()
+    clock = Clock()
+    cache = make_cache(source, clock, interval=0.02, idle_ttl=100, max_series=1)
+    await cache.read("jobs", "ns", "queue in (a,b)")
+    await cache.read("JOBS", "ns", "queue in (b, a)")  # same series: max_series=1 is not exceeded
+    assert cache.series_count() == 1
+    clock.now += 101
+    await asyncio.sleep(0.1)
+    assert cache.series_count() == 0
+    queries = source.queries
+    source.value = Decimal(9)
+    assert (await cache.read("jobs", "ns", "queue in (a,b)")).value == 9  # a new series, a new query
+    assert source.queries == queries + 1
+    await cache.close()
