@@ -5,6 +5,7 @@ Shared by the tests (tests/kafka/conftest.py) and the benchmark (perf/kafka_benc
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -16,12 +17,18 @@ from tests.netutil import free_port, wait_for_port
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "kafka"
 USER = "zeroscale"
 PASSWORD = "zeroscale-secret"  # a test broker's only user, on loopback
+_PR_SET_PDEATHSIG = 1
 
 
 def kafka_jars() -> Path:
     """The jar directory, fetched from Maven Central on first use (cached afterwards)."""
     out = subprocess.run([SCRIPTS / "fetch.sh"], check=True, capture_output=True, text=True)
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the test process dies, even by SIGKILL, so no broker outlives it."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class KafkaBroker:
@@ -69,6 +76,7 @@ class KafkaBroker:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         deadline = time.monotonic() + timeout
         # The listener opens before the broker has joined its own quorum; the log says when it serves.
