@@ -46,6 +46,8 @@ class Route:
         self._cap = config.limits.endpoint_concurrency
         self._tasks: set[asyncio.Task[Any]] = set()
         self._prober: asyncio.Task[None] | None = None
+        self._probe_now = asyncio.Event()
+        self._probe_idle = False
         self._cold_since = 0.0
         self._ready_at = 0.0
         self._await_first_byte = False
@@ -250,6 +252,9 @@ class Route:
     # --- probing endpoints that refused connections ---
 
     def _ensure_prober(self) -> None:
+        if self._probe_idle:
+            # A prober waiting out its idle interval goes again at once: a request is waiting now.
+            self._probe_now.set()
         if (self._prober is None or self._prober.done()) and not self._closed:
             self._prober = self.spawn(self._probe_loop())
 
@@ -259,9 +264,19 @@ class Route:
             failing = [ep for ep in self._endpoints if not ep.healthy]
             if not failing:
                 return
+            self._probe_now.clear()
             await asyncio.gather(*(self._probe(ep) for ep in failing))
             self._readiness_changed()
-            await asyncio.sleep(self.config.probe_interval if self.queue else _IDLE_PROBE_INTERVAL)
+            if all(ep.healthy for ep in self._endpoints):
+                return
+            self._probe_idle = not self.queue
+            try:
+                async with asyncio.timeout(_IDLE_PROBE_INTERVAL if self._probe_idle else self.config.probe_interval):
+                    await self._probe_now.wait()
+            except TimeoutError:
+                pass
+            finally:
+                self._probe_idle = False
 
     async def _probe(self, endpoint: Endpoint) -> None:
         connection = await endpoint.connect(min(self.limits.connect_timeout, _PROBE_TIMEOUT))
