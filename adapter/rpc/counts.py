@@ -76,8 +76,7 @@ class PendingCounts(pb_grpc.PendingCountsServicer):
         self.slots = StreamSlots(_SERVER, config.max_streams)
 
     async def Watch(self, request: pb.WatchRequest, context: Context) -> AsyncIterator[pb.CountsUpdate]:
-        async with self.slots.hold(context, "Watch"):
-            wake = asyncio.Event()
+        async with self.slots.hold(context, "Watch") as wake:
             self._hub.add(wake)
             try:
                 sequence = 0
@@ -90,6 +89,8 @@ class PendingCounts(pb_grpc.PendingCountsServicer):
                     except TimeoutError:
                         heartbeat = True
                     wake.clear()
+                    if self.slots.closing:
+                        return
                     sequence += 1
                     telemetry.STREAM_MESSAGES.labels(_SERVER, "Watch", "heartbeat" if heartbeat else "change").inc()
                     yield self._hub.message(sequence, heartbeat)

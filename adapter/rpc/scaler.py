@@ -167,14 +167,13 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         except MetricError as err:
             await self._fail(context, "StreamIsActive", err)
             return
-        async with self.slots.hold(context, "StreamIsActive"):
-            updated = asyncio.Event()
+        async with self.slots.hold(context, "StreamIsActive") as updated:
             unsubscribe = self._cache.subscribe(key, lambda _reading: updated.set())
             loop = asyncio.get_running_loop()
             sent: bool | None = None
             heartbeat_at = loop.time()
             try:
-                while True:
+                while not self.slots.closing:
                     updated.clear()
                     active = await self._current_activity(trigger)
                     now = loop.time()
@@ -212,10 +211,10 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         except MetricError as err:
             await self._fail(context, "StreamMetricSpec", err)
             return
-        async with self.slots.hold(context, "StreamMetricSpec"):
+        async with self.slots.hold(context, "StreamMetricSpec") as closing:
             telemetry.STREAM_MESSAGES.labels(_SERVER, "StreamMetricSpec", "change").inc()
             yield spec
-            await asyncio.Event().wait()  # open until the client leaves or the server stops
+            await closing.wait()  # open until the client leaves or the server stops
 
 
 async def start_scaler(config: ScalerServerConfig, cache: MetricCache) -> RunningServer | None:

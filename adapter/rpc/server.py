@@ -41,18 +41,27 @@ def server_options(config: GRPCServerConfig) -> list[tuple[str, int]]:
 
 
 class StreamSlots:
-    """At most `limit` long-lived streams at once; `async with slots.hold(context, method)` around each one."""
+    """At most `limit` long-lived streams at once; `async with slots.hold(context, method) as wake:` around each.
+
+    `wake` is the stream's own event: set when it has something to send, and by `end_all` at shutdown,
+    after which `closing` is true and the stream returns (its client sees a clean end and reconnects).
+    """
 
     def __init__(self, server: str, limit: int) -> None:
         self._server = server
         self._limit = limit
-        self.open = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._wakes: set[asyncio.Event] = set()
+        self.closing = False
+
+    @property
+    def open(self) -> int:
+        return len(self._wakes)
 
     def end_all(self) -> None:
         """End every open stream now: they never finish on their own, so a graceful stop would only wait."""
-        for task in self._tasks:
-            task.cancel()
+        self.closing = True
+        for wake in self._wakes:
+            wake.set()
 
     def hold(self, context: Context, method: str) -> _Slot:
         return _Slot(self, context, method)
@@ -63,28 +72,26 @@ class _Slot:
         self._slots = slots
         self._context = context
         self._method = method
-        self._task: asyncio.Task[Any] | None = None
+        self._wake = asyncio.Event()
 
-    async def __aenter__(self) -> None:
+    async def __aenter__(self) -> asyncio.Event:
         slots = self._slots
+        if slots.closing:
+            await self._context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
         if slots.open >= slots._limit:
             telemetry.GRPC_STREAMS_REFUSED.labels(slots._server).inc()
             await self._context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"this server already serves {slots.open} streams (grpc.{slots._server}.max_streams)",
             )
-        slots.open += 1
-        self._task = asyncio.current_task()
-        if self._task is not None:
-            slots._tasks.add(self._task)
+        slots._wakes.add(self._wake)
         telemetry.GRPC_STREAMS.labels(slots._server, self._method).inc()
+        return self._wake
 
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        self._slots.open -= 1
-        if self._task is not None:
-            self._slots._tasks.discard(self._task)
+        self._slots._wakes.discard(self._wake)
         telemetry.GRPC_STREAMS.labels(self._slots._server, self._method).dec()
 
 

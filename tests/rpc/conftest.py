@@ -66,6 +66,8 @@ def adapter_config(grpc_port: int, sources: list[Any], metrics: list[Any], **sca
             "auth": {"enabled": False},
         },
         grpc={"scaler": {"enabled": True, "bind": "127.0.0.1", "port": grpc_port, **scaler}},
+        # Long enough that only pushes (never the interval) can explain a quick change.
+        cache={"interval": 60},
         sources=sources,
         metrics=metrics,
     )
