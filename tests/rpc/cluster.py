@@ -1,0 +1,130 @@
+"""Proxy and adapter replicas as real processes (`python -m adapter proxy|serve`) on loopback, for tests and perf.
+
+Every proxy has one route, `web`, whose upstream is a loopback port nobody listens on: its connect
+probes fail, so every request it accepts is held, and the held count is what the adapters report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.netutil import free_port, wait_for_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Process:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def kill(self) -> None:
+        """SIGKILL: the replica vanishes without a goodbye, as a crashed pod does."""
+        self.process.kill()
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+
+
+def _spawn(name: str, command: str, config: dict[str, Any], directory: Path, ports: dict[str, int]) -> Process:
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = directory / f"{name}.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "adapter", "--log-level", "WARNING", command, "--config", str(path)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return Process(name, process, log, ports)
+
+
+def start_proxy(name: str, directory: Path, **counts: Any) -> Process:
+    ports = {"http": free_port(), "admin": free_port(), "counts": free_port()}
+    config = {
+        "proxy": {
+            "bind": "127.0.0.1",
+            "port": ports["http"],
+            "admin_bind": "127.0.0.1",
+            "admin_port": ports["admin"],
+            "grace_period": 1,
+            "routes": [
+                {
+                    "name": "web",
+                    "upstream": {"address": f"127.0.0.1:{free_port()}"},  # nobody listens: requests are held
+                    "wake": "none",
+                    "readiness": "probe",
+                    "probe_interval": 1,
+                }
+            ],
+        },
+        "grpc": {"counts": {"enabled": True, "bind": "127.0.0.1", "port": ports["counts"], **counts}},
+    }
+    return _spawn(name, "proxy", config, directory, ports)
+
+
+def start_adapter(name: str, directory: Path, proxies: list[Process], stale_after: float = 1.5) -> Process:
+    ports = {"https": free_port(), "metrics": free_port(), "grpc": free_port()}
+    config = {
+        "server": {
+            "bind": "127.0.0.1",
+            "port": ports["https"],
+            "metrics_bind": "127.0.0.1",
+            "metrics_port": ports["metrics"],
+            "auth": {"enabled": False},
+        },
+        "cache": {"interval": 60},  # only the proxies' pushes refresh the series quickly
+        "grpc": {"scaler": {"enabled": True, "bind": "127.0.0.1", "port": ports["grpc"]}},
+        "sources": [
+            {
+                "name": "proxies",
+                "type": "http",
+                "proxies": [f"127.0.0.1:{proxy.ports['counts']}" for proxy in proxies],
+                "stale_after": stale_after,
+                "reconnect_max": 0.2,
+            }
+        ],
+        "metrics": [{"name": "http-requests-pending", "type": "http", "source": "proxies"}],
+    }
+    return _spawn(name, "serve", config, directory, ports)
+
+
+def wait_until_listening(processes: list[Process], timeout: float = 60.0) -> None:
+    for process in processes:
+        for port in process.ports.values():
+            try:
+                wait_for_port(port, timeout=timeout)
+            except TimeoutError:
+                raise RuntimeError(f"{process.name} did not start:\n{process.log_tail()}") from None
+
+
+def stop_all(processes: list[Process]) -> None:
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.stop()
+
+
+METRIC_PATH = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/http-requests-pending?labelSelector=route%3Dweb"
