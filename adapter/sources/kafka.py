@@ -15,7 +15,7 @@ from adapter.sources.base import Sample, Source, SourceError, SourceQuery
 from adapter.sources.kafka_connection import KafkaConnection
 from adapter.sources.kafka_export import PartitionLagExport
 from adapter.sources.kafka_groups import GroupOffsets, GroupReader, PartitionOffsets
-from adapter.sources.kafka_lag import PersistentLag, group_lags, total_lag
+from adapter.sources.kafka_lag import PersistentLag, group_lags, served_lag
 
 _PARTITIONS = re.compile(r"^(\d+)(?:-(\d+))?$")
 
@@ -47,8 +47,7 @@ class KafkaLag(Source):
             raise SourceError(f"no partition of {', '.join(topics)} is in the selector's partitions ({given})")
         lags = group_lags(metric, group, offsets.read, chosen, self._persistent)
         self._export.update(group, {topic: offsets.topics[topic].keys() for topic in topics}, lags)
-        value, _with_persistent = total_lag(lags, metric)
-        return [Sample(Decimal(value), {"group": group, "topic": ",".join(topics)})]
+        return [Sample(Decimal(served_lag(lags, metric)), {"group": group, "topic": ",".join(topics)})]
 
     async def check(self) -> None:
         await self._conn.client()  # bootstrapping reads the cluster's metadata

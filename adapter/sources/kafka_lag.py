@@ -12,6 +12,7 @@ Where this differs from KEDA, on purpose:
 - A partition missing from the log-offset answer is an error upstream, never a lag of 0.
 - `ensure_even_distribution_of_partitions` leaves a total of 0 at 0 (KEDA rounded it up to one
   consumer's worth, so a group with nothing to do never scaled to zero).
+- Activity (KEDA's IsActive on lag including persistent lag) is carried by the value: see served_lag.
 """
 
 from __future__ import annotations
@@ -65,6 +66,21 @@ def total_lag(lags: Iterable[PartitionLag], metric: KafkaMetric) -> tuple[int, i
     if total // threshold > upper_bound:
         total = upper_bound * threshold
     return total, with_persistent
+
+
+def served_lag(lags: Iterable[PartitionLag], metric: KafkaMetric) -> int:
+    """The value served: the total lag, raised to one consumer's worth while the lag counting
+    persistent lag is above `activation_lag_threshold`.
+
+    KEDA keeps such a workload active (at least one replica) through IsActive; the value is the only
+    signal the HPA gets here. Without the floor a group scaled to zero has nobody committing, all its
+    lag looks persistent, and it would never wake. The floor is the activation point, or the lag
+    threshold if lower, so it asks for one replica and no more.
+    """
+    total, with_persistent = total_lag(lags, metric)
+    if with_persistent > metric.activation_lag_threshold:
+        return max(total, min(metric.activation_lag_threshold + 1, metric.lag_threshold))
+    return total
 
 
 def _smallest_factor_reaching(partitions: int, total: int, threshold: int) -> int:

@@ -142,9 +142,14 @@ async def test_persistent_lag_is_excluded_until_the_group_moves(
     metric = lag_metric(lag_source.name, exclude_persistent_lag=True)
     selector = f"group={name},topic={name}"
     assert await read_lag(lag_source, metric, selector) == 3  # first sight counts
-    assert await read_lag(lag_source, metric, selector) == 0  # no progress: stuck, not busy
+    # No progress: stuck, not busy. The 3 are not counted, but keep one consumer (KEDA: active).
+    assert await read_lag(lag_source, metric, selector) == 1
     await kafka.commit(name, {(name, 0): 3})
     assert await read_lag(lag_source, metric, selector) == 2
+    await kafka.produce(name, {0: 20})
+    await kafka.commit(name, {(name, 0): 4})
+    assert await read_lag(lag_source, metric, selector) == 10  # one partition: one consumer's worth
+    assert await read_lag(lag_source, metric, selector) == 1
 
 
 async def test_deleted_topic_is_an_error_not_zero(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:

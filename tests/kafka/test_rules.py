@@ -9,7 +9,14 @@ from pydantic import ValidationError
 
 from adapter.config.kafka import KafkaMetric
 from adapter.sources.kafka_groups import NO_COMMIT, PartitionOffsets
-from adapter.sources.kafka_lag import PartitionLag, PersistentLag, group_lags, partition_lag, total_lag
+from adapter.sources.kafka_lag import (
+    PartitionLag,
+    PersistentLag,
+    group_lags,
+    partition_lag,
+    served_lag,
+    total_lag,
+)
 
 LABELS = {"group": {"required": True}, "topic": {}}
 
@@ -89,6 +96,19 @@ def test_persistent_lag_compares_with_the_previous_read_only() -> None:
     assert [(p.lag, p.lag_with_persistent) for p in second] == [(0, 3)]
     moved = [("t", 0, PartitionOffsets(committed=4, end=5, start=0))]
     assert [p.lag for p in group_lags(stuck, "g", 3, moved, tracker)] == [1]
+
+
+def test_persistent_lag_keeps_one_consumer_awake() -> None:
+    # A group at zero replicas: nobody commits, so all lag is persistent and excluded; KEDA keeps it
+    # active, which here means a value worth one replica.
+    stuck = [PartitionLag("t", 0, 0, 40), PartitionLag("t", 1, 0, 0)]
+    assert served_lag(stuck, metric(exclude_persistent_lag=True)) == 1
+    assert served_lag(stuck, metric(exclude_persistent_lag=True, activation_lag_threshold=5)) == 6
+    assert served_lag(stuck, metric(exclude_persistent_lag=True, activation_lag_threshold=50)) == 0
+    assert served_lag(stuck, metric(exclude_persistent_lag=True, activation_lag_threshold=30)) == 10
+    moving = [PartitionLag("t", 0, 25, 40)]
+    assert served_lag(moving, metric(exclude_persistent_lag=True)) == 10  # capped: one partition
+    assert served_lag([PartitionLag("t", 0, 0, 0)], metric(exclude_persistent_lag=True)) == 0
 
 
 def test_invalid_offsets_count_in_persistent_lag_detection() -> None:
