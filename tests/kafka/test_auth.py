@@ -9,7 +9,7 @@ import pytest
 from adapter.sources.base import SourceError
 from adapter.sources.kafka import KafkaLag
 from tests.kafka.broker import PASSWORD, USER, KafkaBroker
-from tests.kafka.conftest import KafkaDriver, lag_metric, read_lag, source_config
+from tests.kafka.helpers import KafkaDriver, lag_metric, read_lag, source_config
 
 pytestmark = pytest.mark.kafka
 

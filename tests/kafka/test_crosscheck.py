@@ -9,7 +9,7 @@ from prometheus_client import REGISTRY
 
 from adapter.sources.kafka import KafkaLag
 from tests.kafka.broker import KafkaBroker, describe_groups
-from tests.kafka.conftest import KafkaDriver, lag_metric, read_lag
+from tests.kafka.helpers import KafkaDriver, lag_metric, read_lag
 
 pytestmark = pytest.mark.kafka
 

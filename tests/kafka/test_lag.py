@@ -15,7 +15,7 @@ from adapter.metrics.catalogue import Catalogue, SeriesKey
 from adapter.sources.base import SourceError, SourceQuery
 from adapter.sources.kafka import KafkaLag
 from tests.kafka.broker import KafkaBroker
-from tests.kafka.conftest import KafkaDriver, lag_metric, read_lag, source_config
+from tests.kafka.helpers import KafkaDriver, lag_metric, read_lag, source_config
 
 pytestmark = pytest.mark.kafka
 

@@ -18,7 +18,7 @@ from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import MetricUnavailable
 from adapter.sources.kafka import KafkaLag
 from tests.kafka.broker import KafkaBroker
-from tests.kafka.conftest import KafkaDriver, lag_metric, source_config
+from tests.kafka.helpers import KafkaDriver, lag_metric, source_config
 
 pytestmark = pytest.mark.kafka
 

@@ -10,7 +10,7 @@ import trustme
 from adapter.sources.base import SourceError
 from adapter.sources.kafka import KafkaLag
 from tests.kafka.broker import KafkaBroker
-from tests.kafka.conftest import KafkaDriver, lag_metric, read_lag, source_config
+from tests.kafka.helpers import KafkaDriver, lag_metric, read_lag, source_config
 
 pytestmark = pytest.mark.kafka
 

@@ -1,0 +1,67 @@
+"""Helpers of the kafka tests: drive the broker as applications do, and read lag as the cache does."""
+
+from __future__ import annotations
+
+import itertools
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.structs import TopicPartition
+
+from adapter.config.kafka import KafkaMetric, KafkaSource
+from adapter.metrics.catalogue import Catalogue
+from adapter.sources.kafka import KafkaLag
+
+# Names unique in the session: the broker is shared by every test.
+names = itertools.count(1)
+
+
+class KafkaDriver:
+    """Produces, commits and administers the way applications do, through aiokafka."""
+
+    def __init__(self, bootstrap: str, admin: AIOKafkaAdminClient, producer: AIOKafkaProducer) -> None:
+        self.bootstrap = bootstrap
+        self.admin = admin
+        self.producer = producer
+
+    async def topic(self, topic: str, partitions: int) -> None:
+        await self.admin.create_topics([NewTopic(topic, partitions, 1)])
+
+    async def produce(self, topic: str, counts: dict[int, int]) -> None:
+        """`counts[p]` messages into partition p."""
+        known = self.producer.client.cluster.partitions_for_topic(topic) or set()
+        if not set(counts) <= known:  # partitions just added: the producer learns of them first
+            await self.producer.client.force_metadata_update()
+        for partition, count in counts.items():
+            for _ in range(count):
+                await self.producer.send(topic, b"m", partition=partition)
+        await self.producer.flush()
+
+    async def commit(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
+        """Commit offsets for the group as a consumer with manually assigned partitions does."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=group, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tps = {TopicPartition(t, p): o for (t, p), o in offsets.items()}
+            consumer.assign(list(tps))
+            await consumer.commit(tps)
+        finally:
+            await consumer.stop()
+
+
+def source_config(bootstrap: str, **settings: object) -> KafkaSource:
+    """A source that reads afresh on every query unless a test asks otherwise."""
+    fields: dict[str, object] = {"metadata_max_age": 0, "offsets_max_age": 0, "request_timeout": 5}
+    return KafkaSource(type="kafka", name=f"kafka-{next(names)}", bootstrap_servers=[bootstrap], **fields | settings)
+
+
+def lag_metric(source: str, **params: object) -> KafkaMetric:
+    labels = {"group": {"required": True}, "topic": {}, "partition": {}}
+    return KafkaMetric(type="kafka", name=f"lag-{next(names)}", source=source, labels=labels, **params)
+
+
+async def read_lag(source: KafkaLag, metric: KafkaMetric, selector: str) -> int:
+    """The value the cache would serve for one read of `selector`."""
+    _key, query = Catalogue([metric]).resolve(metric.name, "default", selector)
+    samples = await source.query(query)
+    return int(sum(sample.value for sample in samples))
