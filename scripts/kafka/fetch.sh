@@ -16,8 +16,13 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ]; then
 fi
 command -v mvn >/dev/null || { echo "fetch.sh: Maven (mvn) is missing; run scripts/setup-system.sh" >&2; exit 1; }
 rm -rf "$jars.tmp"
-mvn -q -B -Dstyle.color=never -f "$here/pom.xml" dependency:copy-dependencies \
-  -DincludeScope=runtime -DoutputDirectory="$jars.tmp" >&2
+mkdir -p "$cache"
+if ! mvn -q -B -Dstyle.color=never -f "$here/pom.xml" dependency:copy-dependencies \
+  -DincludeScope=runtime -DoutputDirectory="$jars.tmp" >"$cache/fetch.log" 2>&1; then
+  cat "$cache/fetch.log" >&2
+  echo "fetch.sh: Maven could not fetch Apache Kafka $version (log above)" >&2
+  exit 1
+fi
 rm -rf "$jars"
 mv "$jars.tmp" "$jars"
 echo "$sum" >"$stamp"
