@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import grpc
@@ -15,10 +17,15 @@ import uvloop
 from adapter.api.run import serve
 from adapter.config import ZeroscaleConfig
 from adapter.config.grpc import CountsServerConfig
+from adapter.config.http import HTTPMetric, HTTPSource
+from adapter.config.server import CacheConfig
+from adapter.metrics.cache import MetricCache
+from adapter.metrics.catalogue import Catalogue
 from adapter.proxy.counts import CountsListener, RouteCounts
 from adapter.rpc.counts import CountsServer, start_counts_server
 from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
+from adapter.sources.http import ProxyCounts
 from tests.netutil import free_port
 
 
@@ -158,3 +165,41 @@ async def start_counts() -> AsyncIterator[StartCounts]:
     yield start
     for server in servers:
         await server.stop()
+
+
+MakeCache = Callable[..., Awaitable[MetricCache]]
+
+
+@pytest.fixture
+async def make_cache() -> AsyncIterator[MakeCache]:
+    """A cache over one `http` source; its interval is long, so only pushes can refresh it quickly."""
+    made: list[tuple[MetricCache, ProxyCounts]] = []
+
+    async def make(name: str, count: str = "pending", **source: Any) -> MetricCache:
+        config = HTTPSource(name=name, type="http", stale_after=0.6, reconnect_max=0.2, **source)
+        metrics = [
+            HTTPMetric(name="http-requests-pending", type="http", source=name, count=count),
+        ]
+        proxies = ProxyCounts(config)
+        cache = MetricCache(Catalogue(metrics), {name: proxies}, CacheConfig(interval=60, max_staleness=120))
+        made.append((cache, proxies))
+        return cache
+
+    yield make
+    for cache, proxies in made:
+        await cache.close()
+        await proxies.close()
+
+
+async def value(cache: MetricCache, route: str = "web") -> Decimal:
+    return (await cache.read("http-requests-pending", "default", f"route={route}")).value
+
+
+async def eventually(cache: MetricCache, expected: int, within: float = 3.0, route: str = "web") -> float:
+    """Wait until the series reads `expected`; return how long that took. Never accepts an error on the way."""
+    started = time.monotonic()
+    while (got := await value(cache, route)) != expected:
+        if time.monotonic() - started > within:
+            raise AssertionError(f"still {got}, not {expected}, after {within}s")
+        await asyncio.sleep(0.005)
+    return time.monotonic() - started

@@ -4,58 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from decimal import Decimal
-from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
-from adapter.config.http import HTTPMetric, HTTPSource
-from adapter.config.server import CacheConfig
-from adapter.metrics.cache import MetricCache
-from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import MetricUnavailable
-from adapter.sources.http import ProxyCounts
 from tests.netutil import free_port
-from tests.rpc.conftest import Routes, StartCounts
-
-MakeCache = Callable[..., Awaitable[MetricCache]]
-
-
-@pytest.fixture
-async def make_cache() -> AsyncIterator[MakeCache]:
-    """A cache over one `http` source; its interval is long, so only pushes can refresh it quickly."""
-    made: list[tuple[MetricCache, ProxyCounts]] = []
-
-    async def make(name: str, count: str = "pending", **source: Any) -> MetricCache:
-        config = HTTPSource(name=name, type="http", stale_after=0.6, reconnect_max=0.2, **source)
-        metrics = [
-            HTTPMetric(name="http-requests-pending", type="http", source=name, count=count),
-        ]
-        proxies = ProxyCounts(config)
-        cache = MetricCache(Catalogue(metrics), {name: proxies}, CacheConfig(interval=60, max_staleness=120))
-        made.append((cache, proxies))
-        return cache
-
-    yield make
-    for cache, proxies in made:
-        await cache.close()
-        await proxies.close()
-
-
-async def value(cache: MetricCache, route: str = "web") -> Decimal:
-    return (await cache.read("http-requests-pending", "default", f"route={route}")).value
-
-
-async def eventually(cache: MetricCache, expected: int, within: float = 3.0, route: str = "web") -> float:
-    """Wait until the series reads `expected`; return how long that took. Never accepts an error on the way."""
-    started = time.monotonic()
-    while (got := await value(cache, route)) != expected:
-        if time.monotonic() - started > within:
-            raise AssertionError(f"still {got}, not {expected}, after {within}s")
-        await asyncio.sleep(0.005)
-    return time.monotonic() - started
+from tests.rpc.conftest import MakeCache, Routes, StartCounts, eventually, value
 
 
 async def test_sums_every_replica_and_follows_pushes(make_cache: MakeCache, start_counts: StartCounts) -> None:
