@@ -25,6 +25,7 @@ from adapter.telemetry import kafka as telemetry
 # aiokafka's own background metadata refresh; ours is explicit (see kafka_offsets.MetadataReader).
 _BACKGROUND_METADATA_MS = 300_000
 _PROBE_REUSE = 1.0  # seconds
+_DEFAULT_PORT = 9092
 
 
 class KafkaConnection:
@@ -49,9 +50,12 @@ class KafkaConnection:
         }
         context: ssl.SSLContext | None = None
         if config.tls is not None:
-            context = create_ssl_context(
-                cafile=config.tls.ca_file, certfile=config.tls.cert_file, keyfile=config.tls.key_file
-            )
+            try:
+                context = create_ssl_context(
+                    cafile=config.tls.ca_file, certfile=config.tls.cert_file, keyfile=config.tls.key_file
+                )
+            except (OSError, ssl.SSLError) as err:
+                raise SourceError(f"cannot load the TLS files: {err}") from err
             context.check_hostname = config.tls.verify_hostname
             options["ssl_context"] = context
         if config.sasl is not None:
@@ -86,8 +90,7 @@ class KafkaConnection:
                 except (KafkaError, OSError) as err:
                     await client.close()
                     telemetry.REQUEST_ERRORS.labels(self.source_name, "Metadata").inc()
-                    host, _, port = self._config.bootstrap_servers[0].rpartition(":")
-                    cause = await self._probe(options, host, int(port or 9092))
+                    cause = await self._probe(options, *_host_port(self._config.bootstrap_servers[0]))
                     raise SourceError(
                         f"cannot bootstrap from {', '.join(self._config.bootstrap_servers)}: {cause}"
                     ) from err
@@ -172,3 +175,11 @@ class KafkaConnection:
 
     async def close(self) -> None:
         await self._reset()
+
+
+def _host_port(server: str) -> tuple[str, int]:
+    """`host:port`, `[v6]:port` or a bare host (Kafka's default port)."""
+    host, colon, port = server.rpartition(":")
+    if not colon or not port.isdigit() or (":" in host and not host.startswith("[")):
+        return server.strip("[]"), _DEFAULT_PORT
+    return host.strip("[]"), int(port)

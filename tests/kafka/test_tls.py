@@ -36,3 +36,12 @@ async def test_untrusted_broker_certificate_is_named(broker: KafkaBroker, tmp_pa
             await read_lag(source, lag_metric(source.name), f"group={name}")
     finally:
         await source.close()
+
+
+async def test_unreadable_tls_files_are_named(tmp_path: Path, name: str) -> None:
+    source = KafkaLag(source_config("127.0.0.1:1", tls={"ca_file": tmp_path / "absent.pem"}))
+    try:
+        with pytest.raises(SourceError, match="cannot load the TLS files"):
+            await read_lag(source, lag_metric(source.name), f"group={name}")
+    finally:
+        await source.close()
