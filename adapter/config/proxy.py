@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -86,13 +87,35 @@ class ScaleTarget(Strict):
     name: str = Field(pattern=_DNS_LABEL)
 
 
+class LocalScaleTarget(Strict):
+    """Development mode only (`zeroscale demo`): a workload of local processes, not a Kubernetes object.
+
+    `url` is a loopback HTTP server (the demo's local scaler) that answers the scale subresource's
+    GET and merge-PATCH for `name` exactly as the Kubernetes API would, so waking it is the same
+    code path as waking a Deployment. Never use it in a cluster.
+    """
+
+    kind: Literal["Local"]
+    name: str = Field(pattern=_DNS_LABEL)
+    url: str
+
+    @field_validator("url")
+    @classmethod
+    def _loopback(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or parts.hostname not in ("127.0.0.1", "::1", "localhost") or parts.port is None:
+            raise ValueError("a Local target's url is http://127.0.0.1:PORT (loopback only: a development mode)")
+        return url
+
+
 class RouteConfig(Strict):
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
     # Exact host names or `*.suffix` wildcards (matched case-insensitively, port ignored); `*` matches any host.
     hosts: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
     path_prefix: str = "/"
     upstream: ServiceUpstream | AddressUpstream
-    target: ScaleTarget | None = None
+    # kind Local: development mode (`zeroscale demo`), see LocalScaleTarget.
+    target: ScaleTarget | LocalScaleTarget | None = None
     # scale: patch the scale subresource while it is 0; hpa: only report counts (the HPA wakes it); none: neither.
     wake: Literal["scale", "hpa", "none"] = "scale"
     wake_replicas: int = Field(default=1, ge=1)

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from adapter.config.grpc import CountsServerConfig
-from adapter.config.proxy import ProxyConfig, RouteConfig, ServiceUpstream
+from adapter.config.proxy import LocalScaleTarget, ProxyConfig, RouteConfig, ServiceUpstream
 from adapter.kube.client import KubeClient, KubeConfigError
 from adapter.proxy.admin import start_admin
 from adapter.proxy.client import ClientConnection
@@ -140,11 +140,14 @@ class ProxyServer:
         config = route.config
         if config.wake != "scale" or config.target is None:
             return
-        kube = self._kube_client()
-        if kube is None:
-            log.warning("route %s: no API access, cannot wake %s; counts only", route.name, config.target.name)
-            return
-        waker = Waker(kube, route, config.target, config.wake_replicas, config.wake_retry_interval)
+        if isinstance(config.target, LocalScaleTarget):  # development mode (`zeroscale demo`)
+            waker = Waker.local(route, config.target, config.wake_replicas, config.wake_retry_interval)
+        else:
+            kube = self._kube_client()
+            if kube is None:
+                log.warning("route %s: no API access, cannot wake %s; counts only", route.name, config.target.name)
+                return
+            waker = Waker(kube, route, config.target, config.wake_replicas, config.wake_retry_interval)
         route.on_cold = waker.request
         route.on_endpoints = waker.observe
         waker.observe()

@@ -3,6 +3,9 @@
 Only a Scale that reads 0 is patched, with its resourceVersion as a precondition, so the proxy never
 overrides a size the HPA chose; a conflict means someone changed it meanwhile: read again and decide again.
 While requests stay held and nothing is ready, the check repeats every `retry_interval`.
+
+Development mode: a `Local` target (`zeroscale demo`) is woken the same way, through a client of the
+demo's loopback scaler, which answers the scale subresource calls for its local processes.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ import asyncio
 import logging
 import time
 
-from adapter.config.proxy import ScaleTarget
+from adapter.config.kube import KubeAPIConfig
+from adapter.config.proxy import LocalScaleTarget, ScaleTarget
 from adapter.kube.client import KubeAPIError, KubeClient, KubeError
 from adapter.kube.scale import get_scale, set_replicas
 from adapter.proxy.route import Route
@@ -19,6 +23,8 @@ from adapter.telemetry import proxy as telemetry
 
 log = logging.getLogger(__name__)
 _CONFLICT_RETRIES = 3
+# The namespace a Local target's scale subresource is addressed in (the local scaler ignores it).
+LOCAL_NAMESPACE = "local"
 
 
 class Waker:
@@ -33,6 +39,16 @@ class Waker:
         self._task: asyncio.Task[None] | None = None
         self._observer: asyncio.Task[None] | None = None
         self._replicas_gauge = telemetry.TARGET_REPLICAS.labels(route.name, target.namespace, target.kind, target.name)
+        self._own_kube = False
+
+    @classmethod
+    def local(cls, route: Route, target: LocalScaleTarget, replicas: int, retry_interval: float) -> Waker:
+        """Development mode: wake a Local target through the demo's loopback scaler (same calls as Kubernetes)."""
+        kube = KubeClient.from_config(KubeAPIConfig(url=target.url))
+        as_deployment = ScaleTarget(namespace=LOCAL_NAMESPACE, kind="Deployment", name=target.name)
+        waker = cls(kube, route, as_deployment, replicas, retry_interval)
+        waker._own_kube = True
+        return waker
 
     def request(self) -> None:
         """Called on every request held while the route is cold; starts one wake loop at most."""
@@ -58,6 +74,8 @@ class Waker:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        if self._own_kube:
+            await self._kube.close()
 
     async def _run(self) -> None:
         while self._route.cold:
