@@ -1,0 +1,254 @@
+"""The real control plane of /work/shared/k8s (kube-apiserver + aggregator, kube-controller-manager), as tests use it.
+
+`ControlPlane` starts it with the shared `up` script and stops it with `down`; `Kube` talks to it as the
+cluster admin: `kubectl apply` for manifests, plain HTTPS (the admin's client certificate) for the many small
+reads a test polls with, so a poll costs milliseconds rather than a kubectl start.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from http.client import HTTPSConnection
+from pathlib import Path
+from typing import Any, TypeVar
+
+SHARED_K8S = Path(os.environ.get("ZS_K8S_SCRIPTS", "/work/shared/k8s"))
+HOME = Path(os.environ.get("ZS_K8S_HOME", Path.home() / ".cache" / "zeroscale-k8s"))
+API_PORT = int(os.environ.get("ZS_K8S_PORT", "16443"))
+# The versions this v1.20 control plane serves; v1.37 serves autoscaling/v2 and discovery.k8s.io/v1 instead.
+HPA_API = "autoscaling/v2beta2"
+ENDPOINTSLICE_API = "discovery.k8s.io/v1beta1"
+
+T = TypeVar("T")
+
+
+class ControlPlane:
+    """Paths of the running control plane's state, and its start and stop."""
+
+    def __init__(self, home: Path = HOME) -> None:
+        self.home = home
+        self.run_dir = home / "run"
+        self.pki = self.run_dir / "pki"
+        self.url = f"https://127.0.0.1:{API_PORT}"
+        self.started_here = False
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.run_dir / "admin.kubeconfig"
+
+    def running(self) -> bool:
+        pid_file = self.run_dir / "apiserver.pid"
+        if not pid_file.exists():
+            return False
+        try:
+            os.kill(int(pid_file.read_text().strip()), 0)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def up(self) -> None:
+        """Start it unless it runs already (then the one who started it stops it)."""
+        if not (self.home / "bin" / "kube-apiserver").exists():
+            raise RuntimeError(f"the control plane is not built: run {SHARED_K8S / 'build'} (or `make e2e`)")
+        if self.running():
+            return
+        subprocess.run([SHARED_K8S / "up"], check=True, capture_output=True, text=True, timeout=180)
+        self.started_here = True
+
+    def down(self) -> None:
+        if self.started_here:
+            subprocess.run([SHARED_K8S / "down"], check=False, capture_output=True, timeout=60)
+            self.started_here = False
+
+
+class KubeError(Exception):
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(f"{status}: {body.get('message', body)}")
+        self.status = status
+        self.body = body
+
+
+class Kube:
+    """The cluster as its admin (system:masters)."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
+        self._tls = ssl.create_default_context(cafile=str(plane.pki / "ca.crt"))
+        self._tls.load_cert_chain(str(plane.pki / "admin.crt"), str(plane.pki / "admin.key"))
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "KUBECONFIG": str(self.plane.admin_kubeconfig)}
+        done = subprocess.run(["kubectl", *args], input=stdin, capture_output=True, text=True, env=env, timeout=60)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
+        return done
+
+    def apply(self, objects: Iterable[dict[str, Any]]) -> None:
+        items = list(objects)
+        self.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: object = None,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        connection = HTTPSConnection("127.0.0.1", API_PORT, context=self._tls, timeout=15)
+        try:
+            data = None if body is None else json.dumps(body).encode()
+            sent = {"Content-Type": content_type, "Accept": "application/json", **(headers or {})}
+            connection.request(method, path, body=data, headers=sent)
+            response = connection.getresponse()
+            raw = response.read()
+        finally:
+            connection.close()
+        try:
+            decoded = json.loads(raw) if raw else {}
+        except ValueError:
+            decoded = {"message": raw.decode(errors="replace")}
+        if response.status >= 400:
+            raise KubeError(response.status, decoded if isinstance(decoded, dict) else {"message": raw.decode()})
+        return decoded
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+    def delete(self, path: str) -> None:
+        try:
+            self.request("DELETE", path)
+        except KubeError as err:
+            if err.status != 404:
+                raise
+
+    def replicas(self, namespace: str, deployment: str) -> int:
+        """spec.replicas of the Deployment (omitted, i.e. 0, at zero)."""
+        scale = self.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{deployment}/scale")
+        return int(scale.get("spec", {}).get("replicas", 0))
+
+    def hpa(self, namespace: str, name: str) -> dict[str, Any]:
+        hpa: dict[str, Any] = self.get(f"/apis/{HPA_API}/namespaces/{namespace}/horizontalpodautoscalers/{name}")
+        return hpa
+
+    def namespace(self, name: str) -> None:
+        self.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}])
+
+    def service_account_token(self, namespace: str, name: str, timeout: float = 30.0) -> str:
+        """The token v1.20's token controller puts in the ServiceAccount's Secret (kubelet would mount it)."""
+        def token() -> str | None:
+            account = self.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}")
+            for ref in account.get("secrets") or []:
+                secret = self.get(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}")
+                value = (secret.get("data") or {}).get("token")
+                if value:
+                    return base64.b64decode(value).decode()
+            return None
+
+        return wait_for(token, timeout, f"a token for ServiceAccount {namespace}/{name}")
+
+
+def wait_for(condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:
+    """Poll until `condition` returns something other than None/False; its value is returned."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        try:
+            value = condition()
+            if value is not None and value is not False:
+                return value
+        except (KubeError, OSError) as err:
+            last_error = err
+        if time.monotonic() > deadline:
+            suffix = f" (last error: {last_error})" if last_error else ""
+            raise TimeoutError(f"{what}: not within {timeout:g} s{suffix}")
+        time.sleep(interval)
+
+
+def wait_replicas(kube: Kube, namespace: str, deployment: str, want: int, timeout: float = 40.0) -> float:
+    """Seconds until the Deployment's spec.replicas reads `want`."""
+    start = time.monotonic()
+    wait_for(lambda: kube.replicas(namespace, deployment) == want, timeout, f"{namespace}/{deployment} at {want}")
+    return time.monotonic() - start
+
+
+def deployment(namespace: str, name: str, replicas: int = 0) -> dict[str, Any]:
+    """A Deployment no kubelet will ever run: the controllers and the scale subresource are what count here."""
+    labels = {"app": name}
+    container = {"name": "app", "image": "registry.invalid/zeroscale-e2e:never-pulled"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+        },
+    }
+
+
+def external_hpa(
+    namespace: str,
+    name: str,
+    metric: str,
+    selector: dict[str, str],
+    average_value: int,
+    max_replicas: int,
+) -> dict[str, Any]:
+    """An HPA on one External metric with minReplicas 0 and no stabilization, so a test takes seconds."""
+    immediate = {"stabilizationWindowSeconds": 0, "selectPolicy": "Max"}
+    return {
+        "apiVersion": HPA_API,
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicas": 0,
+            "maxReplicas": max_replicas,
+            "metrics": [
+                {
+                    "type": "External",
+                    "external": {
+                        "metric": {"name": metric, "selector": {"matchLabels": selector}},
+                        "target": {"type": "AverageValue", "averageValue": str(average_value)},
+                    },
+                }
+            ],
+            "behavior": {
+                "scaleUp": {**immediate, "policies": [{"type": "Pods", "value": 100, "periodSeconds": 1}]},
+                "scaleDown": {**immediate, "policies": [{"type": "Percent", "value": 100, "periodSeconds": 1}]},
+            },
+        },
+    }
+
+
+def hpa_metric_value(hpa: dict[str, Any]) -> float | None:
+    """The External metric's value the HPA controller last read (status.currentMetrics), if any."""
+    for metric in (hpa.get("status") or {}).get("currentMetrics") or []:
+        current = (metric.get("external") or {}).get("current") or {}
+        value = current.get("averageValue") or current.get("value")
+        if value is not None:
+            return parse_quantity(str(value))
+    return None
+
+
+def hpa_condition(hpa: dict[str, Any], kind: str) -> dict[str, Any]:
+    for condition in (hpa.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind:
+            return dict(condition)
+    return {}
+
+
+def parse_quantity(text: str) -> float:
+    """The few Quantity forms an HPA status shows (`3`, `1500m`, `2k`)."""
+    suffixes = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9}
+    if text and text[-1] in suffixes:
+        return float(text[:-1]) * suffixes[text[-1]]
+    return float(text)

@@ -1,0 +1,214 @@
+"""Session fixtures of the end-to-end tests: the real control plane, Redis, Kafka and `zeroscale serve`.
+
+These tests run only under `make e2e` (scripts/e2e.sh sets ZEROSCALE_E2E=1): the control plane listens on
+the shared scripts' fixed port and takes the whole machine's attention, so `make test` skips them.
+The control plane is brought up once (unless it already runs) and brought down after the session, whatever
+happens; each scenario prints its timeline in the summary at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import install
+from tests.e2e.cluster import ControlPlane, Kube
+from tests.e2e.processes import Zeroscale
+from tests.kafka.broker import KafkaBroker
+from tests.netutil import free_port
+from tests.redis.servers import RedisProcess
+
+HERE = Path(__file__).parent
+ENABLED = os.environ.get("ZEROSCALE_E2E") == "1"
+_TIMELINES: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "e2e: needs the real control plane (`make e2e`)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(reason="end-to-end: run `make e2e` (ZEROSCALE_E2E=1)")
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
+            if not ENABLED:
+                item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _TIMELINES:
+        return
+    terminalreporter.section("end-to-end timelines")
+    for line in _TIMELINES:
+        terminalreporter.write_line(line)
+    out = os.environ.get("ZEROSCALE_E2E_TIMELINES")
+    if out:
+        Path(out).write_text("\n".join(_TIMELINES) + "\n", encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def timeline() -> Timeline:
+    return Timeline()
+
+
+class Timeline:
+    def record(self, line: str) -> None:
+        _TIMELINES.append(line)
+        print(line)
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="session")
+def kafka_broker_starting(workdir: Path) -> Iterator[tuple[KafkaBroker, threading.Thread]]:
+    """The broker starts (a JVM: the slowest part) in the background while the control plane comes up."""
+    broker = KafkaBroker(workdir / "kafka")
+    failures: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            broker.start()
+        except BaseException as err:  # reported by kafka_broker, in the test that needs it
+            failures.append(err)
+
+    thread = threading.Thread(target=start, name="kafka-start", daemon=True)
+    thread.start()
+    yield broker, thread
+    thread.join(timeout=120)
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(kafka_broker_starting: tuple[KafkaBroker, threading.Thread]) -> KafkaBroker:
+    broker, thread = kafka_broker_starting
+    thread.join(timeout=180)
+    if thread.is_alive():
+        raise RuntimeError(f"the Kafka broker did not start:\n{broker.log_tail()}")
+    return broker
+
+
+@pytest.fixture(scope="session")
+def plane(kafka_broker_starting: object) -> Iterator[ControlPlane]:
+    control_plane = ControlPlane()
+    try:
+        control_plane.up()
+        yield control_plane
+    finally:
+        control_plane.down()
+
+
+@pytest.fixture(scope="session")
+def kube(plane: ControlPlane) -> Kube:
+    return Kube(plane)
+
+
+@pytest.fixture(scope="session")
+def redis_server(workdir: Path) -> Iterator[RedisProcess]:
+    server = RedisProcess(workdir, []).start()
+    yield server
+    server.stop()
+
+
+@dataclass(frozen=True)
+class Installed:
+    certs: Path
+    adapter_token: Path
+    proxy_token: Path
+
+
+@pytest.fixture(scope="session")
+def installed(kube: Kube, workdir: Path) -> Installed:
+    install.install_rbac(kube)
+    certs = install.make_certs(workdir / "certs")
+    return Installed(
+        certs, install.token_file(kube, "zeroscale-adapter", workdir), install.token_file(kube, "zeroscale-proxy", workdir)
+    )
+
+
+@pytest.fixture(scope="session")
+def counts_port() -> int:
+    """Where the proxy serves its pending counts and the adapter's http source subscribes."""
+    return free_port()
+
+
+def kube_api(plane: ControlPlane, token: Path) -> dict[str, str]:
+    return {"url": plane.url, "ca_file": str(plane.pki / "ca.crt"), "token_file": str(token)}
+
+
+@dataclass(frozen=True)
+class Adapter:
+    process: Zeroscale
+    port: int
+    metrics_port: int
+    # Seconds from registration to the aggregator's Available=True.
+    available_after: float
+
+
+@pytest.fixture(scope="session")
+def adapter(
+    plane: ControlPlane,
+    kube: Kube,
+    installed: Installed,
+    workdir: Path,
+    redis_server: RedisProcess,
+    kafka_broker_starting: tuple[KafkaBroker, threading.Thread],
+    counts_port: int,
+) -> Iterator[Adapter]:
+    """`zeroscale serve` registered as the cluster's external metrics API, Available=True.
+
+    No request-header CA is configured: the adapter reads it, and the allowed names, from the cluster's
+    extension-apiserver-authentication ConfigMap.
+    """
+    port, metrics_port = free_port(), free_port()
+    name_label = {"pattern": "[a-z0-9][-a-z0-9.]*", "required": True}
+    config = {
+        "server": {
+            "bind": "127.0.0.1",
+            "port": port,
+            "metrics_bind": "127.0.0.1",
+            "metrics_port": metrics_port,
+            "tls": {"cert_file": str(installed.certs / "tls.crt"), "key_file": str(installed.certs / "tls.key")},
+            "auth": {"kubernetes": kube_api(plane, installed.adapter_token)},
+        },
+        "cache": {"interval": 0.5, "max_staleness": 10},
+        "sources": [
+            {"name": "redis", "type": "redis", "url": f"redis://{redis_server.address}"},
+            {
+                "name": "kafka",
+                "type": "kafka",
+                "bootstrap_servers": [kafka_broker_starting[0].bootstrap],
+                "metadata_max_age": 0.5,
+                "offsets_max_age": 0.5,
+            },
+            {"name": "proxies", "type": "http", "proxies": [f"127.0.0.1:{counts_port}"]},
+        ],
+        "metrics": [
+            {"name": "redis-jobs", "type": "redis", "source": "redis", "query": "length", "labels": {"key": name_label}},
+            {
+                "name": "kafka-lag",
+                "type": "kafka",
+                "source": "kafka",
+                "lag_threshold": 10,
+                "labels": {"group": name_label, "topic": {"pattern": "[a-z0-9][-a-z0-9.]*"}},
+            },
+            {"name": "http-pending", "type": "http", "source": "proxies"},
+        ],
+    }
+    (workdir / "adapter").mkdir()
+    server = Zeroscale("serve", workdir / "adapter", config, port).start()
+    try:
+        # A fresh registration, so Available is the aggregator's verdict on this adapter, not an old one.
+        kube.delete(install.APISERVICE_PATH)
+        install.register(kube, port, installed.certs)
+        yield Adapter(server, port, metrics_port, install.wait_available(kube))
+    finally:
+        server.stop()

@@ -1,0 +1,65 @@
+"""`zeroscale serve` and `zeroscale proxy` as real processes, with their config written to a YAML file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.netutil import wait_for_port
+
+
+class Zeroscale:
+    """One `zeroscale COMMAND --config FILE` process; kill() and start() again keep its config and ports."""
+
+    def __init__(self, command: str, workdir: Path, config: dict[str, Any], port: int) -> None:
+        self.command = command
+        self.workdir = workdir
+        self.port = port
+        self.config_file = workdir / f"{command}.yaml"
+        self.config_file.write_text(yaml.safe_dump(config), encoding="utf-8")
+        self.log_file = workdir / f"{command}.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> Zeroscale:
+        with self.log_file.open("ab") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "adapter", self.command, "--config", str(self.config_file)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            wait_for_port(self.port, timeout=timeout)
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"zeroscale {self.command} did not listen:\n{self.log_tail()}") from None
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye, as when a node dies."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_file.exists():
+            return "(no log)"
+        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
