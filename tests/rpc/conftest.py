@@ -155,9 +155,8 @@ async def start_counts() -> AsyncIterator[StartCounts]:
     servers: list[CountsServer] = []
 
     async def start(routes: Routes, port: int = 0, **settings: Any) -> CountsServer:
-        config = CountsServerConfig(
-            enabled=True, bind="127.0.0.1", port=port or free_port(), heartbeat_interval=0.2, **settings
-        )
+        settings = {"heartbeat_interval": 0.2, **settings}
+        config = CountsServerConfig(enabled=True, bind="127.0.0.1", port=port or free_port(), **settings)
         server = await start_counts_server(config, routes.subscribe)
         servers.append(server)
         return server
