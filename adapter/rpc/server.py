@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # no stub for it
 
 from adapter.config.grpc import GRPCServerConfig
+from adapter.rpc.latency import LatencyInterceptor
 from adapter.rpc.tls import ReloadingServerCredentials
 from adapter.telemetry import rpc as telemetry
 
@@ -117,7 +118,7 @@ async def start_server(
     slots: StreamSlots,
 ) -> RunningServer:
     """Listen on `config.bind:port` with the given services added by `register`; raise OSError if that fails."""
-    server = grpc.aio.server(options=server_options(config))
+    server = grpc.aio.server(options=server_options(config), interceptors=[LatencyInterceptor(name)])
     register(server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -8,6 +8,12 @@ GRPC_REQUESTS = Counter(
     "gRPC calls answered, by method and status code",
     ["server", "method", "code"],
 )
+GRPC_REQUEST_SECONDS = Histogram(
+    "zeroscale_grpc_request_duration_seconds",
+    "Time to answer one unary gRPC call (streams are not timed), by method",
+    ["server", "method"],
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
 GRPC_STREAMS = Gauge("zeroscale_grpc_streams", "Open server-side gRPC streams", ["server", "method"])
 GRPC_STREAMS_REFUSED = Counter(
     "zeroscale_grpc_streams_refused_total",

@@ -1,0 +1,209 @@
+"""The dashboards are generated, and proven: every panel's query returns data from a real Prometheus that
+scraped a real adapter and proxy through a scripted cold start.
+
+The script: the adapter answers a read of a static metric, fails a read of a Redis metric (nothing listens),
+and answers KEDA's GetMetrics over gRPC; the proxy holds a request for route `web` while its Deployment is at
+zero, patches the scale subresource, and forwards it once an EndpointSlice shows a ready endpoint; route
+`idle` (never ready) answers 503 (over its hold limit), 504 (hold timeout) and 499 (client gone).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import redis
+
+from grafana import generate
+from tests.grafana.conftest import Stack
+from tests.kube_standin import KubeStandIn
+from tests.proxy.kube_routes import ScaleStandIn, endpoint_slice, slices_collection
+
+ROOT = Path(__file__).resolve().parents[2]
+# What Grafana puts for its built-in variables; the windows fit the few seconds this test runs.
+METRICS_PATH = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default"
+BUILT_INS = {"$__rate_interval": "30s", "$__range": "5m", "$__interval": "1s"}
+
+
+def proxy_get(port: int, host: str, timeout: float = 30.0) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request("GET", "/", headers={"Host": host})
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def api_get(port: int, path: str) -> int:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the adapter's self-signed loopback certificate
+    connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=context)
+    try:
+        connection.request("GET", path)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def scaler_get_metrics(port: int, metric: str) -> float:
+    from adapter.rpc.generated import externalscaler_pb2 as pb
+    from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.ExternalScalerStub(channel)  # type: ignore[no-untyped-call]
+        ref = pb.ScaledObjectRef(name="demo", namespace="default", scalerMetadata={"metricName": metric})
+        answer = stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref, metricName=metric), timeout=10)
+        return float(answer.metricValues[0].metricValueFloat)
+
+
+def wait_for(condition: Any, what: str, within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def cold_start(stack: Stack, kube: KubeStandIn, scale: ScaleStandIn) -> Stack:
+    """Run the script once for the module; Prometheus has scraped everything when it returns."""
+    # The adapter: good reads, a gRPC call, then a Redis outage (source errors, then a stale value refused).
+    redis.Redis(port=stack.redis_port).rpush("jobs", "a", "b", "c")
+    assert api_get(stack.api_port, f"{METRICS_PATH}/demo-depth") == 200
+    assert api_get(stack.api_port, f"{METRICS_PATH}/jobs-depth") == 200
+    assert scaler_get_metrics(stack.scaler_port, "demo-depth") == 420.0
+    stack.redis.stop()
+    wait_for(
+        lambda: api_get(stack.api_port, f"{METRICS_PATH}/jobs-depth") == 503, "the stale Redis value to be refused"
+    )
+
+    # The cold start: held while at zero, woken, forwarded once an endpoint is ready.
+    statuses: dict[str, int] = {}
+    held = threading.Thread(target=lambda: statuses.update(web=proxy_get(stack.proxy_port, "web")))
+    held.start()
+    wait_for(lambda: scale.replicas == 1, "the proxy to patch the scale subresource to 1")
+    time.sleep(1.0)  # a visible cold start: the pod takes a while to become ready
+    slice_obj = endpoint_slice("web-abc", "web", [("127.0.0.1", {"ready": True})], stack.upstream_port)
+    kube.put(slices_collection("default"), slice_obj)
+    held.join(30)
+    assert statuses["web"] == 200
+
+    # The errors: 503 over the hold limit (1), 504 when the hold times out, 499 when the client leaves.
+    first = threading.Thread(target=lambda: statuses.update(held=proxy_get(stack.proxy_port, "idle")))
+    first.start()
+    time.sleep(0.3)
+    assert proxy_get(stack.proxy_port, "idle") == 503
+    first.join(10)
+    assert statuses["held"] == 504
+    with socket.create_connection(("127.0.0.1", stack.proxy_port)) as leaving:
+        leaving.sendall(b"GET / HTTP/1.1\r\nHost: idle\r\n\r\n")
+        time.sleep(0.3)
+
+    stack.wait_until_scraped(after=time.time())
+    return stack
+
+
+def variable_values(stack: Stack, dashboard: dict[str, Any]) -> dict[str, list[str]]:
+    """Each query variable's values as Grafana would list them (label_values against Prometheus)."""
+    values: dict[str, list[str]] = {}
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            match = re.fullmatch(r"label_values\((\w+), (\w+)\)", variable["query"])
+            assert match is not None, variable["query"]
+            series, label = match.groups()
+            values[variable["name"]] = stack.prometheus.get(f"/api/v1/label/{label}/values", **{"match[]": series})
+        elif variable["type"] == "textbox":
+            values[variable["name"]] = [variable["query"]]
+    return values
+
+
+def fill(expr: str, chosen: dict[str, str]) -> str:
+    for name, value in (*BUILT_INS.items(), *((f"${name}", value) for name, value in chosen.items())):
+        expr = expr.replace(name, value)
+    assert "$" not in expr, f"unfilled variable in {expr}"
+    return expr
+
+
+def panel_queries(dashboard: dict[str, Any], values: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """(panel title, filled query) for every target; a repeated panel once per value of its variable."""
+    everything = {name: "|".join(found) for name, found in values.items()}
+    queries = []
+    for panel in dashboard["panels"]:
+        repeat = panel.get("repeat")
+        for value in values[repeat] if repeat else [None]:
+            chosen = everything | ({repeat: value} if repeat and value else {})
+            for target in panel.get("targets", []):
+                queries.append((f"{panel['title']} [{value or 'all'}]", fill(target["expr"], chosen)))
+    return queries
+
+
+@pytest.mark.parametrize("name", sorted(generate.DASHBOARDS))
+def test_every_panel_returns_data(cold_start: Stack, name: str) -> None:
+    dashboard = json.loads((generate.OUT / name).read_text())
+    values = variable_values(cold_start, dashboard)
+    assert all(values.values()), f"a template variable has no values: {values}"
+    empty = []
+    queries = panel_queries(dashboard, values)
+    assert len(queries) >= 10
+    for title, expr in queries:
+        if not cold_start.prometheus.query(expr):
+            empty.append(f"{title}: {expr}")
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+def test_the_proxy_reports_replicas_and_time_at_zero(cold_start: Stack) -> None:
+    """The replica panels' series carry the facts of the script, not just any sample."""
+    replicas = cold_start.prometheus.query('zeroscale_proxy_target_replicas{route="web"}')
+    assert [float(series["value"][1]) for series in replicas] == [1.0]
+    (at_zero,) = cold_start.prometheus.query('zeroscale_proxy_target_at_zero_seconds_total{route="web"}')
+    assert float(at_zero["value"][1]) >= 1.0  # at zero from the start until the EndpointSlice came
+    codes = {
+        s["metric"]["code"] for s in cold_start.prometheus.query('zeroscale_proxy_error_responses_total{route="idle"}')
+    }
+    assert {"503", "504", "499"} <= codes
+
+
+def test_queries_with_a_typo_return_nothing(cold_start: Stack) -> None:
+    """The data check can fail: a misspelt series gives an empty result."""
+    assert cold_start.prometheus.query("zeroscale_proxy_held_requestz") == []
+
+
+def test_the_committed_json_is_what_the_generator_makes() -> None:
+    for name, build in generate.DASHBOARDS.items():
+        assert (generate.OUT / name).read_text() == generate.render(build()), f"run python grafana/generate.py ({name})"
+
+
+def test_the_shipped_scrape_config_passes_promtool() -> None:
+    done = subprocess.run(
+        ["promtool", "check", "config", str(ROOT / "grafana" / "prometheus" / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_provisioning_points_at_the_dashboards() -> None:
+    import yaml
+
+    provider = yaml.safe_load((ROOT / "grafana/provisioning/dashboards/zeroscale.yaml").read_text())["providers"][0]
+    assert provider["type"] == "file"
+    datasource = yaml.safe_load((ROOT / "grafana/provisioning/datasources/prometheus.yaml").read_text())
+    assert datasource["datasources"][0]["type"] == "prometheus"
+    # Every dashboard picks its data source through the `datasource` variable of type prometheus.
+    for name in generate.DASHBOARDS:
+        dashboard = json.loads((generate.OUT / name).read_text())
+        (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "datasource"]
+        assert variable["query"] == "prometheus"
+        assert {p.get("datasource") for p in dashboard["panels"] if p.get("targets")} == {"${datasource}"}
