@@ -16,7 +16,6 @@ import yaml
 from cryptography import x509
 
 from adapter.config import ZeroscaleConfig
-from adapter.config.grpc import CountsServerConfig, ScalerServerConfig
 from adapter.config.loader import load_config
 from tests.deploy.conftest import DEPLOY, EXAMPLE_CONFIGS, EXAMPLES, OVERLAYS, Objects, find, kustomize
 
@@ -102,7 +101,7 @@ def test_every_example_hpa_metric_is_served_by_its_config() -> None:
         metric["name"] for fragment in EXAMPLE_CONFIGS for metric in yaml.safe_load(fragment.read_text())["metrics"]
     }
     hpas = [obj for path in EXAMPLES for obj in example_objects(path) if obj["kind"] == "HorizontalPodAutoscaler"]
-    assert len(hpas) == 3
+    assert len(hpas) == 4
     for hpa in hpas:
         for metric in hpa["spec"]["metrics"]:
             assert metric["external"]["metric"]["name"] in served
@@ -125,11 +124,15 @@ def test_base_config_loads_and_matches_the_pod_ports(base: Objects) -> None:
     adapter_ports = port_numbers(find(base, "Deployment", ADAPTER))
     assert adapter_ports["https"] == config.server.port
     assert adapter_ports["metrics"] == config.server.metrics_port
-    assert adapter_ports["grpc"] == ScalerServerConfig().port
+    assert adapter_ports["grpc"] == config.grpc.scaler.port
+    assert config.grpc.scaler.enabled
+    assert config.grpc.scaler.tls is not None
+    assert config.grpc.scaler.tls.cert_file == config.server.tls.cert_file
     proxy_ports = port_numbers(find(base, "Deployment", PROXY))
     assert proxy_ports["http"] == config.proxy.port
     assert proxy_ports["admin"] == config.proxy.admin_port
-    assert proxy_ports["counts"] == CountsServerConfig().port
+    assert proxy_ports["counts"] == config.grpc.counts.port
+    assert config.grpc.counts.enabled
     assert config.server.tls.cert_file is not None
     assert str(config.server.tls.cert_file).startswith("/etc/zeroscale/tls/")
 
@@ -265,3 +268,18 @@ def test_keda_overlay_leaves_the_apiservice_to_keda(rendered: dict[str, Objects]
     assert ("APIService", "v1beta1.external.metrics.k8s.io") not in kinds
     assert ("ClusterRole", "zeroscale-external-metrics-reader") not in kinds
     assert ("Deployment", ADAPTER) in kinds
+
+
+def test_the_sidecar_is_configured_by_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sidecar example has no config file: its container environment alone must make a valid proxy."""
+    gateway = find(example_objects(DEPLOY / "examples" / "sidecar-proxy.yaml"), "Deployment", "gateway")
+    (sidecar,) = gateway["spec"]["template"]["spec"]["initContainers"]
+    monkeypatch.delenv("ZEROSCALE_CONFIG", raising=False)
+    for variable in sidecar["env"]:
+        monkeypatch.setenv(variable["name"], variable["value"])
+    config = load_config(None)
+    assert config.proxy.sidecar is not None
+    assert [route.name for route in config.proxy.effective_routes()] == ["sidecar"]
+    assert config.grpc.counts.enabled
+    assert port_numbers(gateway)["counts"] == config.grpc.counts.port
+    assert port_numbers(gateway)["admin"] == config.proxy.admin_port
