@@ -36,6 +36,7 @@ class ProxyCounts(Source):
         self._subscriptions: dict[str, Subscription] = {}
         self._watched: dict[SourceQuery, None] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._closing: set[asyncio.Task[None]] = set()  # subscriptions of replicas that left the Service
         self._heard = asyncio.Event()
         telemetry.PROXY_REPLICAS.labels(config.name).set_function(self._live_count)
 
@@ -51,7 +52,7 @@ class ProxyCounts(Source):
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._closing, return_exceptions=True)
         await asyncio.gather(*(subscription.close() for subscription in self._subscriptions.values()))
         self._subscriptions.clear()
 
@@ -77,7 +78,9 @@ class ProxyCounts(Source):
         for address in set(self._subscriptions) - set(addresses):
             log.info("http source %s: %s left the Service", self._config.name, address)
             gone = self._subscriptions.pop(address)
-            self._tasks.append(asyncio.create_task(gone.close()))
+            closing = asyncio.create_task(gone.close())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
     async def _expire(self) -> None:
         stale_after = self._config.stale_after
@@ -151,5 +154,3 @@ class ProxyCounts(Source):
             await asyncio.wait_for(self._heard.wait(), self._config.stale_after)
         except TimeoutError:
             raise SourceError(f"no proxy replica answered within {self._config.stale_after:g}s") from None
-        finally:
-            await self.close()
