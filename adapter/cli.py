@@ -67,6 +67,12 @@ def _doctor(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from adapter.demo.run import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zeroscale", description=__doc__)
     parser.add_argument("--version", action="version", version=f"zeroscale {__version__}")
@@ -102,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", help="check an installation in a cluster and say what is wrong")
     add_doctor_arguments(doctor)
     doctor.set_defaults(run=_doctor)
+
+    from adapter.demo.run import add_arguments as add_demo_arguments
+
+    demo = commands.add_parser("demo", help="watch workloads wake from zero and go back, on this machine")
+    add_demo_arguments(demo)
+    demo.set_defaults(run=_demo)
     return parser
 
 

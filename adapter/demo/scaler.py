@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from adapter.demo.workloads import LocalWorkload
@@ -44,7 +44,13 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     }
 
 
-def answer(workloads: Mapping[str, LocalWorkload], method: str, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+# Told of every accepted PATCH: (workload, replicas before, replicas after).
+ScaleHook = Callable[[str, int, int], None]
+
+
+def answer(
+    workloads: Mapping[str, LocalWorkload], method: str, path: str, body: bytes, on_scale: ScaleHook | None = None
+) -> tuple[int, dict[str, Any]]:
     """One call: (HTTP status, JSON document)."""
     match = _PATH.match(path)
     workload = workloads.get(match.group(1)) if match else None
@@ -68,11 +74,16 @@ def answer(workloads: Mapping[str, LocalWorkload], method: str, path: str, body:
             "the object has been modified; please apply your changes to the latest version and try again"
         )
         return 409, _status(409, "Conflict", message)
+    before = workload.spec_replicas
     workload.scale(replicas)
+    if on_scale is not None:
+        on_scale(workload.name, before, replicas)
     return 200, scale_object(workload)
 
 
-async def start_scaler(workloads: Mapping[str, LocalWorkload], host: str = "127.0.0.1") -> asyncio.Server:
+async def start_scaler(
+    workloads: Mapping[str, LocalWorkload], on_scale: ScaleHook | None = None, host: str = "127.0.0.1"
+) -> asyncio.Server:
     """Serve on a free loopback port (HTTP/1.1, keep-alive); the port is `server.sockets[0].getsockname()[1]`."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -87,7 +98,7 @@ async def start_scaler(workloads: Mapping[str, LocalWorkload], host: str = "127.
                 if length > _MAX_BODY:
                     break
                 body = await reader.readexactly(length) if length else b""
-                code, document = answer(workloads, method, path, body)
+                code, document = answer(workloads, method, path, body, on_scale)
                 data = json.dumps(document).encode()
                 writer.write(
                     f"HTTP/1.1 {code} {'OK' if code == 200 else 'Error'}\r\nContent-Type: application/json\r\n"
