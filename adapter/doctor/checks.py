@@ -13,11 +13,11 @@ import binascii
 import datetime
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 from adapter.doctor import certificates
 from adapter.doctor.findings import Finding
 from adapter.kube.client import KubeAPIError, KubeClient, KubeError
+from adapter.kube.endpointslices import list_slices
 
 GROUP, VERSION = "external.metrics.k8s.io", "v1beta1"
 APISERVICE_PATH = f"/apis/apiregistration.k8s.io/v1/apiservices/{VERSION}.{GROUP}"
@@ -218,14 +218,11 @@ class Doctor:
         port_name = self._state.port_name
         if port_name is None:
             return [Finding("skip", check, "skipped: the Service check failed")]
-        selector = quote(f"kubernetes.io/service-name={name}", safe="")
         try:
-            _, listing = await self._client.request(
-                "GET", f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices?labelSelector={selector}"
-            )
+            _, by_name, _ = await list_slices(self._client, namespace, name)
         except KubeError as err:
             return [Finding("fail", check, f"cannot list the Service's EndpointSlices: {err}")]
-        slices = listing.get("items") or []
+        slices = list(by_name.values())
         if not slices:
             return [
                 Finding(
