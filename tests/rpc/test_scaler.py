@@ -7,10 +7,12 @@ import asyncio
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
 
+from adapter.api.run import serve
 from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
-from tests.rpc.conftest import StartAdapter, ref, scaler_stub
+from tests.rpc.conftest import DEMO_METRICS, DEMO_SOURCES, StartAdapter, adapter_config, ref, scaler_stub
 
 
 async def keda_poll(stub: pb_grpc.ExternalScalerStub, scaled: pb.ScaledObjectRef) -> tuple[float, int, bool]:
@@ -156,3 +158,22 @@ async def test_messages_above_the_bound_are_refused(start_adapter: StartAdapter)
             await stub.IsActive(ref(padding="x" * 10_000))
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert (await stub.IsActive(ref())).result is True
+
+
+async def test_a_taken_port_stops_the_start(start_adapter: StartAdapter) -> None:
+    """SO_REUSEPORT is off: a second server on the same port fails instead of sharing KEDA's calls."""
+    first = await start_adapter()
+    config = adapter_config(first.grpc_port, DEMO_SOURCES, DEMO_METRICS)
+    assert await asyncio.wait_for(serve(config, asyncio.Event()), 10) == 1
+
+
+async def test_calls_are_counted(scaler_channel: pb_grpc.ExternalScalerStub) -> None:
+    def count(code: str) -> float:
+        labels = {"server": "scaler", "method": "IsActive", "code": code}
+        return REGISTRY.get_sample_value("zeroscale_grpc_requests_total", labels) or 0.0
+
+    ok, not_found = count("OK"), count("NOT_FOUND")
+    await scaler_channel.IsActive(ref())
+    with pytest.raises(grpc.aio.AioRpcError):
+        await scaler_channel.IsActive(ref(metric="absent"))
+    assert (count("OK"), count("NOT_FOUND")) == (ok + 1, not_found + 1)
