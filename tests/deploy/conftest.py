@@ -28,7 +28,8 @@ def kustomize(directory: Path) -> Objects:
     if shutil.which("kubectl") is None:
         pytest.fail("kubectl is not installed (make setup installs it)")
     done = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, f"kubectl kustomize {directory} failed:\n{done.stderr}"
+    # The overlays use kustomize v4+ fields (`labels`, `patches`): kubectl 1.21 or newer.
+    assert done.returncode == 0, f"kubectl kustomize {directory} failed (kubectl >= 1.21 needed):\n{done.stderr}"
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
