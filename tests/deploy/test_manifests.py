@@ -195,7 +195,7 @@ def test_services_and_network_policies_name_container_ports(rendered: dict[str, 
             for rule in obj["spec"]["ingress"]:
                 for port in rule["ports"]:
                     assert port["port"] in all_ports[name]
-    headless = find(objects, "Service", "zeroscale-proxy-pods")
+    headless = find(objects, "Service", "zeroscale-proxy-counts")
     assert headless["spec"]["clusterIP"] == "None"
     assert "counts" in {port["name"] for port in headless["spec"]["ports"]}
     assert "grpc" in {port["name"] for port in find(objects, "Service", ADAPTER)["spec"]["ports"]}
