@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 
 from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
+from tests.netutil import free_port
 from tests.rpc.conftest import Routes, StartAdapter, StartCounts, ref, scaler_stub
 
 
@@ -102,3 +103,19 @@ async def test_client_reconnects_after_the_adapter_restarts(
         assert await asyncio.wait_for(seen.get(), 10) is True  # the reopened stream starts with the state now
         routes.add("web", held=-3)
         assert await asyncio.wait_for(seen.get(), 3) is False
+
+
+async def test_no_value_means_no_message(start_adapter: StartAdapter, start_counts: StartCounts) -> None:
+    """While no proxy has reported, the stream stays silent (no made-up 'inactive'); the first count is pushed."""
+    port = free_port()
+    adapter = await start_adapter(**http_config(port), heartbeat_interval=0.2)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{adapter.grpc_port}") as channel:
+        call = scaler_stub(channel).StreamIsActive(WEB)
+        first = asyncio.ensure_future(call.read())
+        done, _ = await asyncio.wait({first}, timeout=2.5)
+        assert not done
+        routes = Routes("web")
+        routes.add("web", held=1)
+        await start_counts(routes, port=port)
+        assert (await asyncio.wait_for(first, 5)).result is True
+        call.cancel()
