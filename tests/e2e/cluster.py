@@ -229,14 +229,25 @@ def external_hpa(
     }
 
 
-def hpa_metric_value(hpa: dict[str, Any]) -> float | None:
-    """The External metric's value the HPA controller last read (status.currentMetrics), if any."""
-    for metric in (hpa.get("status") or {}).get("currentMetrics") or []:
-        current = (metric.get("external") or {}).get("current") or {}
-        value = current.get("averageValue") or current.get("value")
-        if value is not None:
-            return parse_quantity(str(value))
+def hpa_metric_total(hpa: dict[str, Any]) -> float | None:
+    """The External metric's total the HPA controller last read, when its status can tell.
+
+    With an AverageValue target v1.20 reports only the average (value stays 0), and at 0 replicas that
+    average is value / 0 (the int64 minimum): the total is average x replicas, known only above 0.
+    """
+    status = hpa.get("status") or {}
+    replicas = int(status.get("currentReplicas") or 0)
+    for metric in status.get("currentMetrics") or []:
+        average = ((metric.get("external") or {}).get("current") or {}).get("averageValue")
+        if average is not None and replicas > 0:
+            return parse_quantity(str(average)) * replicas
     return None
+
+
+def hpa_reads_metric(hpa: dict[str, Any]) -> bool:
+    """The controller's last sync fetched the metric (ScalingActive=True, ValidMetricFound)."""
+    active = hpa_condition(hpa, "ScalingActive")
+    return active.get("status") == "True" and active.get("reason") == "ValidMetricFound"
 
 
 def hpa_condition(hpa: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -68,36 +68,55 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("e2e")
 
 
-@pytest.fixture(scope="session")
-def kafka_broker_starting(workdir: Path) -> Iterator[tuple[KafkaBroker, threading.Thread]]:
-    """The broker starts (a JVM: the slowest part) in the background while the control plane comes up."""
-    broker = KafkaBroker(workdir / "kafka")
-    failures: list[BaseException] = []
+class BrokerStart:
+    """The broker starts (a JVM: the slowest part) in the background while the control plane comes up.
 
-    def start() -> None:
+    The thread that starts it stays alive until stop(): the broker gets SIGTERM when its starting thread
+    ends (PR_SET_PDEATHSIG follows the thread, not the process).
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        self.broker = KafkaBroker(workdir / "kafka")
+        self._failure: BaseException | None = None
+        self._started = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kafka", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
         try:
-            broker.start()
-        except BaseException as err:  # reported by kafka_broker, in the test that needs it
-            failures.append(err)
+            self.broker.start()
+        except BaseException as err:  # reported by wait(), in the test that needs the broker
+            self._failure = err
+        self._started.set()
+        self._stopping.wait()
+        self.broker.stop()
 
-    thread = threading.Thread(target=start, name="kafka-start", daemon=True)
-    thread.start()
-    yield broker, thread
-    thread.join(timeout=120)
-    broker.stop()
+    def wait(self) -> KafkaBroker:
+        if not self._started.wait(timeout=180) or self._failure is not None:
+            raise RuntimeError(f"the Kafka broker did not start ({self._failure}):\n{self.broker.log_tail()}")
+        return self.broker
 
-
-@pytest.fixture(scope="session")
-def kafka_broker(kafka_broker_starting: tuple[KafkaBroker, threading.Thread]) -> KafkaBroker:
-    broker, thread = kafka_broker_starting
-    thread.join(timeout=180)
-    if thread.is_alive():
-        raise RuntimeError(f"the Kafka broker did not start:\n{broker.log_tail()}")
-    return broker
+    def stop(self) -> None:
+        self._started.wait(timeout=180)
+        self._stopping.set()
+        self._thread.join(timeout=60)
 
 
 @pytest.fixture(scope="session")
-def plane(kafka_broker_starting: object) -> Iterator[ControlPlane]:
+def kafka_starting(workdir: Path) -> Iterator[BrokerStart]:
+    starting = BrokerStart(workdir)
+    yield starting
+    starting.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(kafka_starting: BrokerStart) -> KafkaBroker:
+    return kafka_starting.wait()
+
+
+@pytest.fixture(scope="session")
+def plane(kafka_starting: BrokerStart) -> Iterator[ControlPlane]:
     control_plane = ControlPlane()
     try:
         control_plane.up()
@@ -160,7 +179,7 @@ def adapter(
     installed: Installed,
     workdir: Path,
     redis_server: RedisProcess,
-    kafka_broker_starting: tuple[KafkaBroker, threading.Thread],
+    kafka_starting: BrokerStart,
     counts_port: int,
 ) -> Iterator[Adapter]:
     """`zeroscale serve` registered as the cluster's external metrics API, Available=True.
@@ -185,7 +204,7 @@ def adapter(
             {
                 "name": "kafka",
                 "type": "kafka",
-                "bootstrap_servers": [kafka_broker_starting[0].bootstrap],
+                "bootstrap_servers": [kafka_starting.broker.bootstrap],
                 "metadata_max_age": 0.5,
                 "offsets_max_age": 0.5,
             },
