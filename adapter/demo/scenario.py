@@ -78,7 +78,9 @@ class Scenario:
             if plan.single_request:
                 timeline.phase("one request: held by the proxy while the app wakes")
                 await request(self.proxy_port, timeline, self._web_cold, "/first")
-            timeline.phase(f"HTTP burst: {plan.burst_clients} clients for {plan.burst_seconds:g}s")
+                timeline.phase("HTTP idle: the app goes back to zero")
+                await self._back_to_zero("web")
+            timeline.phase(f"HTTP burst from zero: {plan.burst_clients} clients for {plan.burst_seconds:g}s")
             await burst(self.proxy_port, timeline, self._web_cold, plan.burst_seconds, plan.burst_clients)
             if plan.sequential:
                 timeline.phase("HTTP idle: the app goes back to zero")
