@@ -1,0 +1,159 @@
+"""The proxy holds requests for a Deployment at zero, wakes it through the real scale subresource, sees the
+endpoint through its real EndpointSlice watch and forwards; an HPA on its pending count keeps it up meanwhile."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from http.client import HTTPConnection
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.cluster import (
+    ENDPOINTSLICE_API,
+    ControlPlane,
+    Kube,
+    deployment,
+    external_hpa,
+    hpa_metric_total,
+    hpa_reads_metric,
+    wait_for,
+    wait_replicas,
+)
+from tests.e2e.conftest import Adapter, Installed, Timeline, kube_api
+from tests.e2e.install import endpoint_slice
+from tests.e2e.processes import Zeroscale
+from tests.netutil import free_port
+
+NAMESPACE, NAME, HOST = "e2e-proxy", "web", "web.e2e-proxy"
+HELD = 3
+# Pending requests per replica: 3 held requests ask for 1 replica, none for 0.
+PENDING_PER_REPLICA = 5
+
+
+class Upstream(ThreadingHTTPServer):
+    """The workload's pod, on loopback: answers every GET and counts what arrived."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.paths: list[str] = []
+        self.lock = threading.Lock()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Upstream
+
+    def do_GET(self) -> None:
+        with self.server.lock:
+            self.server.paths.append(self.path)
+        body = f"served {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def upstream() -> Iterator[Upstream]:
+    server = Upstream()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def proxy(plane: ControlPlane, installed: Installed, counts_port: int, workdir: Path) -> Iterator[Zeroscale]:
+    port = free_port()
+    route = {
+        "name": NAME,
+        "hosts": [HOST],
+        "upstream": {"service": NAME, "namespace": NAMESPACE, "port": "http"},
+        "target": {"namespace": NAMESPACE, "kind": "Deployment", "name": NAME},
+        "wake": "scale",
+        "readiness": "endpointslice",
+    }
+    config = {
+        "proxy": {
+            "bind": "127.0.0.1",
+            "port": port,
+            "admin_bind": "127.0.0.1",
+            "admin_port": free_port(),
+            "kubernetes": kube_api(plane, installed.proxy_token),
+            "routes": [route],
+        },
+        "grpc": {"counts": {"enabled": True, "bind": "127.0.0.1", "port": counts_port}},
+    }
+    (workdir / "proxy").mkdir(exist_ok=True)
+    process = Zeroscale("proxy", workdir / "proxy", config, port).start()
+    yield process
+    process.stop()
+
+
+def _get(port: int, path: str) -> tuple[int, bytes, float]:
+    start = time.monotonic()
+    connection = HTTPConnection("127.0.0.1", port, timeout=90)
+    try:
+        connection.request("GET", path, headers={"Host": HOST})
+        response = connection.getresponse()
+        return response.status, response.read(), time.monotonic() - start
+    finally:
+        connection.close()
+
+
+def test_held_requests_wake_the_deployment_and_are_forwarded_once_an_endpoint_is_ready(
+    adapter: Adapter, kube: Kube, upstream: Upstream, proxy: Zeroscale, timeline: Timeline
+) -> None:
+    kube.namespace(NAMESPACE)
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": NAME, "namespace": NAMESPACE},
+        "spec": {"selector": {"app": NAME}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+    }
+    hpa = external_hpa(NAMESPACE, NAME, "http-pending", {"route": NAME}, PENDING_PER_REPLICA, 3)
+    kube.apply([deployment(NAMESPACE, NAME), service, hpa])
+    wait_for(lambda: hpa_reads_metric(kube.hpa(NAMESPACE, NAME)), 30, "the HPA reads the proxy's pending count")
+    wait_replicas(kube, NAMESPACE, NAME, 0)
+
+    with ThreadPoolExecutor(HELD) as pool:
+        sent = time.monotonic()
+        answers: list[Future[tuple[int, bytes, float]]] = [
+            pool.submit(_get, proxy.port, f"/order/{n}") for n in range(HELD)
+        ]
+        woke = wait_replicas(kube, NAMESPACE, NAME, 1, timeout=20)  # the proxy patched the scale subresource
+        # The HPA reads the held requests through the adapter and keeps the Deployment up (it would scale a
+        # Deployment whose metric reads 0 straight back to 0): two syncs at 1 replica with 3 pending.
+        wait_for(lambda: hpa_metric_total(kube.hpa(NAMESPACE, NAME)) == HELD, 20, "the HPA sees 3 pending")
+        time.sleep(4)
+        assert kube.replicas(NAMESPACE, NAME) == 1
+        assert not any(answer.done() for answer in answers), "no endpoint yet: every request is still held"
+        assert upstream.paths == []
+
+        # What kubelet and the EndpointSlice controller do once the pod is Ready.
+        kube.apply([endpoint_slice(NAMESPACE, f"{NAME}-pod", NAME, "http", upstream.server_address[1])])
+        endpoint_at = time.monotonic() - sent
+        results = [answer.result(timeout=60) for answer in answers]
+
+    lost = sum(1 for status, _, _ in results if status != 200)
+    assert lost == 0, results
+    assert sorted(body for _, body, _ in results) == [f"served /order/{n}".encode() for n in range(HELD)]
+    assert sorted(upstream.paths) == [f"/order/{n}" for n in range(HELD)], "each forwarded exactly once"
+    held = max(elapsed for _, _, elapsed in results)
+
+    idle = wait_replicas(kube, NAMESPACE, NAME, 0)  # traffic stopped: the HPA reads 0 pending
+    kube.delete(f"/apis/{ENDPOINTSLICE_API}/namespaces/{NAMESPACE}/endpointslices/{NAME}-pod")
+    timeline.record(
+        f"proxy: {HELD} requests held, woke 0->1 in {woke:.2f} s, HPA kept 1 on 3 pending, endpoint ready at "
+        f"{endpoint_at:.1f} s, held {held:.1f} s in all, lost {lost}; idle 1->0 in {idle:.1f} s"
+    )
