@@ -142,6 +142,7 @@ class Kube:
 
     def service_account_token(self, namespace: str, name: str, timeout: float = 30.0) -> str:
         """The token v1.20's token controller puts in the ServiceAccount's Secret (kubelet would mount it)."""
+
         def token() -> str | None:
             account = self.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}")
             for ref in account.get("secrets") or []:

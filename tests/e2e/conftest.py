@@ -149,7 +149,9 @@ def installed(kube: Kube, workdir: Path) -> Installed:
     install.install_rbac(kube)
     certs = install.make_certs(workdir / "certs")
     return Installed(
-        certs, install.token_file(kube, "zeroscale-adapter", workdir), install.token_file(kube, "zeroscale-proxy", workdir)
+        certs,
+        install.token_file(kube, "zeroscale-adapter", workdir),
+        install.token_file(kube, "zeroscale-proxy", workdir),
     )
 
 
@@ -211,7 +213,13 @@ def adapter(
             {"name": "proxies", "type": "http", "proxies": [f"127.0.0.1:{counts_port}"]},
         ],
         "metrics": [
-            {"name": "redis-jobs", "type": "redis", "source": "redis", "query": "length", "labels": {"key": name_label}},
+            {
+                "name": "redis-jobs",
+                "type": "redis",
+                "source": "redis",
+                "query": "length",
+                "labels": {"key": name_label},
+            },
             {
                 "name": "kafka-lag",
                 "type": "kafka",

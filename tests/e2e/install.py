@@ -13,12 +13,13 @@ from __future__ import annotations
 import base64
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.e2e.cluster import ENDPOINTSLICE_API, Kube, KubeError, wait_for
+from tests.e2e.cluster import ENDPOINTSLICE_API, Kube, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "deploy" / "base"
@@ -27,6 +28,7 @@ SERVICE = "zeroscale-adapter"
 SERVING_SECRET = "zeroscale-adapter-serving"
 APISERVICE = "v1beta1.external.metrics.k8s.io"
 APISERVICE_PATH = f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}"
+DISCOVERY_PATH = "/apis/external.metrics.k8s.io/v1beta1"
 HPA_BINDING = "zeroscale-hpa-external-metrics"
 _CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "APIService", "Namespace"}
 
@@ -43,7 +45,7 @@ def shipped(name: str) -> list[dict[str, Any]]:
 def make_certs(out_dir: Path) -> Path:
     """`zeroscale certs` for the shipped Service; returns the directory of ca.crt, tls.crt, tls.key."""
     command = [sys.executable, "-m", "adapter", "certs", "--service", SERVICE, "--namespace", NAMESPACE]
-    subprocess.run([*command, "--days", "2", "--out-dir", str(out_dir)], check=True, capture_output=True, timeout=60)
+    subprocess.run([*command, "--days", "90", "--out-dir", str(out_dir)], check=True, capture_output=True, timeout=60)
     return out_dir
 
 
@@ -104,11 +106,13 @@ def available(kube: Kube) -> dict[str, Any]:
 
 
 def wait_available(kube: Kube, timeout: float = 60.0) -> float:
-    """Seconds until the aggregator reports the APIService Available=True."""
-    import time
+    """Seconds until the aggregator reports the APIService Available=True and proxies discovery to it.
 
+    Both: v1.20 can report Available a moment before its proxy handler for the group is in place (404).
+    """
     start = time.monotonic()
     wait_for(lambda: available(kube).get("status") == "True", timeout, f"APIService {APISERVICE} Available")
+    wait_for(lambda: kube.get(DISCOVERY_PATH).get("kind") == "APIResourceList", timeout, "discovery via the aggregator")
     return time.monotonic() - start
 
 
@@ -118,10 +122,3 @@ def token_file(kube: Kube, account: str, directory: Path) -> Path:
     path.write_text(kube.service_account_token(NAMESPACE, account), encoding="utf-8")
     path.chmod(0o600)
     return path
-
-
-def delete_quietly(kube: Kube, path: str) -> None:
-    try:
-        kube.delete(path)
-    except KubeError:
-        pass

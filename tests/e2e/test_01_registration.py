@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -27,7 +28,11 @@ def users(kube: Kube) -> None:
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
         "metadata": {"name": "bob-reads-external-metrics", "namespace": NAMESPACE},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "zeroscale-external-metrics-reader"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "zeroscale-external-metrics-reader",
+        },
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "bob"}],
     }
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "no-rbac", "namespace": NAMESPACE}}
@@ -40,12 +45,13 @@ def test_registered_available_and_readable_by_admin(
     condition = install.available(kube)
     assert condition["status"] == "True", condition
     spec = kube.get(install.APISERVICE_PATH)["spec"]
-    assert spec.get("caBundle") and not spec.get("insecureSkipTLSVerify"), "verified TLS, not skipped"
+    assert spec.get("caBundle"), "the aggregator verifies the adapter's certificate"
+    assert not spec.get("insecureSkipTLSVerify")
 
     redis_server.client().rpush("auth-jobs", *range(7))
 
-    def read() -> list[dict[str, str]] | None:
-        items: list[dict[str, str]] = kube.get(SELECTED)["items"]
+    def read() -> list[dict[str, Any]] | None:
+        items: list[dict[str, Any]] = kube.get(SELECTED)["items"]
         return items if items and items[0]["value"] == "7" else None
 
     items = wait_for(read, 15, "admin reads 7 through the aggregator")
@@ -55,7 +61,13 @@ def test_registered_available_and_readable_by_admin(
 
 
 def test_direct_callers_are_authenticated_and_authorized(
-    adapter: Adapter, plane: ControlPlane, kube: Kube, installed: Installed, users: None, tmp_path: Path, timeline: Timeline
+    adapter: Adapter,
+    plane: ControlPlane,
+    kube: Kube,
+    installed: Installed,
+    users: None,
+    tmp_path: Path,
+    timeline: Timeline,
 ) -> None:
     ca = installed.certs / "ca.crt"
     pki = plane.pki
@@ -70,7 +82,9 @@ def test_direct_callers_are_authenticated_and_authorized(
     # Signed by the front-proxy CA but not with a name the cluster's ConfigMap allows (front-proxy-client):
     # its identity headers are not believed.
     intruder = client_certificate(pki / "front-proxy-ca.crt", pki / "front-proxy-ca.key", "intruder", tmp_path)
-    status, _ = call(adapter.port, SELECTED, ca, intruder, {"X-Remote-User": "admin", "X-Remote-Group": "system:masters"})
+    status, _ = call(
+        adapter.port, SELECTED, ca, intruder, {"X-Remote-User": "admin", "X-Remote-Group": "system:masters"}
+    )
     assert status == 401
 
     # The aggregator's own certificate, as it would forward alice and bob: the adapter asks the real

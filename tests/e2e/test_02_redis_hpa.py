@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from tests.e2e.cluster import Kube, deployment, external_hpa, hpa_metric_total, hpa_reads_metric, wait_for, wait_replicas
+from tests.e2e.cluster import (
+    Kube,
+    deployment,
+    external_hpa,
+    hpa_metric_total,
+    hpa_reads_metric,
+    wait_for,
+    wait_replicas,
+)
 from tests.e2e.conftest import Adapter, Timeline
 from tests.redis.servers import RedisProcess
 

@@ -8,7 +8,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
-from tests.e2e.cluster import Kube, deployment, external_hpa, hpa_metric_total, hpa_reads_metric, wait_for, wait_replicas
+from tests.e2e.cluster import (
+    Kube,
+    deployment,
+    external_hpa,
+    hpa_metric_total,
+    hpa_reads_metric,
+    wait_for,
+    wait_replicas,
+)
 from tests.e2e.conftest import Adapter, Timeline
 from tests.kafka.broker import KafkaBroker
 
