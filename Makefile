@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo serve test lint perf setup system-packages clean
+.PHONY: demo serve test e2e lint perf setup system-packages clean
 
 $(STAMP): pyproject.toml
 	./scripts/setup-system.sh
@@ -30,6 +30,11 @@ lint: setup
 
 test: setup lint
 	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+# End-to-end tests in a real control plane (../shared/k8s, built once into ~/.cache/zeroscale-k8s); `make test`
+# skips tests/e2e (they run only with ZEROSCALE_E2E=1, which this sets).
+e2e: setup
+	./scripts/e2e.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info
