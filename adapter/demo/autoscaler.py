@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from adapter.demo.stack import KAFKA_GROUP, NAMESPACE
+from adapter.demo.stack import KAFKA_GROUP, KAFKA_TOPIC, NAMESPACE
 from adapter.demo.workloads import LocalWorkload
 from adapter.hpa import Decision, HorizontalController, HPAManifest, MetricFailure, MetricReading, parse_manifests
 from adapter.hpa.fetch import read_external_metric
@@ -59,7 +59,7 @@ def hpa_manifests(timing: Timing, with_kafka: bool) -> str:
         _hpa("worker", "demo-jobs", "", "5", 4, timing),
     ]
     if with_kafka:
-        selector = f", selector: {{matchLabels: {{group: {KAFKA_GROUP}}}}}"
+        selector = f", selector: {{matchLabels: {{group: {KAFKA_GROUP}, topic: {KAFKA_TOPIC}}}}}"
         documents.append(_hpa("consumer", "demo-kafka-lag", selector, "10", 4, timing))
     return "---\n".join(documents)
 

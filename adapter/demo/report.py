@@ -41,6 +41,7 @@ class Summary:
     jobs_pushed: int
     jobs_done: int
     kafka_messages: int
+    kafka_consumed: int
     replica_paths: dict[str, list[int]]
     peaks: dict[str, int]
     timeouts: list[str]
@@ -48,10 +49,11 @@ class Summary:
 
     @property
     def passed(self) -> bool:
-        """Every workload went 0 -> >=1 -> 0, no request was lost, every job was done."""
+        """Every workload went 0 -> >=1 -> 0, no request was lost, every job and message was done."""
         paths = self.replica_paths.values()
         round_trips = all(path[:1] == [0] and path[-1:] == [0] and max(path) >= 1 for path in paths)
-        return round_trips and self.requests_lost == 0 and self.jobs_done == self.jobs_pushed and not self.timeouts
+        everything_done = self.jobs_done == self.jobs_pushed and self.kafka_consumed == self.kafka_messages
+        return round_trips and self.requests_lost == 0 and everything_done and not self.timeouts
 
 
 def summarize(scenario: str, timeline: Timeline, outcome: Outcome) -> Summary:
@@ -73,6 +75,7 @@ def summarize(scenario: str, timeline: Timeline, outcome: Outcome) -> Summary:
         jobs_pushed=outcome.jobs_pushed,
         jobs_done=outcome.jobs_done,
         kafka_messages=outcome.kafka_messages,
+        kafka_consumed=outcome.kafka_consumed,
         replica_paths=paths,
         peaks={name: max(path) for name, path in paths.items()},
         timeouts=list(outcome.timeouts),
@@ -94,7 +97,7 @@ def summary_lines(summary: Summary) -> list[str]:
         f"jobs: {summary.jobs_pushed} pushed, {summary.jobs_done} done",
     ]
     if summary.kafka_messages:
-        lines.append(f"kafka: {summary.kafka_messages} messages produced")
+        lines.append(f"kafka: {summary.kafka_messages} messages produced, {summary.kafka_consumed} consumed")
     for name, path in summary.replica_paths.items():
         lines.append(f"{name} replicas: {' -> '.join(map(str, path))}")
     lines += [f"timed out: {t}" for t in summary.timeouts]

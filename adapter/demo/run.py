@@ -236,5 +236,6 @@ class Demo:
         for line in summary_lines(summary):
             self.view.line(line)
         verdict = "PASSED" if summary.passed else "FAILED"
-        self.view.line(f"{verdict}: every workload 0 -> >=1 -> 0, no request lost, every job done")
+        wanted = "every workload 0 -> >=1 -> 0, no request lost, every job and message processed"
+        self.view.line(f"{verdict} (wanted: {wanted})")
         self.view.line(f"report: {report}")

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from adapter.demo.load import burst, request
-from adapter.demo.stack import JOBS_DONE_KEY, JOBS_KEY, KAFKA_PARTITIONS, KAFKA_TOPIC
+from adapter.demo.stack import JOBS_DONE_KEY, JOBS_KEY, KAFKA_GROUP, KAFKA_PARTITIONS, KAFKA_TOPIC
 from adapter.demo.timeline import Timeline
 from adapter.demo.workloads import LocalWorkload
 
@@ -43,6 +43,7 @@ class Outcome:
     jobs_pushed: int = 0
     jobs_done: int = 0
     kafka_messages: int = 0
+    kafka_consumed: int = 0  # the consumer group's committed offsets, summed
     timeouts: tuple[str, ...] = ()
 
 
@@ -99,6 +100,8 @@ class Scenario:
             timeline.phase("everything goes back to zero")
             await asyncio.gather(*(self._back_to_zero(name) for name in self.workloads))
             self.outcome.jobs_done = int(await client.get(JOBS_DONE_KEY) or 0)
+            if self.kafka_bootstrap is not None:
+                self.outcome.kafka_consumed = await self._committed()
         finally:
             await client.aclose()
         return self.outcome
@@ -116,6 +119,17 @@ class Scenario:
         finally:
             await producer.stop()
         self.outcome.kafka_messages = self.plan.kafka_messages
+
+    async def _committed(self) -> int:
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.kafka_bootstrap)
+        await admin.start()
+        try:
+            offsets = await admin.list_consumer_group_offsets(KAFKA_GROUP)
+        finally:
+            await admin.close()
+        return sum(max(0, meta.offset) for meta in offsets.values())
 
     async def _woken(self, name: str) -> None:
         workload = self.workloads[name]

@@ -96,7 +96,8 @@ def zeroscale_config(ports: Ports, tls_dir: Path, scaler_port: int, with_kafka: 
                 "name": "demo-kafka-lag",
                 "type": "kafka",
                 "source": "kafka",
-                "labels": {"group": {"pattern": "[a-z-]+", "required": True}},
+                # The topic too: the group has not committed yet, so the lag is read per topic (SPEC 7.1).
+                "labels": {"group": {"pattern": "[a-z-]+", "required": True}, "topic": {"pattern": "[a-z-]+"}},
                 "lag_threshold": 10,
                 # The group has never committed: count every message as lag, so it wakes from zero.
                 "offset_reset_policy": "earliest",

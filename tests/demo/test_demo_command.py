@@ -80,3 +80,19 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
     assert demo.returncode == 130, rest
     assert "interrupted" in rest
     assert _leftovers(run_dir) == []
+
+
+@pytest.mark.kafka
+def test_with_kafka_a_consumer_group_wakes_on_lag_and_returns_to_zero(tmp_path: Path) -> None:
+    require_redis()
+    run_dir = tmp_path / "run"
+    command = _demo(run_dir, "--scenario", "smoke", "--with-kafka")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    path = summary["replica_paths"]["consumer"]
+    assert path[0] == 0, path
+    assert max(path) >= 1, path
+    assert path[-1] == 0, path
+    assert summary["kafka_consumed"] == summary["kafka_messages"] > 0
+    assert _leftovers(run_dir) == []
