@@ -21,6 +21,7 @@ from adapter.config.http import HTTPMetric, HTTPSource
 from adapter.config.server import CacheConfig
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
+from adapter.metrics.errors import MetricUnavailable
 from adapter.proxy.counts import CountsListener, RouteCounts
 from adapter.rpc.counts import CountsServer, start_counts_server
 from adapter.rpc.generated import externalscaler_pb2 as pb
@@ -194,10 +195,24 @@ async def value(cache: MetricCache, route: str = "web") -> Decimal:
     return (await cache.read("http-requests-pending", "default", f"route={route}")).value
 
 
-async def eventually(cache: MetricCache, expected: int, within: float = 3.0, route: str = "web") -> float:
-    """Wait until the series reads `expected`; return how long that took. Never accepts an error on the way."""
+async def eventually(
+    cache: MetricCache, expected: int, within: float = 3.0, route: str = "web", *, through_errors: bool = False
+) -> float:
+    """Wait until the series reads `expected`; return how long that took.
+
+    An error on the way fails at once, unless `through_errors` (the series starts out failing).
+    """
     started = time.monotonic()
-    while (got := await value(cache, route)) != expected:
+    got: Decimal | str = "no value"
+    while True:
+        try:
+            got = await value(cache, route)
+        except MetricUnavailable as err:
+            if not through_errors:
+                raise
+            got = f"error: {err}"
+        if got == expected:
+            break
         if time.monotonic() - started > within:
             raise AssertionError(f"still {got}, not {expected}, after {within}s")
         await asyncio.sleep(0.005)
