@@ -17,11 +17,14 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 	./scripts/kafka/fetch.sh >/dev/null
 
-# Until `zeroscale demo` lands: the adapter on the local example config (loopback, no auth).
+# Redis, the adapter, the proxy and two sample workloads on loopback, scaled from zero and back by
+# the v1.37 HPA algorithm; ends with a summary and the HTML report's path. DEMO_ARGS="--with-kafka" etc.
 demo: setup
-	$(VENV)/bin/zeroscale serve --config deploy/local/zeroscale.yaml
+	$(VENV)/bin/zeroscale demo $(DEMO_ARGS)
 
-serve: demo
+# The adapter alone on the local example config (loopback, no auth).
+serve: setup
+	$(VENV)/bin/zeroscale serve --config deploy/local/zeroscale.yaml
 
 lint: setup
 	$(VENV)/bin/ruff check .
