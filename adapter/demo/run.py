@@ -44,7 +44,7 @@ _VIEW_TICK = 0.25
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scenario", choices=sorted(PLANS), default="full", help="full (about 1.5 min) or smoke (CI)")
+    parser.add_argument("--scenario", choices=sorted(PLANS), default="full", help="full (about 45 s) or smoke (about 20 s; CI)")
     parser.add_argument("--with-kafka", action="store_true", help="add a Kafka consumer on a real broker (KRaft)")
     parser.add_argument("--out", type=Path, help="directory for config, logs and report (default: a new temp dir)")
     parser.add_argument("--sync-period", type=float, default=1.0, help="HPA sync period in seconds (cluster: 15)")
@@ -182,6 +182,11 @@ class Demo:
             for manifest in load_hpas(manifests_text):
                 self.hpas[manifest.spec.name] = LocalHPA(manifest, self.workloads[manifest.spec.name], client)
             await self._first_reads()
+            self.view.line(
+                f"ask the HPA math yourself meanwhile: zeroscale explain -f {self.run_dir / 'hpa.yaml'} "
+                f"--adapter-url https://localhost:{self.ports.adapter} --ca-file {self.run_dir / 'tls' / 'ca.crt'} "
+                "--replicas 0 --scaled-to-zero"
+            )
             background = [
                 asyncio.create_task(run_hpas(self.hpas, self.timing.sync_period, self.timeline.now, self._synced)),
                 asyncio.create_task(sample_forever(self.timeline, self.workloads, self.ports.proxy_admin)),
