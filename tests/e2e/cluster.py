@@ -18,7 +18,8 @@ from http.client import HTTPSConnection
 from pathlib import Path
 from typing import Any, TypeVar
 
-SHARED_K8S = Path(os.environ.get("ZS_K8S_SCRIPTS", "/work/shared/k8s"))
+# The control plane's scripts live beside the repository (../shared/k8s), read-only.
+SHARED_K8S = Path(os.environ.get("ZS_K8S_SCRIPTS", Path(__file__).resolve().parents[3] / "shared" / "k8s"))
 HOME = Path(os.environ.get("ZS_K8S_HOME", Path.home() / ".cache" / "zeroscale-k8s"))
 API_PORT = int(os.environ.get("ZS_K8S_PORT", "16443"))
 # The versions this v1.20 control plane serves; v1.37 serves autoscaling/v2 and discovery.k8s.io/v1 instead.
