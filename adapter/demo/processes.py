@@ -64,10 +64,6 @@ class Supervisor:
         self._running.append(process)
         return process
 
-    @property
-    def running(self) -> int:
-        return sum(1 for process in self._running if process.returncode is None)
-
     async def stop(self, process: asyncio.subprocess.Process, grace: float = _STOP_GRACE) -> None:
         """SIGTERM to the process group; SIGKILL if it is still there after `grace` seconds."""
         if process.returncode is None:

@@ -44,7 +44,9 @@ _VIEW_TICK = 0.25
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scenario", choices=sorted(PLANS), default="full", help="full (about 45 s) or smoke (about 20 s; CI)")
+    parser.add_argument(
+        "--scenario", choices=sorted(PLANS), default="full", help="full (about 45 s) or smoke (about 20 s; CI)"
+    )
     parser.add_argument("--with-kafka", action="store_true", help="add a Kafka consumer on a real broker (KRaft)")
     parser.add_argument("--out", type=Path, help="directory for config, logs and report (default: a new temp dir)")
     parser.add_argument("--sync-period", type=float, default=1.0, help="HPA sync period in seconds (cluster: 15)")

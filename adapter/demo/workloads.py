@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -40,8 +39,6 @@ class LocalWorkload:
         self._next_index = 0
         self._reconciling: asyncio.Task[None] | None = None
         self._stopping: set[asyncio.Task[None]] = set()
-        # Monotonic time the workload last went from no ready replica to one (None: never).
-        self.first_ready_at: float | None = None
         self.crashes = 0
 
     @property
@@ -88,8 +85,6 @@ class LocalWorkload:
         assert stdout is not None
         async for line in stdout:
             if line.strip() == READY_LINE and not replica.ready:
-                if self.ready_replicas == 0:
-                    self.first_ready_at = time.monotonic()
                 replica.ready = True
                 self.resource_version += 1
         await replica.process.wait()

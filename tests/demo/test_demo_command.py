@@ -6,6 +6,7 @@ The smoke scenario is the CI check of issue 9: both workloads scale 0 -> >=1 -> 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -61,17 +62,30 @@ def test_smoke_scales_both_workloads_from_zero_and_back_losing_nothing(tmp_path:
     assert _leftovers(run_dir) == []
 
 
+def _start_until_woken(run_dir: Path) -> subprocess.Popen[str]:
+    """The full demo, returned once the proxy woke the app (servers and a workload are running)."""
+    demo = subprocess.Popen(_demo(run_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert demo.stdout is not None
+    deadline = time.monotonic() + 60
+    for line in demo.stdout:
+        if "by proxy" in line or time.monotonic() > deadline:
+            break
+    assert _leftovers(run_dir), "the demo should be running its servers and workloads by now"
+    return demo
+
+
+def _gone(run_dir: Path, within: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + within
+    while (left := _leftovers(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
 def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
     require_redis()
     run_dir = tmp_path / "run"
-    demo = subprocess.Popen(_demo(run_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    demo = _start_until_woken(run_dir)
     try:
-        assert demo.stdout is not None
-        deadline = time.monotonic() + 60
-        for line in demo.stdout:  # wait until the app runs (woken by the proxy)
-            if "by proxy" in line or time.monotonic() > deadline:
-                break
-        assert _leftovers(run_dir), "the demo should be running its servers and workloads by now"
         demo.send_signal(signal.SIGINT)
         rest, _ = demo.communicate(timeout=60)
     finally:
@@ -80,6 +94,24 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
     assert demo.returncode == 130, rest
     assert "interrupted" in rest
     assert _leftovers(run_dir) == []
+
+
+def test_children_end_even_when_the_demo_is_killed(tmp_path: Path) -> None:
+    """SIGKILL leaves the demo no time to clean up: each child gets SIGTERM from the kernel (PR_SET_PDEATHSIG)."""
+    require_redis()
+    run_dir = tmp_path / "run"
+    demo = _start_until_woken(run_dir)
+    demo.kill()
+    demo.communicate(timeout=30)
+    assert _gone(run_dir) == []
+
+
+def test_missing_redis_server_is_one_line_saying_how_to_install_it(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # the venv's bin: no redis-server there
+    done = subprocess.run(_demo(tmp_path / "run"), capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2
+    assert "apt-get install redis-server" in done.stdout
+    assert _leftovers(tmp_path / "run") == []
 
 
 @pytest.mark.kafka

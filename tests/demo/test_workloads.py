@@ -16,7 +16,6 @@ async def test_scale_up_counts_ready_replicas_then_down_to_zero(sleeper: LocalWo
     assert sleeper.resource_version > version
     await until(lambda: sleeper.ready_replicas == 3)
     assert sleeper.status_replicas == 3
-    assert sleeper.first_ready_at is not None
     assert len(processes_mentioning(tag)) == 3
     sleeper.scale(0)
     await until(lambda: sleeper.status_replicas == 0 and not processes_mentioning(tag))
@@ -44,5 +43,4 @@ async def test_stop_all_ends_the_whole_process_group(supervisor: Supervisor, tag
     await supervisor.start("parent", [sys.executable, "-c", code, tag])
     await until(lambda: len(processes_mentioning(tag)) == 2)
     await supervisor.stop_all()
-    assert supervisor.running == 0
     await until(lambda: not processes_mentioning(tag))
