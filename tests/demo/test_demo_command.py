@@ -57,18 +57,16 @@ def test_smoke_scales_both_workloads_from_zero_and_back_losing_nothing(tmp_path:
     report = run_dir / "report.html"
     assert f"report: {report}" in done.stdout
     assert report.read_text().count("<svg") == 4
-    # The proxy itself woke the app (the Local target), before any HPA sync could.
-    assert "web: 0 -> 1 by proxy" in done.stdout
     assert _leftovers(run_dir) == []
 
 
 def _start_until_woken(run_dir: Path) -> subprocess.Popen[str]:
-    """The full demo, returned once the proxy woke the app (servers and a workload are running)."""
+    """The full demo, returned once a workload was first scaled up (servers and a workload are running)."""
     demo = subprocess.Popen(_demo(run_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert demo.stdout is not None
     deadline = time.monotonic() + 60
     for line in demo.stdout:
-        if "by proxy" in line or time.monotonic() > deadline:
+        if " -> 1 by " in line or time.monotonic() > deadline:
             break
     assert _leftovers(run_dir), "the demo should be running its servers and workloads by now"
     return demo

@@ -1,19 +1,25 @@
-"""The proxy's `Local` scale target (development mode) against the demo's local scaler, both real.
+"""The proxy's `Local` scale target (development mode) against the demo's local scaler, all real.
 
-The proxy's own Waker talks to the scaler over loopback HTTP with the scale subresource calls of SPEC 8.2.
+The proxy's own Waker talks to the scaler over loopback HTTP with the scale subresource calls of SPEC 8.2;
+end to end, a request to a proxy in front of the demo's HTTP app at zero is held, wakes it, and is answered.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 
 import pytest
 from pydantic import ValidationError
 
-from adapter.config.proxy import LocalScaleTarget, RouteConfig
+from adapter.config.proxy import LocalScaleTarget, ProxyConfig, RouteConfig
+from adapter.demo.processes import Supervisor
 from adapter.demo.scaler import answer, start_scaler
+from adapter.demo.stack import free_port
 from adapter.demo.workloads import LocalWorkload
 from adapter.proxy.route import Route
+from adapter.proxy.server import ProxyServer
 from adapter.proxy.wake import Waker
 from tests.demo.conftest import until
 
@@ -75,3 +81,43 @@ async def test_proxy_waker_wakes_a_local_workload_once(sleeper: LocalWorkload) -
         await waker.close()
         await route.close()
         server.close()
+
+
+async def test_a_request_held_at_zero_wakes_the_local_app_through_the_proxy(supervisor: Supervisor) -> None:
+    app_port = free_port()
+    command = [sys.executable, "-m", "adapter.demo.apps", "http", "--port", str(app_port), "--start-delay", "0.2"]
+    web = LocalWorkload("web", lambda index: [*command, "--replica", f"web-{index}"], supervisor)
+    woken: list[tuple[str, int, int]] = []
+    scaler = await start_scaler({"web": web}, lambda *change: woken.append(change))
+    scaler_port = scaler.sockets[0].getsockname()[1]
+    config = ProxyConfig.model_validate(
+        {
+            "bind": "127.0.0.1",
+            "port": 0,
+            "admin_bind": "127.0.0.1",
+            "admin_port": 0,
+            "routes": [
+                {
+                    "name": "web",
+                    "upstream": {"address": f"127.0.0.1:{app_port}"},
+                    "target": {"kind": "Local", "name": "web", "url": f"http://127.0.0.1:{scaler_port}"},
+                    "readiness": "probe",
+                }
+            ],
+        }
+    )
+    proxy = ProxyServer(config)
+    await proxy.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n")
+        async with asyncio.timeout(30):
+            response = await reader.read()
+        writer.close()
+        assert response.startswith(b"HTTP/1.1 200")
+        assert b"hello from web-0" in response
+        assert woken == [("web", 0, 1)]  # no HPA here: the proxy woke it
+    finally:
+        await proxy.shutdown(grace=0)
+        await web.close()
+        scaler.close()
