@@ -49,10 +49,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--with-kafka", action="store_true", help="add a Kafka consumer on a real broker (KRaft)")
     parser.add_argument("--out", type=Path, help="directory for config, logs and report (default: a new temp dir)")
-    parser.add_argument("--sync-period", type=float, default=1.0, help="HPA sync period in seconds (cluster: 15)")
+    parser.add_argument("--sync-period", type=_positive, default=1.0, help="HPA sync period in seconds (cluster: 15)")
     parser.add_argument(
-        "--scale-down-window", type=int, default=5, help="scale-down stabilization in seconds (cluster: 300)"
+        "--scale-down-window", type=_seconds, default=5, help="scale-down stabilization in seconds (cluster: 300)"
     )
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
+def _seconds(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number of seconds >= 0")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,6 +148,11 @@ class Demo:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, main_task.cancel)
         self.view.line(f"zeroscale demo ({self.plan.name}): files in {self.run_dir}")
+        timing = self.timing
+        self.view.line(
+            f"HPA clock: sync every {timing.sync_period:g}s, scale-down stabilization {timing.scale_down_window}s, "
+            f"policies per {timing.policy_period}s (a cluster's defaults: 15s, 300s, 15s)"
+        )
         try:
             return await self._run()
         except StackError as err:
