@@ -28,6 +28,7 @@ JOBS_DONE_KEY = "demo:jobs:done"
 KAFKA_TOPIC = "demo-events"
 KAFKA_GROUP = "demo-consumers"
 KAFKA_PARTITIONS = 4
+_KAFKA_OK, _KAFKA_TOPIC_EXISTS = 0, 36  # Kafka protocol error codes
 _KAFKA_RUN = Path(__file__).resolve().parents[2] / "scripts" / "kafka" / "run.sh"
 _REDIS_MISSING = "redis-server is not installed: run `sudo apt-get install redis-server` (or `make setup`)"
 
@@ -162,18 +163,36 @@ async def start_redis(supervisor: Supervisor, run_dir: Path, ports: Ports) -> No
 
 async def start_kafka(supervisor: Supervisor, run_dir: Path, ports: Ports) -> None:
     """One KRaft broker (scripts/kafka/run.sh) and the demo topic; the first run downloads Kafka's jars."""
+    if not _KAFKA_RUN.exists():
+        raise StackError(f"--with-kafka runs {_KAFKA_RUN}, which is not here: run the demo from a source checkout")
+    if shutil.which("java") is None:
+        raise StackError("--with-kafka needs Java: run `sudo apt-get install default-jre-headless` (or `make setup`)")
     state = run_dir / "kafka"
     ports_args = [str(p) for p in (ports.kafka, ports.kafka_sasl, ports.kafka_controller)]
     await supervisor.start("kafka", [str(_KAFKA_RUN), str(state), *ports_args])
-    await wait_for_port(ports.kafka, "the Kafka broker", supervisor.log_dir / "kafka.log", within=180.0)
+    log = supervisor.log_dir / "kafka.log"
+    await wait_for_port(ports.kafka, "the Kafka broker", log, within=180.0)
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import KafkaError
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=ports.kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(KAFKA_TOPIC, KAFKA_PARTITIONS, 1)])
-    finally:
-        await admin.close()
+    deadline = time.monotonic() + 60.0
+    while True:  # the listener opens a little before the broker accepts admin requests
+        admin = AIOKafkaAdminClient(bootstrap_servers=ports.kafka_bootstrap)
+        try:
+            await admin.start()
+            response = await admin.create_topics([NewTopic(KAFKA_TOPIC, KAFKA_PARTITIONS, 1)])
+            # Errors come back per topic, not raised; "already exists" is as good as created.
+            codes = {error[1] for error in response.topic_errors}
+            if codes <= {_KAFKA_OK, _KAFKA_TOPIC_EXISTS}:
+                return
+            problem = f"error codes {sorted(codes)}"
+        except KafkaError as err:
+            problem = str(err)
+        finally:
+            await admin.close()
+        if time.monotonic() > deadline:
+            raise StackError(f"cannot create the topic {KAFKA_TOPIC}: {problem}; see {log}")
+        await asyncio.sleep(0.5)
 
 
 async def start_zeroscale(supervisor: Supervisor, config: Path, ports: Ports) -> None:
