@@ -24,9 +24,12 @@ def _die_with_parent() -> Callable[[], None] | None:
     if not sys.platform.startswith("linux"):
         return None
     libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
 
     def set_death_signal() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the demo died between fork and prctl: no signal will come
+            os._exit(1)
 
     return set_death_signal
 

@@ -101,7 +101,8 @@ def test_children_end_even_when_the_demo_is_killed(tmp_path: Path) -> None:
     demo = _start_until_woken(run_dir)
     demo.kill()
     demo.communicate(timeout=30)
-    assert _gone(run_dir) == []
+    left = _gone(run_dir)
+    assert left == [], [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
 
 
 def test_missing_redis_server_is_one_line_saying_how_to_install_it(tmp_path: Path) -> None:
