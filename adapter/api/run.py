@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import signal
 
@@ -18,7 +17,7 @@ from adapter.api.routes import ExternalMetricsAPI
 from adapter.api.tls import ServingTLS, TLSError
 from adapter.api.trust import TrustWatcher
 from adapter.config import ZeroscaleConfig
-from adapter.config.server import ServerConfig
+from adapter.config.base import is_loopback
 from adapter.kube.client import KubeClient, KubeConfigError
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
@@ -32,25 +31,20 @@ _NOT_FOUND = Response(404, b"not found\n", "text/plain; charset=utf-8")
 _OK = Response(200, b"ok", "text/plain; charset=utf-8")
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def unsafe_without_auth(server: ServerConfig) -> str | None:
+def unsafe_without_auth(config: ZeroscaleConfig) -> str | None:
     """Why running without authentication is refused, or None when it is allowed (or auth is on)."""
+    server, scaler = config.server, config.grpc.scaler
     if server.auth.enabled:
         return None
-    exposed = [f"{key}={host!r}" for key, host in (("bind", server.bind), ("metrics_bind", server.metrics_bind))]
-    if all(_is_loopback(host) for host in (server.bind, server.metrics_bind)):
+    listeners = [("bind", server.bind), ("metrics_bind", server.metrics_bind)]
+    if scaler.enabled:
+        listeners.append(("grpc.scaler.bind", scaler.bind))
+    if all(is_loopback(host) for _, host in listeners):
         return None
+    exposed = ", ".join(f"{key}={host!r}" for key, host in listeners)
     return (
         "server.auth.enabled is false, which is allowed only when every listener binds to loopback "
-        f"(127.0.0.1, ::1 or localhost); got {', '.join(exposed)}"
+        f"(127.0.0.1, ::1 or localhost); got {exposed}"
     )
 
 
@@ -163,7 +157,7 @@ async def _main(config: ZeroscaleConfig) -> int:
 
 
 def run_adapter(config: ZeroscaleConfig) -> int:
-    problem = unsafe_without_auth(config.server)
+    problem = unsafe_without_auth(config)
     if problem is not None:
         log.error("refusing to start: %s", problem)
         return 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated
@@ -27,6 +28,16 @@ def _parse_duration(value: object) -> object:
 
 # Seconds, written in the config as a number or "500ms" / "5s" / "2m" / "1h".
 Duration = Annotated[float, BeforeValidator(_parse_duration), Field(ge=0)]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address reaches only this machine: `localhost` or a loopback IP."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class Strict(BaseModel):

@@ -6,12 +6,11 @@ loopback address unless `allow_plaintext: true` says the network is trusted (DES
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from adapter.config.base import Duration, Strict
+from adapter.config.base import Duration, Strict, is_loopback
 
 
 class GRPCServerTLS(Strict):
@@ -73,18 +72,9 @@ class GRPCConfig(Strict):
     @model_validator(mode="after")
     def _plaintext_only_on_loopback(self) -> GRPCConfig:
         for name, server in (("scaler", self.scaler), ("counts", self.counts)):
-            if server.enabled and server.tls is None and not server.allow_plaintext and not _is_loopback(server.bind):
+            if server.enabled and server.tls is None and not server.allow_plaintext and not is_loopback(server.bind):
                 raise ValueError(
                     f"grpc.{name}: without tls the server binds only to loopback; "
                     f"set grpc.{name}.tls, bind: 127.0.0.1, or allow_plaintext: true inside a trusted network"
                 )
         return self
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import trustme
 
+from adapter.api.run import unsafe_without_auth
+from adapter.config import ZeroscaleConfig
 from tests.api.conftest import RunningServer, StartServer
 from tests.api.httpclient import Answer, fetch, tls_client
 from tests.kube_standin import KubeStandIn, Reply
@@ -292,3 +294,12 @@ async def _eventually(attempt: Any) -> Answer:
             if asyncio.get_running_loop().time() > deadline:
                 raise
             await asyncio.sleep(0.1)
+
+
+def test_auth_off_counts_the_grpc_scaler_listener() -> None:
+    loopback = {"auth": {"enabled": False}, "bind": "127.0.0.1", "metrics_bind": "127.0.0.1"}
+    assert unsafe_without_auth(ZeroscaleConfig.model_validate({"server": loopback})) is None
+    scaler = {"enabled": True, "bind": "0.0.0.0", "allow_plaintext": True}
+    problem = unsafe_without_auth(ZeroscaleConfig.model_validate({"server": loopback, "grpc": {"scaler": scaler}}))
+    assert problem is not None
+    assert "grpc.scaler.bind='0.0.0.0'" in problem
