@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -49,28 +50,18 @@ def _proxy(args: argparse.Namespace) -> int:
     return run_proxy(config.proxy, config.grpc.counts)
 
 
-def _explain(args: argparse.Namespace) -> int:
-    from adapter.hpa.explain import run
-
-    return run(args)
-
-
-def _certs(args: argparse.Namespace) -> int:
-    from adapter.certs import run
-
-    return run(args)
-
-
-def _doctor(args: argparse.Namespace) -> int:
-    from adapter.doctor.run import run
-
-    return run(args)
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from adapter.demo.run import run
-
-    return run(args)
+# One row per subcommand, in the order `zeroscale --help` lists them: name, help, and what runs it.
+# A function here takes only --config; a module name means that module declares its options in
+# `add_arguments(parser)` and does the work in `run(args)`.
+SUBCOMMANDS: list[tuple[str, str, Command | str]] = [
+    ("serve", "run the external metrics API server (the adapter)", _serve),
+    ("check", "validate a config file and try every source once", _check),
+    ("proxy", "run the buffering reverse proxy (holds requests while a workload wakes)", _proxy),
+    ("explain", "what the HPA (v1.37) would do with these manifests now, and why", "adapter.hpa.explain"),
+    ("certs", "make a CA, the adapter's serving certificate and its caBundle", "adapter.certs"),
+    ("doctor", "check an installation in a cluster and say what is wrong", "adapter.doctor.run"),
+    ("demo", "watch workloads wake from zero and go back, on this machine", "adapter.demo.run"),
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,42 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"zeroscale {__version__}")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    serve = commands.add_parser("serve", help="run the external metrics API server (the adapter)")
-    _add_config_option(serve)
-    serve.set_defaults(run=_serve)
-
-    check = commands.add_parser("check", help="validate a config file and try every source once")
-    _add_config_option(check)
-    check.set_defaults(run=_check)
-
-    proxy = commands.add_parser("proxy", help="run the buffering reverse proxy (holds requests while a workload wakes)")
-    _add_config_option(proxy)
-    proxy.set_defaults(run=_proxy)
-
-    from adapter.hpa.explain import add_arguments as add_explain_arguments
-
-    explain = commands.add_parser("explain", help="what the HPA (v1.37) would do with these manifests now, and why")
-    add_explain_arguments(explain)
-    explain.set_defaults(run=_explain)
-
-    from adapter.certs import add_arguments as add_certs_arguments
-
-    certs = commands.add_parser("certs", help="make a CA, the adapter's serving certificate and its caBundle")
-    add_certs_arguments(certs)
-    certs.set_defaults(run=_certs)
-
-    from adapter.doctor.run import add_arguments as add_doctor_arguments
-
-    doctor = commands.add_parser("doctor", help="check an installation in a cluster and say what is wrong")
-    add_doctor_arguments(doctor)
-    doctor.set_defaults(run=_doctor)
-
-    from adapter.demo.run import add_arguments as add_demo_arguments
-
-    demo = commands.add_parser("demo", help="watch workloads wake from zero and go back, on this machine")
-    add_demo_arguments(demo)
-    demo.set_defaults(run=_demo)
+    for name, help_text, target in SUBCOMMANDS:
+        command = commands.add_parser(name, help=help_text)
+        if isinstance(target, str):
+            module = importlib.import_module(target)
+            module.add_arguments(command)
+            command.set_defaults(run=module.run)
+        else:
+            _add_config_option(command)
+            command.set_defaults(run=target)
     return parser
 
 
