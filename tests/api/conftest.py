@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +13,7 @@ import uvloop
 
 from adapter.api.run import serve
 from adapter.config import ZeroscaleConfig
+from tests.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
 from tests.kube_standin import KubeStandIn
 from tests.netutil import free_port
 
@@ -21,18 +21,6 @@ from tests.netutil import free_port
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], Any]]:
     """The server runs on uvloop in production; its TLS and transports differ from asyncio's, so test on it."""
     return {"uvloop": uvloop.new_event_loop}
-
-
-DEMO_SOURCES = [
-    {
-        "name": "demo",
-        "type": "static",
-        "series": [{"labels": {"queue": "orders"}, "value": 1500}, {"labels": {"queue": "emails"}, "value": 0.5}],
-    }
-]
-DEMO_METRICS = [
-    {"name": "Demo-Queue-Depth", "type": "static", "source": "demo", "labels": {"queue": {"pattern": "[a-z]+"}}}
-]
 
 
 @dataclass
@@ -57,15 +45,8 @@ async def start_server() -> AsyncIterator[StartServer]:
         stop = asyncio.Event()
         task = asyncio.create_task(serve(config, stop))
         running.append((stop, task))
-        for _ in range(200):
-            if task.done():
-                raise RuntimeError(f"the server stopped at start with code {task.result()}")
-            with contextlib.suppress(OSError):
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                return RunningServer(port, metrics_port, config)
-            await asyncio.sleep(0.05)
-        raise TimeoutError("the server did not listen within 10 s")
+        await wait_listening(task, port, "the server")
+        return RunningServer(port, metrics_port, config)
 
     yield start
     for stop, task in running:

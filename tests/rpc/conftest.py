@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -27,6 +26,8 @@ from adapter.rpc.counts import CountsServer, start_counts_server
 from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
 from adapter.sources.http import ProxyCounts
+from tests.adapter_inprocess import DEMO_METRICS as API_METRICS
+from tests.adapter_inprocess import DEMO_SOURCES, wait_listening
 from tests.netutil import free_port
 
 
@@ -35,17 +36,7 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> d
     return {"uvloop": uvloop.new_event_loop}
 
 
-DEMO_SOURCES = [
-    {
-        "name": "demo",
-        "type": "static",
-        "series": [{"labels": {"queue": "orders"}, "value": 1500}, {"labels": {"queue": "emails"}, "value": 0.5}],
-    }
-]
-DEMO_METRICS = [
-    {"name": "Demo-Queue-Depth", "type": "static", "source": "demo", "labels": {"queue": {"pattern": "[a-z]+"}}},
-    {"name": "team-depth", "type": "static", "source": "demo", "namespaces": ["team"]},
-]
+DEMO_METRICS = [*API_METRICS, {"name": "team-depth", "type": "static", "source": "demo", "namespaces": ["team"]}]
 
 
 @dataclass
@@ -93,17 +84,10 @@ async def start_adapter() -> AsyncIterator[StartAdapter]:
         stop = asyncio.Event()
         task = asyncio.create_task(serve(config, stop))
         port = config.grpc.scaler.port
-        for _ in range(200):
-            if task.done():
-                raise RuntimeError(f"the adapter stopped at start with code {task.result()}")
-            with contextlib.suppress(OSError):
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                adapter = Adapter(config.server.port, port, config, stop, task)
-                running.append(adapter)
-                return adapter
-            await asyncio.sleep(0.05)
-        raise TimeoutError("the adapter's gRPC port did not open within 10 s")
+        await wait_listening(task, port, "the adapter's gRPC server")
+        adapter = Adapter(config.server.port, port, config, stop, task)
+        running.append(adapter)
+        return adapter
 
     yield start
     for adapter in running:

@@ -12,7 +12,8 @@ from prometheus_client import REGISTRY
 from adapter.api.run import serve
 from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
-from tests.rpc.conftest import DEMO_METRICS, DEMO_SOURCES, StartAdapter, adapter_config, ref, scaler_stub
+from tests.adapter_inprocess import DEMO_SOURCES
+from tests.rpc.conftest import DEMO_METRICS, StartAdapter, adapter_config, ref, scaler_stub
 
 
 async def keda_poll(stub: pb_grpc.ExternalScalerStub, scaled: pb.ScaledObjectRef) -> tuple[float, int, bool]:
