@@ -49,6 +49,24 @@ def explain_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, l
     return code, json.loads(out) if code == 0 else []
 
 
+def from_standin(manifests: Path, metrics_standin: MetricsStandIn, replicas: int, *extra: str) -> list[str]:
+    """explain's arguments: the manifests with queue=10 at `replicas`, the metric read from the stand-in."""
+    kube = metrics_standin.kube
+    return [
+        "-f",
+        str(manifests),
+        "--set",
+        "queue=10",
+        "--replicas",
+        str(replicas),
+        "--adapter-url",
+        kube.url,
+        "--token-file",
+        str(kube.token_file),
+        *extra,
+    ]
+
+
 def condition(result: dict[str, Any], kind: str) -> tuple[str, str, str]:
     found = next(c for c in result["conditions"] if c["type"] == kind)
     return found["status"], found["reason"], found["message"]
@@ -110,21 +128,7 @@ def test_reads_the_adapter_over_https(
     """SPEC 1.2/1.3/5.1: lower-cased name, encoded selector, items' MilliValue summed (1500m + 2 = 3.5 -> 4)."""
     metrics_standin.values["s0-jobs"] = ["1500m", "2"]
     kube = metrics_standin.kube
-    code, results = explain_json(
-        capsys,
-        "-f",
-        str(manifests),
-        "--set",
-        "queue=10",
-        "--replicas",
-        "1",
-        "--adapter-url",
-        kube.url,
-        "--ca-file",
-        str(kube.ca_file),
-        "--token-file",
-        str(kube.token_file),
-    )
+    code, results = explain_json(capsys, *from_standin(manifests, metrics_standin, 1, "--ca-file", str(kube.ca_file)))
     assert code == 0
     worker = results[0]
     assert worker["metrics"][0]["value"] == "3500m"
@@ -137,19 +141,7 @@ def test_insecure_skip_tls_verify(
     manifests: Path, metrics_standin: MetricsStandIn, capsys: pytest.CaptureFixture[str]
 ) -> None:
     metrics_standin.values["s0-jobs"] = ["2"]
-    kube = metrics_standin.kube
-    common = [
-        "-f",
-        str(manifests),
-        "--set",
-        "queue=10",
-        "--replicas",
-        "1",
-        "--adapter-url",
-        kube.url,
-        "--token-file",
-        str(kube.token_file),
-    ]
+    common = from_standin(manifests, metrics_standin, 1)
     code, results = explain_json(capsys, *common, "--insecure-skip-tls-verify")
     assert (code, results[0]["desiredReplicas"]) == (0, 2)
     # Without it (and without --ca-file) the certificate is refused: shown as the HPA would show a failed fetch.
@@ -180,22 +172,8 @@ def test_errors_are_shown_as_the_hpa_would(
         metrics_standin.errors["s0-jobs"] = (403, "Forbidden", 's0-jobs.external.metrics.k8s.io is forbidden: User "u"')
     elif response == "empty":
         metrics_standin.values["s0-jobs"] = []
-    kube = metrics_standin.kube
-    code, results = explain_json(
-        capsys,
-        "-f",
-        str(manifests),
-        "--set",
-        "queue=10",
-        "--replicas",
-        "3",
-        "--adapter-url",
-        kube.url,
-        "--ca-file",
-        str(kube.ca_file),
-        "--token-file",
-        str(kube.token_file),
-    )
+    ca_file = str(metrics_standin.kube.ca_file)
+    code, results = explain_json(capsys, *from_standin(manifests, metrics_standin, 3, "--ca-file", ca_file))
     assert code == 0
     worker = results[0]
     status, reason, message = condition(worker, "ScalingActive")
