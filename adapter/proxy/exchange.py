@@ -237,11 +237,7 @@ class Exchange:
         if self.state == DONE:
             return
         telemetry.ERRORS.labels(self.route.name, str(code)).inc()
-        upstream = self.upstream
-        self.upstream = None
-        if upstream is not None:
-            upstream.exchange = None
-            upstream.close()
+        self._close_upstream()
         self._end()
         if self.response_started:
             self.client.abort()
@@ -252,12 +248,16 @@ class Exchange:
         if self.state == DONE:
             return
         telemetry.ERRORS.labels(self.route.name, "499").inc()
+        self._close_upstream()
+        self._end()
+
+    def _close_upstream(self) -> None:
+        """Close the upstream connection this exchange holds, if any; a half-done exchange leaves it unusable."""
         upstream = self.upstream
         self.upstream = None
         if upstream is not None:
             upstream.exchange = None
             upstream.close()
-        self._end()
 
     def _end(self) -> None:
         if self.timer is not None:
