@@ -275,11 +275,9 @@ class Doctor:
         check = f"Secret {where.namespace}/{where.serving_secret}"
         try:
             secret = await self._get(f"/api/v1/namespaces/{where.namespace}/secrets/{where.serving_secret}")
-        except KubeAPIError as err:
-            if err.status == 403:
-                return [Finding("skip", check, "you may not read it, so the certificate checks are skipped")]
-            return [Finding("fail", check, f"cannot read it: {err}")]
         except KubeError as err:
+            if isinstance(err, KubeAPIError) and err.status == 403:
+                return [Finding("skip", check, "you may not read it, so the certificate checks are skipped")]
             return [Finding("fail", check, f"cannot read it: {err}")]
         if secret is None:
             return [
