@@ -57,6 +57,11 @@ def _quantile(q: float, histogram: str, by: str, selector: str) -> str:
     return f"histogram_quantile({q}, {_rate('rate', histogram + '_bucket', ', '.join(['le', *by.split()]), selector)})"
 
 
+def _percentiles(histogram: str, by: str, selector: str, legend: str, *qs: float) -> list[tuple[str, str]]:
+    """One (expression, legend) pair per quantile, legends `p50<legend>`, `p99<legend>` and so on."""
+    return [(_quantile(q, histogram, by, selector), f"p{round(q * 100)}{legend}") for q in qs]
+
+
 def _series(
     title: str, description: str, targets: list[Target], pos: GridPos, unit: str = "short", **extra: object
 ) -> TimeSeries:
@@ -128,7 +133,7 @@ def scale_from_zero() -> Dashboard:
         _series(
             "Hold time p50 / p95 / p99",
             "How long requests waited in the proxy before being forwarded or answered",
-            _targets(*((_quantile(q, hold, "", ROUTE), f"p{round(q * 100)}") for q in (0.5, 0.95, 0.99))),
+            _targets(*_percentiles(hold, "", ROUTE, "", 0.5, 0.95, 0.99)),
             GridPos(h=8, w=12, x=0, y=1),
             unit="s",
         ),
@@ -289,10 +294,7 @@ def adapter() -> Dashboard:
         _series(
             "External metrics API latency",
             "Complete request to answer written, p50 and p99 by route kind",
-            _targets(
-                (_quantile(0.5, "zeroscale_api_request_duration_seconds", "route", ""), "p50 {{route}}"),
-                (_quantile(0.99, "zeroscale_api_request_duration_seconds", "route", ""), "p99 {{route}}"),
-            ),
+            _targets(*_percentiles("zeroscale_api_request_duration_seconds", "route", "", " {{route}}", 0.5, 0.99)),
             GridPos(h=8, w=12, x=12, y=16),
             unit="s",
         ),
@@ -300,10 +302,7 @@ def adapter() -> Dashboard:
             "gRPC latency",
             "KEDA external scaler calls, p50 and p99 by method",
             _targets(
-                *(
-                    (_quantile(q, "zeroscale_grpc_request_duration_seconds", "method", SCALER), f"p{p} {{{{method}}}}")
-                    for q, p in ((0.5, 50), (0.99, 99))
-                ),
+                *_percentiles("zeroscale_grpc_request_duration_seconds", "method", SCALER, " {{method}}", 0.5, 0.99)
             ),
             GridPos(h=8, w=12, x=0, y=24),
             unit="s",
