@@ -252,6 +252,20 @@ def hpa_reads_metric(hpa: dict[str, Any]) -> bool:
     return active.get("status") == "True" and active.get("reason") == "ValidMetricFound"
 
 
+def start_at_zero(kube: Kube, hpa: dict[str, Any], what: str, *others: dict[str, Any]) -> None:
+    """Apply the Deployment `hpa` scales (at 0 replicas), `others` and `hpa`; return once the HPA reads its
+    metric (`what`, within 30 s) and the Deployment is at 0."""
+    namespace, name = hpa["metadata"]["namespace"], hpa["metadata"]["name"]
+    kube.apply([deployment(namespace, name), *others, hpa])
+    wait_for(lambda: hpa_reads_metric(kube.hpa(namespace, name)), 30, what)
+    wait_replicas(kube, namespace, name, 0)
+
+
+def wait_hpa_total(kube: Kube, namespace: str, name: str, total: float, timeout: float, what: str) -> None:
+    """Wait until the HPA's status shows it read `total` (see hpa_metric_total)."""
+    wait_for(lambda: hpa_metric_total(kube.hpa(namespace, name)) == total, timeout, what)
+
+
 def hpa_condition(hpa: dict[str, Any], kind: str) -> dict[str, Any]:
     for condition in (hpa.get("status") or {}).get("conditions") or []:
         if condition.get("type") == kind:

@@ -11,11 +11,9 @@ from typing import Any
 from tests.e2e.cluster import (
     ControlPlane,
     Kube,
-    deployment,
     external_hpa,
-    hpa_metric_total,
-    hpa_reads_metric,
-    wait_for,
+    start_at_zero,
+    wait_hpa_total,
     wait_replicas,
 )
 from tests.e2e.conftest import Adapter, Timeline
@@ -45,13 +43,11 @@ def test_jobs_scale_up_drain_scales_to_zero_and_jobs_wake_from_zero(
     kube.namespace(NAMESPACE)
     # 10 jobs per replica (AverageValue), minReplicas 0.
     hpa = external_hpa(NAMESPACE, NAME, "redis-jobs", {"key": KEY}, 10, 5)
-    kube.apply([deployment(NAMESPACE, NAME), hpa])
-    wait_for(lambda: hpa_reads_metric(kube.hpa(NAMESPACE, NAME)), 30, "the HPA reads an empty queue")
-    wait_replicas(kube, NAMESPACE, NAME, 0)
+    start_at_zero(kube, hpa, "the HPA reads an empty queue")
 
     jobs.rpush(KEY, *range(30))
     up = wait_replicas(kube, NAMESPACE, NAME, 3)
-    wait_for(lambda: hpa_metric_total(kube.hpa(NAMESPACE, NAME)) == 30, 10, "the HPA's status shows 30 jobs")
+    wait_hpa_total(kube, NAMESPACE, NAME, 30, 10, "the HPA's status shows 30 jobs")
 
     # `zeroscale explain` (v1.37 rules) reads the same cluster and agrees with the v1.20 controller.
     explained = explain(plane, hpa, tmp_path)

@@ -10,11 +10,9 @@ from aiokafka.structs import TopicPartition
 
 from tests.e2e.cluster import (
     Kube,
-    deployment,
     external_hpa,
-    hpa_metric_total,
-    hpa_reads_metric,
-    wait_for,
+    start_at_zero,
+    wait_hpa_total,
     wait_replicas,
 )
 from tests.e2e.conftest import Adapter, Timeline
@@ -75,14 +73,12 @@ def test_lag_scales_up_consuming_scales_to_zero_and_lag_wakes_from_zero(
     kube.namespace(NAMESPACE)
     selector = {"group": GROUP, "topic": TOPIC}
     # 10 messages of lag per replica (AverageValue), minReplicas 0.
-    kube.apply([deployment(NAMESPACE, NAME), external_hpa(NAMESPACE, NAME, "kafka-lag", selector, 10, 5)])
-    wait_for(lambda: hpa_reads_metric(kube.hpa(NAMESPACE, NAME)), 30, "the HPA reads no lag")
-    wait_replicas(kube, NAMESPACE, NAME, 0)
+    start_at_zero(kube, external_hpa(NAMESPACE, NAME, "kafka-lag", selector, 10, 5), "the HPA reads no lag")
 
     asyncio.run(_produce(bootstrap, 10))  # lag 30
     up = wait_replicas(kube, NAMESPACE, NAME, 3)
     # The status is written just after the scale: the HPA read exactly the lag Kafka has.
-    wait_for(lambda: hpa_metric_total(kube.hpa(NAMESPACE, NAME)) == 30, 10, "the HPA's status shows lag 30")
+    wait_hpa_total(kube, NAMESPACE, NAME, 30, 10, "the HPA's status shows lag 30")
 
     assert asyncio.run(_consume_all(bootstrap)) == 30
     down = wait_replicas(kube, NAMESPACE, NAME, 0)

@@ -17,11 +17,9 @@ from tests.e2e.cluster import (
     ENDPOINTSLICE_API,
     ControlPlane,
     Kube,
-    deployment,
     external_hpa,
-    hpa_metric_total,
-    hpa_reads_metric,
-    wait_for,
+    start_at_zero,
+    wait_hpa_total,
     wait_replicas,
 )
 from tests.e2e.conftest import Adapter, Installed, Timeline, kube_api
@@ -122,9 +120,7 @@ def test_held_requests_wake_the_deployment_and_are_forwarded_once_an_endpoint_is
         "spec": {"selector": {"app": NAME}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
     }
     hpa = external_hpa(NAMESPACE, NAME, "http-pending", {"route": NAME}, PENDING_PER_REPLICA, 3)
-    kube.apply([deployment(NAMESPACE, NAME), service, hpa])
-    wait_for(lambda: hpa_reads_metric(kube.hpa(NAMESPACE, NAME)), 30, "the HPA reads the proxy's pending count")
-    wait_replicas(kube, NAMESPACE, NAME, 0)
+    start_at_zero(kube, hpa, "the HPA reads the proxy's pending count", service)
 
     with ThreadPoolExecutor(HELD) as pool:
         sent = time.monotonic()
@@ -134,7 +130,7 @@ def test_held_requests_wake_the_deployment_and_are_forwarded_once_an_endpoint_is
         woke = wait_replicas(kube, NAMESPACE, NAME, 1, timeout=20)  # the proxy patched the scale subresource
         # The HPA reads the held requests through the adapter and keeps the Deployment up (it would scale a
         # Deployment whose metric reads 0 straight back to 0): two syncs at 1 replica with 3 pending.
-        wait_for(lambda: hpa_metric_total(kube.hpa(NAMESPACE, NAME)) == HELD, 20, "the HPA sees 3 pending")
+        wait_hpa_total(kube, NAMESPACE, NAME, HELD, 20, "the HPA sees 3 pending")
         time.sleep(4)
         assert kube.replicas(NAMESPACE, NAME) == 1
         assert not any(answer.done() for answer in answers), "no endpoint yet: every request is still held"
