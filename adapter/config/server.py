@@ -47,7 +47,6 @@ class AuthConfig(Strict):
     client_ca_file: Path | None = None
     token_review: bool = True
     always_allow_groups: list[str] = Field(default_factory=lambda: ["system:masters"])
-    always_allow_paths: list[str] = Field(default_factory=lambda: ["/healthz", "/livez", "/readyz"])
     allow_cache_ttl: Duration = 10.0
     deny_cache_ttl: Duration = 10.0
     token_cache_ttl: Duration = 10.0
