@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, NoReturn
 import httptools
 
 from adapter.proxy.exchange import DONE, Exchange
-from adapter.proxy.http1 import CONTINUE, IDEMPOTENT, connection_tokens, error_response
+from adapter.proxy.http1 import CONTINUE, HOP_BY_HOP, IDEMPOTENT, REPLACED, connection_tokens, error_response
 from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
@@ -28,9 +28,10 @@ _PAUSE_BODY, _PAUSE_UPSTREAM, _PAUSE_PIPELINE = 1, 2, 4
 _MAX_EARLY_TUNNEL_BYTES = 64 * 1024
 _MAX_PIPELINED = 16
 
-# Request headers the proxy looks at: 0 keep and note, 1 drop (hop-by-hop or set by the proxy).
+# Request headers the proxy looks at, by kind; _DROP: hop-by-hop or set by the proxy itself (http1.py).
 _HOST, _LENGTH, _TE, _CONNECTION, _UPGRADE, _EXPECT, _XFF, _DROP = range(8)
 _SPECIAL = {
+    **dict.fromkeys(HOP_BY_HOP | REPLACED, _DROP),
     b"host": _HOST,
     b"content-length": _LENGTH,
     b"transfer-encoding": _TE,
@@ -38,14 +39,6 @@ _SPECIAL = {
     b"upgrade": _UPGRADE,
     b"expect": _EXPECT,
     b"x-forwarded-for": _XFF,
-    b"keep-alive": _DROP,
-    b"proxy-connection": _DROP,
-    b"proxy-authorization": _DROP,
-    b"proxy-authenticate": _DROP,
-    b"te": _DROP,
-    b"trailer": _DROP,
-    b"x-forwarded-proto": _DROP,
-    b"x-forwarded-host": _DROP,
 }
 
 
