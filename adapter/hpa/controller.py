@@ -28,7 +28,6 @@ from adapter.hpa.stabilization import RecommendationHistory, Stabilized
 
 DEFAULT_TOLERANCE = 0.1  # --horizontal-pod-autoscaler-tolerance
 DEFAULT_DOWNSCALE_STABILIZATION = 300  # --horizontal-pod-autoscaler-downscale-stabilization, seconds
-DEFAULT_SYNC_PERIOD = 15.0  # --horizontal-pod-autoscaler-sync-period, seconds
 
 _DISABLED_MESSAGE = "scaling is disabled since the replica count of the target is zero"
 
