@@ -23,7 +23,7 @@ from adapter.telemetry import api as telemetry
 
 log = logging.getLogger(__name__)
 
-_HEALTH = frozenset({"/healthz", "/livez", "/readyz"})
+HEALTH_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
 _OK = Response(200, b"ok", "text/plain; charset=utf-8")
 _GROUP_PATH = f"/apis/{documents.GROUP}"
 _VERSION_PATH = f"{_GROUP_PATH}/{documents.VERSION}"
@@ -66,7 +66,7 @@ class ExternalMetricsAPI:
         path, _, query = request.target.partition("?")
         if len(path) > 1 and path.endswith("/"):
             path = path[:-1]
-        if path in _HEALTH or path.startswith(("/healthz/", "/livez/", "/readyz/")):
+        if path in HEALTH_PATHS or path.startswith(("/healthz/", "/livez/", "/readyz/")):
             return "health", _OK
         if path == "/openapi" or path.startswith("/openapi/"):
             return "openapi", _OPENAPI_NOT_FOUND

@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from adapter.api.authn import Authenticator, TokenReviewer, TrustBundle
 from adapter.api.authz import Authorizer
 from adapter.api.http import HTTPServer, Limits, Request, Response
-from adapter.api.routes import ExternalMetricsAPI
+from adapter.api.routes import HEALTH_PATHS, ExternalMetricsAPI
 from adapter.api.tls import ServingTLS, TLSError
 from adapter.api.trust import TrustWatcher
 from adapter.config import ZeroscaleConfig
@@ -52,7 +52,7 @@ async def _metrics_endpoint(request: Request) -> Response:
     path = request.target.partition("?")[0]
     if path == "/metrics":
         return Response(200, generate_latest(), CONTENT_TYPE_LATEST)
-    if path in ("/healthz", "/livez", "/readyz"):
+    if path in HEALTH_PATHS:
         return _OK
     return _NOT_FOUND
 
