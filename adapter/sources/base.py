@@ -50,11 +50,6 @@ class SourceQuery:
     params: Mapping[str, tuple[str, ...]]
     selector: Selector
 
-    def param(self, name: str) -> str | None:
-        """The single value of a parameter, or None when the selector did not give it."""
-        values = self.params.get(name, ())
-        return values[0] if values else None
-
 
 # Called by a source when a series it serves may have changed (a pushed event).
 ChangeListener = Callable[[SourceQuery], None]
