@@ -30,6 +30,17 @@ def _parse_duration(value: object) -> object:
 Duration = Annotated[float, BeforeValidator(_parse_duration), Field(ge=0)]
 
 
+_HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """`host:port` or `[v6]:port` -> (host, port), brackets dropped; ValueError naming `address` otherwise."""
+    match = _HOST_PORT.match(address)
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        raise ValueError(f"{address!r} is not host:port")
+    return match.group(1).strip("[]"), int(match.group(2))
+
+
 def is_loopback(host: str) -> bool:
     """Whether a bind address reaches only this machine: `localhost` or a loopback IP."""
     if host == "localhost":

@@ -10,8 +10,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from adapter.config.base import Duration, MetricBase, SelectorLabel, SourceBase, TLSClientFiles
-from adapter.config.proxy import split_address
+from adapter.config.base import Duration, MetricBase, SelectorLabel, SourceBase, TLSClientFiles, split_address
 
 
 class HTTPSource(SourceBase):

@@ -12,20 +12,11 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from adapter.config.base import Duration, Strict
+from adapter.config.base import Duration, Strict, split_address
 from adapter.config.kube import KubeAPIConfig
 
-_HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _HOST_PATTERN = re.compile(r"^(\*|\*\.[a-z0-9.-]+|[a-z0-9.-]+)$")
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """`host:port` or `[v6]:port` -> (host, port); the brackets are dropped."""
-    match = _HOST_PORT.match(address)
-    if match is None or not 0 < int(match.group(2)) < 65536:
-        raise ValueError(f"{address!r} is not host:port")
-    return match.group(1).strip("[]"), int(match.group(2))
 
 
 class RouteLimits(Strict):

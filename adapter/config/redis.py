@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from string import Template
 from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
-from adapter.config.base import Duration, MetricBase, SecretFile, SourceBase, Strict, TLSClientFiles
-
-# host:port, or [v6-address]:port
-_ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^:\s\[\]]+):(\d{1,5})$")
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """`host:port` -> (host, port); the models validate the form, so this never fails on a loaded config."""
-    match = _ADDRESS.match(address)
-    if match is None:
-        raise ValueError(f"{address!r} is not host:port")
-    return match.group(1).strip("[]"), int(match.group(2))
+from adapter.config.base import Duration, MetricBase, SecretFile, SourceBase, Strict, TLSClientFiles, split_address
 
 
 def _check_addresses(addresses: list[str], where: str) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from adapter.config.proxy import RouteConfig, split_address
+from adapter.config.base import split_address
+from adapter.config.proxy import RouteConfig
 from adapter.proxy.counts import RouteCounts
 from adapter.proxy.exchange import ASSIGNED, QUEUED, Exchange
 from adapter.proxy.upstream import Endpoint

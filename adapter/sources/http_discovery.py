@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import socket
 
+from adapter.config.base import split_address
 from adapter.config.http import HTTPSource
-from adapter.config.proxy import split_address
 
 
 def _join(host: str, port: int) -> str:

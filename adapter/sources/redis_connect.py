@@ -12,8 +12,8 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.credentials import CredentialProvider
 
-from adapter.config.base import SecretFile
-from adapter.config.redis import RedisSource, split_address
+from adapter.config.base import SecretFile, split_address
+from adapter.config.redis import RedisSource
 
 # One quick reconnect inside a query (a failover or a dropped idle connection), then the error
 # goes to the cache, which keeps the last good value and tries again next interval.
