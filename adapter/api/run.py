@@ -1,4 +1,5 @@
-"""`zeroscale serve`: the external metrics API on HTTPS and Prometheus /metrics on plain HTTP, on uvloop."""
+"""`zeroscale serve`: the external metrics API on HTTPS, Prometheus /metrics on plain HTTP and, when enabled,
+KEDA's external scaler on gRPC, on uvloop."""
 
 from __future__ import annotations
 
