@@ -63,7 +63,8 @@ def self_signed(sans: list[str]) -> tuple[bytes, bytes]:
     return certificate.public_bytes(serialization.Encoding.PEM), key_pem
 
 
-def _file_state(path: Path) -> tuple[int, int, int] | None:
+def file_state(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is rewritten or replaced (mtime, size, inode); None when it cannot be read."""
     try:
         stat = path.stat()
     except OSError:
@@ -125,7 +126,7 @@ class ServingTLS:
 
     def _files_state(self) -> tuple[object, ...]:
         config = self._config
-        return tuple(_file_state(path) for path in (config.cert_file, config.key_file) if path is not None)
+        return tuple(file_state(path) for path in (config.cert_file, config.key_file) if path is not None)
 
     def _choose_context(
         self, ssl_object: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, _base: object

@@ -19,6 +19,7 @@ from typing import Any
 from cryptography import x509
 
 from adapter.api.authn import TrustBundle, load_pem_bundle
+from adapter.api.tls import file_state
 from adapter.config.server import AuthConfig
 from adapter.kube.client import KubeClient, KubeError
 from adapter.telemetry import api as telemetry
@@ -127,14 +128,7 @@ class TrustWatcher:
 
     def _files_state(self) -> tuple[object, ...]:
         paths = (self._config.request_header.client_ca_file, self._config.client_ca_file)
-        states = []
-        for path in paths:
-            try:
-                stat = path.stat() if path else None
-            except OSError:
-                stat = None
-            states.append((stat.st_mtime_ns, stat.st_size, stat.st_ino) if stat else None)
-        return tuple(states)
+        return tuple(file_state(path) if path else None for path in paths)
 
     async def _poll_files(self) -> None:
         while True:
