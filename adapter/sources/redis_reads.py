@@ -72,7 +72,7 @@ class QueueReader:
         assert isinstance(metric, RedisMetric)
         keys = expand(metric.redis_key, query.params)
         if metric.group is None:
-            values = await self._by_key(metric, keys)
+            values = await (self._lengths(keys) if metric.query == "length" else self._by_key(metric, keys))
             return [Sample(Decimal(values[key]), {"key": key}) for key in keys]
         groups = expand(metric.group, query.params)
         pairs = list(itertools.product(keys, groups))
@@ -99,13 +99,16 @@ class QueueReader:
         and sorted sets), so only a key of another type needs more: it answers WRONGTYPE, and
         then TYPE goes out with every length command in a second trip.
         """
-        commands = {key: (LENGTH_COMMANDS[self._types.get(key, "list")], key) for key in keys}
-        results = await self._send(list(commands.values()))
+        types = self._types
+        commands = [(LENGTH_COMMANDS[types.get(key, "list")], key) for key in keys]
+        results = await self._send(commands)
         lengths: dict[str, int] = {}
         retype: list[str] = []
-        for key, command in commands.items():
+        for key, command in zip(keys, commands, strict=True):
             reply = results[command]
-            if isinstance(reply, rx.ResponseError) and str(reply).startswith("WRONGTYPE"):
+            if type(reply) is int:  # the usual reply: no exception, no conversion
+                lengths[key] = reply
+            elif isinstance(reply, rx.ResponseError) and str(reply).startswith("WRONGTYPE"):
                 retype.append(key)
             else:
                 lengths[key] = int(_value(results, command))
