@@ -68,6 +68,9 @@ class ClientConnection(asyncio.Protocol):
         self._paused_upstream: UpstreamConnection | None = None
         self._head_bytes = 0
         self._max_head = self._config.max_header_bytes + self._config.max_request_line_bytes
+        # Limits read on every header, kept here: one attribute lookup instead of two.
+        self._max_header_bytes = self._config.max_header_bytes
+        self._max_headers = self._config.max_headers
         self._closed = False
         self._rejected = False
         self._in_headers = False
@@ -167,9 +170,9 @@ class ClientConnection(asyncio.Protocol):
         headers = self._headers
         headers.append((name, value))
         self._header_bytes += len(name) + len(value) + 4
-        if self._header_bytes > self._config.max_header_bytes:
+        if self._header_bytes > self._max_header_bytes:
             self._reject(431, f"the request headers are larger than {self._config.max_header_bytes} bytes")
-        if len(headers) > self._config.max_headers:
+        if len(headers) > self._max_headers:
             self._reject(431, f"the request has more than {self._config.max_headers} headers")
 
     def on_headers_complete(self) -> None:
@@ -215,20 +218,21 @@ class ClientConnection(asyncio.Protocol):
         tokens: set[bytes] = set()
         content_length: int | None = None
         chunked = expect_continue = False
-        kept: list[bytes] = []
+        # The request head as pieces, four a header line (name, ": ", value, CRLF), joined once at the end.
+        parts = [method, b" ", b"", b" HTTP/1.1\r\n"]
         for name, value in self._headers:
             kind = _SPECIAL.get(name.lower())
             if kind is None:
-                kept.append(b"%b: %b\r\n" % (name, value))
+                parts += (name, b": ", value, b"\r\n")
             elif kind == _HOST:
                 if host is not None:
                     self._reject(400, "the request has more than one Host header")
                 host = value
-                host_line = len(kept)
-                kept.append(b"%b: %b\r\n" % (name, value))
+                host_line = len(parts)
+                parts += (name, b": ", value, b"\r\n")
             elif kind == _LENGTH:
                 content_length = int(value)  # llhttp accepted only digits, and only one value
-                kept.append(b"%b: %b\r\n" % (name, value))
+                parts += (name, b": ", value, b"\r\n")
             elif kind == _TE:
                 codings = [c.strip().lower() for c in value.split(b",")]
                 if codings != [b"chunked"]:
@@ -256,7 +260,8 @@ class ClientConnection(asyncio.Protocol):
             host = url[scheme_end:path_start] if path_start != -1 else url[scheme_end:]
             url = url[path_start:] if path_start != -1 else b"/"
             if host_line is not None:
-                kept[host_line] = b"Host: %b\r\n" % host
+                parts[host_line] = b"Host"
+                parts[host_line + 2] = host
         elif not url.startswith(b"/") and not (url == b"*" and method == b"OPTIONS"):
             self._reject(400, "the request target must be a path")
         route = self.server.router.match(host or b"", url)
@@ -264,10 +269,11 @@ class ClientConnection(asyncio.Protocol):
             telemetry.ERRORS.labels("", "404").inc()
             self._reject(404, "no route for this host and path")
         is_upgrade = bool(upgrade) and b"upgrade" in tokens
+        parts[2] = url
         if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:
             # Headers the client named in Connection are hop-by-hop too.
-            kept = [line for line in kept if line.split(b":", 1)[0].lower() not in tokens]
-        parts = [method, b" ", url, b" HTTP/1.1\r\n", *kept]
+            lines = range(4, len(parts), 4)
+            parts[4:] = [piece for at in lines if parts[at].lower() not in tokens for piece in parts[at : at + 4]]
         if forwarded_for:
             parts.append(b"X-Forwarded-For: %b, %b\r\nX-Forwarded-Proto: http\r\n" % (forwarded_for, self._peer))
         else:

@@ -34,10 +34,9 @@ class _HeadResponse:
     """Parser callbacks for the answer to a HEAD request: httptools cannot be told there is no body,
     so this parser is used for one response and dropped after its head."""
 
-    __slots__ = ("on_header", "on_headers_complete", "on_message_begin")
+    __slots__ = ("on_header", "on_headers_complete")
 
     def __init__(self, connection: UpstreamConnection) -> None:
-        self.on_message_begin = connection.on_message_begin
         self.on_header = connection.on_header
         self.on_headers_complete = connection.on_headers_complete
 
@@ -84,7 +83,8 @@ class UpstreamConnection(asyncio.Protocol):
             self._flush()
             self._lost("sent a malformed response")
             return
-        self._flush()
+        if self._out:
+            self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -119,13 +119,14 @@ class UpstreamConnection(asyncio.Protocol):
 
     # --- httptools callbacks ---
 
-    def on_message_begin(self) -> None:
-        self._headers = []
+    # No on_message_begin (one callback less per response): on_headers_complete takes the headers and starts
+    # a new list, and the connection is closed whenever a response head breaks off before it.
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        headers, self._headers = self._headers, []
         exchange = self.exchange
         if exchange is None:
             return
@@ -135,14 +136,14 @@ class UpstreamConnection(asyncio.Protocol):
             self._interim = True
             return
         self._interim = False
-        self._cancel_timer()
+        self.deadline = 0.0  # the response timeout is over
         route = exchange.route
         if exchange.sent_at:
             route.stats.upstream_seconds.observe(monotonic() - exchange.sent_at)
         if status == 101 and not exchange.upgrade:
             self._lost("switched protocols unasked")
             return
-        head, upstream_keep_alive = self._response_head(exchange, status)
+        head, upstream_keep_alive = self._response_head(exchange, status, headers)
         exchange.response_started = True
         self._sink = exchange.client.transport
         self._out.append(head)
@@ -170,7 +171,8 @@ class UpstreamConnection(asyncio.Protocol):
         keep_alive = self._parser.should_keep_alive()
         if self._client_chunked:
             self._out.append(CHUNK_END)
-        self._flush()
+        if self._out:
+            self._flush()
         exchange.response_done(upstream_reusable=keep_alive)
 
     # --- what the exchange and the pool call ---
@@ -207,13 +209,12 @@ class UpstreamConnection(asyncio.Protocol):
 
     # --- internals ---
 
-    def _response_head(self, exchange: Exchange, status: int) -> tuple[bytes, bool]:
+    def _response_head(self, exchange: Exchange, status: int, headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bool]:
         parts = [status_line(status)]
         has_length = chunked = False
         tokens: set[bytes] = set()
         upgrade = b""
-        append = parts.append
-        for name, value in self._headers:
+        for name, value in headers:
             # Only names as long as a hop-by-hop one or Content-Length need a closer (lower-cased) look.
             if len(name) in _SPECIAL_LENGTHS:
                 lower = name.lower()
@@ -227,9 +228,15 @@ class UpstreamConnection(asyncio.Protocol):
                     continue
                 if lower == b"content-length":
                     has_length = True
-            append(b"%b: %b\r\n" % (name, value))
+            # Pieces, joined once below: cheaper than formatting each line.
+            parts += (name, b": ", value, b"\r\n")
         if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:
-            parts = [parts[0], *(p for p in parts[1:] if p.split(b":", 1)[0].lower() not in tokens)]
+            # Headers the upstream named in Connection are hop-by-hop too.
+            parts = [parts[0]]
+            for name, value in headers:
+                lower = name.lower()
+                if lower not in HOP_BY_HOP and lower not in tokens:
+                    parts += (name, b": ", value, b"\r\n")
         upstream_keep_alive = b"close" not in tokens and self._parser.get_http_version() == "1.1"
         client = exchange.client
         if status == 101:
