@@ -30,15 +30,18 @@ _MAX_REMEMBERED_TYPES = 100_000
 
 
 @functools.lru_cache(maxsize=256)
-def _parsed(template: str) -> tuple[Template, list[str]]:
-    return Template(template), placeholders(template)
+def _parsed(template: str) -> tuple[Template, list[str], str | None]:
+    """The template, its placeholder names, and the one name if the template is just `$name` / `${name}`."""
+    names = placeholders(template)
+    whole = names[0] if len(names) == 1 and template in (f"${names[0]}", f"${{{names[0]}}}") else None
+    return Template(template), names, whole
 
 
 def expand(template: str, params: Mapping[str, tuple[str, ...]]) -> list[str]:
     """Every string the template makes from the selector's values (`key in (a,b)` gives two)."""
-    parsed, names = _parsed(template)
-    if len(names) == 1 and template in (f"${names[0]}", f"${{{names[0]}}}") and params.get(names[0]):
-        return list(params[names[0]])  # the common case, `${key}`, without substituting
+    parsed, names, whole = _parsed(template)
+    if whole is not None and params.get(whole):
+        return list(params[whole])  # the common case, `${key}`, without substituting
     missing = [name for name in names if not params.get(name)]
     if missing:
         raise SourceError(f"the selector gives no value for {', '.join(missing)}")
@@ -72,7 +75,13 @@ class QueueReader:
         assert isinstance(metric, RedisMetric)
         keys = expand(metric.redis_key, query.params)
         if metric.group is None:
-            values = await (self._lengths(keys) if metric.query == "length" else self._by_key(metric, keys))
+            if metric.query == "length":  # the common read, in this one coroutine frame
+                commands = self._length_commands(keys)
+                values, retype = self._lengths(keys, commands, await self._send(commands))
+                if retype:
+                    values.update(await self._retyped(retype))
+            else:
+                values = await self._by_key(metric, keys)
             return [Sample(Decimal(values[key]), {"key": key}) for key in keys]
         groups = expand(metric.group, query.params)
         pairs = list(itertools.product(keys, groups))
@@ -80,28 +89,28 @@ class QueueReader:
         return [Sample(Decimal(counts[pair]), {"key": pair[0], "group": pair[1]}) for pair in pairs]
 
     async def _by_key(self, metric: RedisMetric, keys: list[str]) -> dict[str, int]:
-        match metric.query:
-            case "length":
-                return await self._lengths(keys)
-            case "zset_due":
-                now = self._clock()
-                due = f"{now:.6f}" if metric.score_unit == "seconds" else str(int(now * 1000))
-                commands: dict[str, Command] = {key: ("ZCOUNT", key, "-inf", due) for key in keys}
-            case _:  # stream_length
-                commands = {key: ("XLEN", key) for key in keys}
+        if metric.query == "zset_due":
+            now = self._clock()
+            due = f"{now:.6f}" if metric.score_unit == "seconds" else str(int(now * 1000))
+            commands: dict[str, Command] = {key: ("ZCOUNT", key, "-inf", due) for key in keys}
+        else:  # stream_length
+            commands = {key: ("XLEN", key) for key in keys}
         results = await self._send(list(commands.values()))
         return {key: int(_value(results, command)) for key, command in commands.items()}
 
-    async def _lengths(self, keys: list[str]) -> dict[str, int]:
-        """One command per key: the length command of the type the key had last time (list at first).
+    def _length_commands(self, keys: list[str]) -> list[Command]:
+        """One command per key: the length command of the type the key had last time (list at first)."""
+        types = self._types
+        return [(LENGTH_COMMANDS[types.get(key, "list")], key) for key in keys]
+
+    @staticmethod
+    def _lengths(keys: list[str], commands: list[Command], results: Results) -> tuple[dict[str, int], list[str]]:
+        """The lengths the replies give, and the keys that need their type read first.
 
         A missing key answers 0 to every length command (Redis deletes empty lists, sets, hashes
         and sorted sets), so only a key of another type needs more: it answers WRONGTYPE, and
         then TYPE goes out with every length command in a second trip.
         """
-        types = self._types
-        commands = [(LENGTH_COMMANDS[types.get(key, "list")], key) for key in keys]
-        results = await self._send(commands)
         lengths: dict[str, int] = {}
         retype: list[str] = []
         for key, command in zip(keys, commands, strict=True):
@@ -112,9 +121,7 @@ class QueueReader:
                 retype.append(key)
             else:
                 lengths[key] = int(_value(results, command))
-        if retype:
-            lengths.update(await self._retyped(retype))
-        return lengths
+        return lengths, retype
 
     async def _retyped(self, keys: list[str]) -> dict[str, int]:
         commands: list[Command] = []
