@@ -71,6 +71,9 @@ class ClientConnection(asyncio.Protocol):
         # Limits read on every header, kept here: one attribute lookup instead of two.
         self._max_header_bytes = self._config.max_header_bytes
         self._max_headers = self._config.max_headers
+        self._max_url = self._config.max_request_line_bytes
+        self._header_timeout = self._config.header_timeout
+        self._idle_timeout = self._config.idle_timeout
         self._closed = False
         self._rejected = False
         self._in_headers = False
@@ -159,11 +162,11 @@ class ClientConnection(asyncio.Protocol):
         self._headers = []
         self._header_bytes = 0
         self._in_headers = True
-        self._arm(self._config.header_timeout)
+        self.deadline = monotonic() + self._header_timeout  # _arm, inlined: once per request
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        if len(self._url) > self._config.max_request_line_bytes:
+        if len(self._url) > self._max_url:
             self._reject(414, f"the request target is longer than {self._config.max_request_line_bytes} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -178,7 +181,7 @@ class ClientConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._in_headers = False
         self._head_bytes = 0
-        self._cancel_timer()
+        self.deadline = 0.0  # _cancel_timer, inlined
         exchange = self._exchange()
         self._parsing = exchange
         if self._active is None:
@@ -337,12 +340,13 @@ class ClientConnection(asyncio.Protocol):
         if not reusable or self._early is not None or self.server.draining:
             self._close()
             return
-        # Whatever paused reading belonged to the finished exchange.
-        self._resume(_PAUSE_PIPELINE | _PAUSE_UPSTREAM | _PAUSE_BODY)
+        if self._pauses:
+            # Whatever paused reading belonged to the finished exchange.
+            self._resume(_PAUSE_PIPELINE | _PAUSE_UPSTREAM | _PAUSE_BODY)
         if self._waiting:
             self._start(self._waiting.popleft())
         elif self._parsing is None:
-            self._arm(self._config.idle_timeout)
+            self.deadline = monotonic() + self._idle_timeout  # _arm, inlined
 
     def start_tunnel(self, upstream: UpstreamConnection) -> None:
         self._tunnel = upstream

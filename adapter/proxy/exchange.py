@@ -144,8 +144,8 @@ class Exchange:
         if self.chunked:
             upstream.transport.write(CHUNK_END)
             self._keep_for_replay(CHUNK_END)
-        self.sent_at = monotonic()
-        upstream.expect_response(self.route.limits.response_timeout)
+        self.sent_at = sent_at = monotonic()
+        upstream.expect_response(self.route.limits.response_timeout, sent_at)
 
     def _keep_for_replay(self, framed: bytes) -> None:
         if self.replay is not None:
@@ -185,8 +185,8 @@ class Exchange:
         self.written = True
         self.attempts += 1
         if self.body_done:
-            self.sent_at = monotonic()
-            upstream.expect_response(self.route.limits.response_timeout)
+            self.sent_at = sent_at = monotonic()
+            upstream.expect_response(self.route.limits.response_timeout, sent_at)
 
     def retriable(self) -> bool:
         """No byte reached an upstream, or an idempotent request whose bytes we still have got no response byte."""

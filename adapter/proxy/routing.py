@@ -48,9 +48,7 @@ class Router(Generic[T]):
         self._by_host: dict[bytes, list[tuple[bytes, T]] | None] = {}
 
     def _candidates(self, raw_host: bytes) -> list[tuple[bytes, T]] | None:
-        found = self._by_host.get(raw_host, False)
-        if found is not False:
-            return found  # type: ignore[return-value]
+        """The routes for a host not yet in the cache (match looks there first)."""
         host = normalise_host(raw_host)
         entries = self._exact.get(host)
         if entries is None:
@@ -64,7 +62,8 @@ class Router(Generic[T]):
 
     def match(self, host: bytes, path: bytes) -> T | None:
         """The route for a Host header (as sent) and a request path, or None (the proxy answers 404 itself)."""
-        entries = self._candidates(host)
+        by_host = self._by_host
+        entries = by_host[host] if host in by_host else self._candidates(host)
         if entries is None:
             return None
         for prefix, value in entries:

@@ -27,7 +27,10 @@ _NO_BODY_STATUSES = frozenset({204, 304})
 _PLAIN_CONNECTION_TOKENS = frozenset({b"close", b"keep-alive", b"upgrade"})
 _SPECIAL_LENGTHS = frozenset(len(name) for name in (*HOP_BY_HOP, b"content-length"))
 # The Connection values nearly every upstream sends, parsed once.
-_PLAIN_TOKENS = {value: connection_tokens(value) for value in (b"keep-alive", b"close", b"Keep-Alive", b"Close")}
+_PLAIN_TOKENS = {
+    value: frozenset(connection_tokens(value)) for value in (b"keep-alive", b"close", b"Keep-Alive", b"Close")
+}
+_NO_TOKENS: frozenset[bytes] = frozenset()
 
 
 class _HeadResponse:
@@ -143,7 +146,7 @@ class UpstreamConnection(asyncio.Protocol):
         if status == 101 and not exchange.upgrade:
             self._lost("switched protocols unasked")
             return
-        head, upstream_keep_alive = self._response_head(exchange, status, headers)
+        head, upstream_close = self._response_head(exchange, status, headers)
         exchange.response_started = True
         self._sink = exchange.client.transport
         self._out.append(head)
@@ -152,6 +155,8 @@ class UpstreamConnection(asyncio.Protocol):
         if status == 101:
             self._upgrading = True
         elif exchange.is_head:
+            # Asked here only (the version costs a string format): other responses ask should_keep_alive.
+            upstream_keep_alive = not upstream_close and self._parser.get_http_version() == "1.1"
             # The head is the whole answer; a fresh parser reads the next response on this connection.
             self._parser = httptools.HttpResponseParser(self)
             self._flush()
@@ -185,9 +190,10 @@ class UpstreamConnection(asyncio.Protocol):
         if exchange.is_head:
             self._parser = httptools.HttpResponseParser(_HeadResponse(self))
 
-    def expect_response(self, timeout: float) -> None:
+    def expect_response(self, timeout: float, sent_at: float) -> None:
+        """The request was sent whole at `sent_at` (monotonic): its response head is due within `timeout`."""
         self._timeout = timeout
-        self.deadline = monotonic() + timeout
+        self.deadline = sent_at + timeout
 
     def check_deadline(self, now: float) -> None:
         if self.deadline and now >= self.deadline:
@@ -212,7 +218,7 @@ class UpstreamConnection(asyncio.Protocol):
     def _response_head(self, exchange: Exchange, status: int, headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bool]:
         parts = [status_line(status)]
         has_length = chunked = False
-        tokens: set[bytes] = set()
+        tokens = _NO_TOKENS
         upgrade = b""
         for name, value in headers:
             # Only names as long as a hop-by-hop one or Content-Length need a closer (lower-cased) look.
@@ -220,7 +226,7 @@ class UpstreamConnection(asyncio.Protocol):
                 lower = name.lower()
                 if lower in HOP_BY_HOP:
                     if lower == b"connection":
-                        tokens |= _PLAIN_TOKENS.get(value) or connection_tokens(value)
+                        tokens = tokens | (_PLAIN_TOKENS.get(value) or connection_tokens(value))
                     elif lower == b"transfer-encoding":
                         chunked = b"chunked" in value.lower()
                     elif lower == b"upgrade":
@@ -237,7 +243,6 @@ class UpstreamConnection(asyncio.Protocol):
                 lower = name.lower()
                 if lower not in HOP_BY_HOP and lower not in tokens:
                     parts += (name, b": ", value, b"\r\n")
-        upstream_keep_alive = b"close" not in tokens and self._parser.get_http_version() == "1.1"
         client = exchange.client
         if status == 101:
             parts.append(b"Connection: Upgrade\r\nUpgrade: %b\r\n" % upgrade)
@@ -261,7 +266,7 @@ class UpstreamConnection(asyncio.Protocol):
         if client.server.via:
             parts.append(b"Via: 1.1 zeroscale\r\n")
         parts.append(b"\r\n")
-        return b"".join(parts), upstream_keep_alive
+        return b"".join(parts), b"close" in tokens
 
     def _flush(self) -> None:
         if self._out:
