@@ -172,3 +172,45 @@ async def test_database_index(server: RedisProcess, make_source: Make) -> None:
     server.client(db=0).rpush("jobs", "a")
     source = make_source(name="db3", url=f"redis://{server.address}", db=3)
     assert await value(source, "length", "key=jobs") == 3
+
+
+async def test_one_failing_command_leaves_the_rest_of_its_batch_standing(
+    server: RedisProcess, source: RedisQueues
+) -> None:
+    r = server.client()
+    r.rpush("jobs", 1, 2)
+    r.set("text", "x")
+    r.hset("table", mapping={"a": 1, "b": 2, "c": 3})
+    metric = redis_metric("length")
+    results = await asyncio.gather(
+        *(source.query(query_for(metric, f"key={k}")) for k in ("jobs", "text", "table", "none")),
+        return_exceptions=True,
+    )
+    jobs, text, table, none = results
+    assert isinstance(text, SourceError)
+    assert "WRONGTYPE" in str(text)
+    assert [int(s[0].value) for s in (jobs, table, none) if not isinstance(s, BaseException)] == [2, 3, 0]
+
+
+async def test_a_connection_the_server_dropped_is_reopened_within_the_read(
+    server: RedisProcess, source: RedisQueues
+) -> None:
+    r = server.client()
+    r.rpush("jobs", 1, 2, 3)
+    assert await value(source, "length", "key=jobs") == 3
+    r.client_kill_filter(_type="normal", skipme=True)  # every connection of the source
+    r.rpush("jobs", 4)
+    assert await value(source, "length", "key=jobs") == 4
+
+
+async def test_a_timed_out_batch_leaves_no_reply_behind_for_the_next(server: RedisProcess, make_source: Make) -> None:
+    r = server.client()
+    r.rpush("short", 1)
+    r.rpush("long", 1, 2, 3)
+    source = make_source(url=f"redis://{server.address}", timeout=0.2, max_connections=2)
+    assert await value(source, "length", "key=short") == 1
+    r.client_pause(400)  # the server holds every reply
+    with pytest.raises(SourceError, match="did not answer in time"):
+        await value(source, "length", "key=short")
+    await asyncio.sleep(0.3)
+    assert await value(source, "length", "key=long") == 3  # not the late reply of `short`
