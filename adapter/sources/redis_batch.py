@@ -3,8 +3,9 @@
 The cache refreshes each series on its own timer, so the reads of one interval arrive as many
 separate `query()` calls a few microseconds to milliseconds apart. Each call hands its commands
 to the batcher; the first call of a batch arms a short timer (`batch_window`), and when it fires
-every command collected so far goes out in one pipeline, duplicates merged. Each caller gets back
-the results of its own commands, each a value or the exception that command raised.
+every command collected so far goes out in one pipeline, duplicates merged. Every caller of a
+batch gets back the same table of its results, command -> a value or the exception that command
+raised, and looks up its own commands there.
 
 Standalone and Sentinel batches skip redis-py's Pipeline object: the commands are packed by
 hiredis into one write on one pooled connection and the replies read back one by one, each a
