@@ -43,6 +43,7 @@ _SPECIAL = {
 
 
 _PLAIN_CONNECTION_TOKENS = frozenset({b"close", b"keep-alive", b"upgrade"})
+_NO_TOKENS: frozenset[bytes] = frozenset()
 
 
 class _Rejected(Exception):
@@ -218,7 +219,7 @@ class ClientConnection(asyncio.Protocol):
         host_line: int | None = None
         forwarded_for = b""
         upgrade = b""
-        tokens: set[bytes] = set()
+        tokens = _NO_TOKENS  # a new set only when there is a Connection header
         content_length: int | None = None
         chunked = expect_continue = False
         # The request head as pieces, four a header line (name, ": ", value, CRLF), joined once at the end.
@@ -242,7 +243,7 @@ class ClientConnection(asyncio.Protocol):
                     self._reject(501, "only Transfer-Encoding: chunked is accepted")
                 chunked = True
             elif kind == _CONNECTION:
-                tokens |= connection_tokens(value)
+                tokens = tokens | connection_tokens(value)
             elif kind == _UPGRADE:
                 upgrade = value
             elif kind == _EXPECT:
@@ -282,7 +283,7 @@ class ClientConnection(asyncio.Protocol):
         else:
             parts.append(self._forwarded)
         if host is not None:
-            parts.append(b"X-Forwarded-Host: %b\r\n" % host)
+            parts += (b"X-Forwarded-Host: ", host, b"\r\n")
         else:
             parts.append(b"Host: %b\r\n" % route.default_host)
         if self.server.via:
