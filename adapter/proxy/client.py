@@ -149,12 +149,14 @@ class ClientConnection(asyncio.Protocol):
         upstream = self._current_upstream()
         if upstream is not None and not upstream.closed:
             upstream.transport.pause_reading()
+            upstream.reading_paused = True
             self._paused_upstream = upstream
 
     def resume_writing(self) -> None:
         upstream, self._paused_upstream = self._paused_upstream, None
         if upstream is not None and not upstream.closed:
             upstream.transport.resume_reading()
+            upstream.reading_paused = False
 
     # --- httptools callbacks ---
 

@@ -50,6 +50,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
         self.exchange: Exchange | None = None
         self.closed = False
+        # Reading paused for a slow client (its pause_writing): release() resumes it only then.
+        self.reading_paused = False
         self._parser = httptools.HttpResponseParser(self)
         self._headers: list[tuple[bytes, bytes]] = []
         self._out: list[bytes] = []
@@ -202,9 +204,11 @@ class UpstreamConnection(asyncio.Protocol):
     def release(self) -> None:
         self.exchange = None
         self._sink = None
-        if not self.closed and not self.transport.is_closing():
+        if self.reading_paused:
             # Paused for a slow client whose response has now been handed over in full: the next user reads.
-            self.transport.resume_reading()
+            self.reading_paused = False
+            if not self.closed and not self.transport.is_closing():
+                self.transport.resume_reading()
         self.endpoint.release(self)
 
     def close(self) -> None:
