@@ -53,7 +53,11 @@ class UpstreamConnection(asyncio.Protocol):
         # Reading paused for a slow client (its pause_writing): release() resumes it only then.
         self.reading_paused = False
         self._parser = httptools.HttpResponseParser(self)
-        self._headers: list[tuple[bytes, bytes]] = []
+        # The response head as it arrives: end-to-end header lines as pieces (name, ": ", value, CRLF) after a
+        # slot for the status line, the hop-by-hop headers (lower-cased name, value), whether Content-Length came.
+        self._lines: list[bytes] = [b""]
+        self._hop: list[tuple[bytes, bytes]] = []
+        self._has_length = False
         self._out: list[bytes] = []
         self._sink: asyncio.Transport | None = None
         self._interim = False
@@ -125,13 +129,22 @@ class UpstreamConnection(asyncio.Protocol):
     # --- httptools callbacks ---
 
     # No on_message_begin (one callback less per response): on_headers_complete takes the headers and starts
-    # a new list, and the connection is closed whenever a response head breaks off before it.
+    # anew, and the connection is closed whenever a response head breaks off before it.
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name, value))
+        # Only names as long as a hop-by-hop one or Content-Length need a closer (lower-cased) look.
+        if len(name) in _SPECIAL_LENGTHS:
+            lower = name.lower()
+            if lower in HOP_BY_HOP:
+                self._hop.append((lower, value))
+                return
+            if lower == b"content-length":
+                self._has_length = True
+        self._lines += (name, b": ", value, b"\r\n")
 
     def on_headers_complete(self) -> None:
-        headers, self._headers = self._headers, []
+        lines, hop, has_length = self._lines, self._hop, self._has_length
+        self._lines, self._hop, self._has_length = [b""], [], False
         exchange = self.exchange
         if exchange is None:
             return
@@ -148,7 +161,7 @@ class UpstreamConnection(asyncio.Protocol):
         if status == 101 and not exchange.upgrade:
             self._lost("switched protocols unasked")
             return
-        head, upstream_close = self._response_head(exchange, status, headers)
+        head, upstream_close = self._response_head(exchange, status, lines, hop, has_length)
         exchange.response_started = True
         self._sink = exchange.client.transport
         self._out.append(head)
@@ -219,34 +232,26 @@ class UpstreamConnection(asyncio.Protocol):
 
     # --- internals ---
 
-    def _response_head(self, exchange: Exchange, status: int, headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bool]:
-        parts = [status_line(status)]
-        has_length = chunked = False
+    def _response_head(
+        self, exchange: Exchange, status: int, lines: list[bytes], hop: list[tuple[bytes, bytes]], has_length: bool
+    ) -> tuple[bytes, bool]:
+        """The head for the client from the pieces on_header kept, and whether the upstream said Connection: close."""
+        parts = lines
+        parts[0] = status_line(status)
+        chunked = False
         tokens = _NO_TOKENS
         upgrade = b""
-        for name, value in headers:
-            # Only names as long as a hop-by-hop one or Content-Length need a closer (lower-cased) look.
-            if len(name) in _SPECIAL_LENGTHS:
-                lower = name.lower()
-                if lower in HOP_BY_HOP:
-                    if lower == b"connection":
-                        tokens = tokens | (_PLAIN_TOKENS.get(value) or connection_tokens(value))
-                    elif lower == b"transfer-encoding":
-                        chunked = b"chunked" in value.lower()
-                    elif lower == b"upgrade":
-                        upgrade = value
-                    continue
-                if lower == b"content-length":
-                    has_length = True
-            # Pieces, joined once below: cheaper than formatting each line.
-            parts += (name, b": ", value, b"\r\n")
+        for lower, value in hop:
+            if lower == b"connection":
+                tokens = tokens | (_PLAIN_TOKENS.get(value) or connection_tokens(value))
+            elif lower == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif lower == b"upgrade":
+                upgrade = value
         if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:
             # Headers the upstream named in Connection are hop-by-hop too.
-            parts = [parts[0]]
-            for name, value in headers:
-                lower = name.lower()
-                if lower not in HOP_BY_HOP and lower not in tokens:
-                    parts += (name, b": ", value, b"\r\n")
+            at_names = range(1, len(parts), 4)
+            parts[1:] = [piece for at in at_names if parts[at].lower() not in tokens for piece in parts[at : at + 4]]
         client = exchange.client
         if status == 101:
             parts.append(b"Connection: Upgrade\r\nUpgrade: %b\r\n" % upgrade)
