@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 import signal
 import time
 from collections.abc import Callable
 
 from adapter.config.grpc import CountsServerConfig
 from adapter.config.proxy import LocalScaleTarget, ProxyConfig, RouteConfig, ServiceUpstream
+from adapter.fdlimit import raise_open_files_limit
 from adapter.kube.client import KubeClient, KubeConfigError
 from adapter.proxy.admin import start_admin
 from adapter.proxy.client import ClientConnection
@@ -218,23 +218,13 @@ async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None) -
         await counts_server.stop()
 
 
-def _raise_file_limit(connections: int) -> None:
-    """Each client connection takes a descriptor, and so does each pooled upstream connection: ask for enough."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = connections + _SPARE_DESCRIPTORS
-    if soft < wanted:
-        limit = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
-        if limit < wanted:
-            log.warning("open files limited to %d: fewer than max_connections=%d can be served", limit, connections)
-
-
 def run_proxy(config: ProxyConfig, counts: CountsServerConfig | None = None) -> int:
     import uvloop
 
     if not config.effective_routes():
         log.error("no routes: set proxy.routes, or proxy.sidecar.upstream (ZEROSCALE_PROXY__SIDECAR__UPSTREAM)")
         return 2
-    _raise_file_limit(config.max_connections)
+    # Each client connection takes a descriptor, and so does each pooled upstream connection.
+    raise_open_files_limit(config.max_connections + _SPARE_DESCRIPTORS, f"max_connections={config.max_connections}")
     uvloop.run(serve(config, counts))
     return 0

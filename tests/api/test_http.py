@@ -61,7 +61,7 @@ class Served:
             writer.close()
 
 
-LIMITS = Limits(max_header_bytes=2048, max_connections=8, header_timeout=0.5, idle_timeout=0.5)
+LIMITS = Limits(max_header_bytes=2048, max_connections=8, header_timeout=0.5, idle_timeout=0.5, body_timeout=0.5)
 
 
 @pytest.fixture
@@ -150,7 +150,7 @@ async def test_idle_and_slow_head_connections_are_closed(served: Served) -> None
 
 
 async def test_connections_beyond_the_limit_are_refused(served: Served) -> None:
-    refused_before = telemetry.CONNECTIONS_REFUSED._value.get()
+    refused_before = telemetry.CONNECTIONS_REFUSED.labels("api")._value.get()
     held = [await served.connect() for _ in range(LIMITS.max_connections)]
     for reader, writer in held:  # each is admitted and answered
         writer.write(request_bytes("/healthz"))
@@ -158,7 +158,7 @@ async def test_connections_beyond_the_limit_are_refused(served: Served) -> None:
     reader, writer = await served.connect()
     assert await asyncio.wait_for(reader.read(), 5) == b""
     writer.close()
-    assert telemetry.CONNECTIONS_REFUSED._value.get() == refused_before + 1
+    assert telemetry.CONNECTIONS_REFUSED.labels("api")._value.get() == refused_before + 1
     for _, held_writer in held:
         held_writer.close()
 
