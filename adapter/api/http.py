@@ -176,7 +176,7 @@ class Connection(asyncio.Protocol):
             self,
             tls,
             server_side=True,
-            ssl_handshake_timeout=self._limits.header_timeout,
+            ssl_handshake_timeout=self._limits.header_timeout + 1.0,  # a backstop: our own deadline fires first
             ssl_shutdown_timeout=self._limits.header_timeout,
         )
         try:

@@ -86,3 +86,5 @@ class CacheConfig(Strict):
     idle_ttl: Duration = 600.0
     query_timeout: Duration = 10.0
     max_series: int = Field(default=10_000, ge=1)
+    # One namespace's share of max_series: a caller who may read one namespace cannot fill the table.
+    max_series_per_namespace: int = Field(default=1_000, ge=1)

@@ -33,7 +33,9 @@ class Ports:
 
 
 @contextlib.asynccontextmanager
-async def serving(server: dict[str, Any], metrics: list[dict[str, Any]] | None = None) -> AsyncIterator[Ports]:
+async def serving(
+    server: dict[str, Any], metrics: list[dict[str, Any]] | None = None, sources: list[dict[str, Any]] | None = None
+) -> AsyncIterator[Ports]:
     """`serve()` on loopback with authentication off (allowed there), the demo source and `server:` settings."""
     ports = Ports(free_port(), free_port())
     settings = {
@@ -44,7 +46,9 @@ async def serving(server: dict[str, Any], metrics: list[dict[str, Any]] | None =
         "auth": {"enabled": False},
     }
     config = ZeroscaleConfig(
-        server={**settings, **server}, sources=DEMO_SOURCES, metrics=metrics if metrics is not None else DEMO_METRICS
+        server={**settings, **server},
+        sources=DEMO_SOURCES if sources is None else sources,
+        metrics=DEMO_METRICS if metrics is None else metrics,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(serve(config, stop))
