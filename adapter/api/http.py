@@ -27,6 +27,7 @@ from typing import Any, TypeVar, cast
 
 import httptools
 
+from adapter.redact import redact
 from adapter.telemetry import api as telemetry
 from adapter.telemetry.throttle import LogThrottle, held_back
 
@@ -404,7 +405,7 @@ class Connection(asyncio.Protocol):
             self._answer(request, done.value, keep_alive)
             return
         except Exception:
-            log.exception("request %s %s failed", request.method, request.target)
+            log.exception("request %s %s failed", request.method, redact(request.target))
             self._answer(request, _INTERNAL_ERROR, keep_alive)
             return
         self._arm(Phase.RESPONSE, self._limits.response_timeout)
@@ -418,7 +419,7 @@ class Connection(asyncio.Protocol):
             try:
                 response = await _resume(coroutine, suspended)
             except Exception:
-                log.exception("request %s %s failed", request.method, request.target)
+                log.exception("request %s %s failed", request.method, redact(request.target))
                 response = _INTERNAL_ERROR
             if not self._answer(request, response, keep_alive):
                 return
@@ -430,7 +431,7 @@ class Connection(asyncio.Protocol):
                 try:
                     response = await self._server.handler(request)
                 except Exception:
-                    log.exception("request %s %s failed", request.method, request.target)
+                    log.exception("request %s %s failed", request.method, redact(request.target))
                     response = _INTERNAL_ERROR
                 if not self._answer(request, response, keep_alive):
                     return
