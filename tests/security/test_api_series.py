@@ -11,16 +11,22 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+import grpc
 import pytest
 
+from adapter.api.run import serve
 from adapter.config.base import SelectorLabel
 from adapter.config.server import CacheConfig
 from adapter.config.static import StaticMetric
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import BadSelector, MetricUnavailable
+from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.sources.base import Sample, Source, SourceError, SourceQuery
 from adapter.telemetry import cache as telemetry
+from tests.adapter_inprocess import wait_listening
+from tests.netutil import free_port
+from tests.rpc.conftest import adapter_config, ref, scaler_stub
 from tests.security.api_serving import connect, read_all, run, serving
 
 LIST = "/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/demo-queue-depth"
@@ -256,3 +262,26 @@ def test_an_overflowing_static_value_is_a_503_with_its_cause_on_the_api() -> Non
 
 def _huge_source() -> dict[str, Any]:
     return {"name": "huge", "type": "static", "series": [{"value": "9223372036854775807"}]}
+
+
+def test_an_overflowing_value_is_an_error_on_the_grpc_scaler_too() -> None:
+    """The scaler reads the same cache: KEDA gets UNAVAILABLE with the cause, never the wrapped number."""
+
+    async def scenario() -> None:
+        metrics = [{"name": "Demo-Queue-Depth", "type": "static", "source": "huge"}]
+        config = adapter_config(free_port(), [_huge_source()], metrics)
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(config, stop))
+        await wait_listening(task, config.grpc.scaler.port, "the scaler")
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{config.grpc.scaler.port}") as channel:
+                stub = scaler_stub(channel)
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    await stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref(selector="")))
+                assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert "too large for a Kubernetes Quantity" in (failed.value.details() or "")
+        finally:
+            stop.set()
+            assert await asyncio.wait_for(task, 10) == 0
+
+    run(scenario())
