@@ -147,9 +147,11 @@ class Connection(asyncio.Protocol):
         self._head_done_at = 0.0
         self._in_message = False
         self._parser_head_done = False
+        self._head_fed = 0  # raw bytes fed since the current head began (approximately, to one piece)
         self._reading = True
         self._write_paused = False
-        self._upgraded = False
+        self._stopped = False  # or failed: nothing more is parsed on this connection
+        self._failure: tuple[int, str] | None = None  # an error answer owed after the requests in progress
         self._closing = False
         self.peer_certificate: bytes | None = None
         # Per-connection memo for the authenticator (keyed by what it depends on).
@@ -247,7 +249,7 @@ class Connection(asyncio.Protocol):
             # The TLS layer may hand over the first request before start_tls has returned to us.
             self._early.append(data)
             return
-        if self._closing or self._upgraded:
+        if self._closing or self._stopped:
             return
         if self._held:
             data = self._held + data
@@ -266,12 +268,18 @@ class Connection(asyncio.Protocol):
                 return
             piece = view[offset : offset + _FEED_STEP]
             offset += len(piece)
+            if not self._parser_head_done:
+                # httptools gathers a header value until its line ends, calling nothing: bound the raw bytes.
+                self._head_fed += len(piece)
+                if self._head_fed > self._limits.max_header_bytes + _FEED_STEP:
+                    self._fail(431, _head_too_large(self._limits))
+                    return
             try:
                 self._parser.feed_data(piece)
             except httptools.HttpParserUpgrade:
                 # We speak no other protocol: the request was answered (or will be) as a plain one, and the
                 # connection closes after it (its keep-alive was turned off in on_message_complete).
-                self._upgraded = True
+                self._stopped = True
                 return
             except httptools.HttpParserError as err:
                 # httptools wraps what a callback raised; a size bound hit is one of those.
@@ -358,6 +366,7 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._parser_head_done = True
+        self._head_fed = 0
         self._head_done_at = self._loop.time()
         if not self._busy():
             self._arm(Phase.BODY, self._limits.body_timeout)
@@ -371,6 +380,8 @@ class Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._in_message = False
+        self._parser_head_done = False  # what follows is the next request's head
+        self._head_fed = 0
         if self._closing:
             return
         method = self._parser.get_method().decode("ascii", "replace")
@@ -386,9 +397,7 @@ class Connection(asyncio.Protocol):
     def _count_head(self, size: int) -> None:
         self._head_bytes += size
         if self._head_bytes > self._limits.max_header_bytes:
-            raise _RequestTooLarge(
-                431, f"request head larger than {self._limits.max_header_bytes} bytes (server.max_header_bytes)"
-            )
+            raise _RequestTooLarge(431, _head_too_large(self._limits))
 
     # -- answering ----------------------------------------------------------------------------
 
@@ -437,10 +446,14 @@ class Connection(asyncio.Protocol):
                     return
         finally:
             self._worker = None
-        if not self._closing:
-            self._arm_waiting()
-            if self._held:
-                self._resume_reading()
+        if self._closing:
+            return
+        if self._failure is not None:
+            self._fail(*self._failure)  # now that every earlier request has its answer
+            return
+        self._arm_waiting()
+        if self._held:
+            self._resume_reading()
 
     def _answer(self, request: Request, response: Response, keep_alive: bool) -> bool:
         """Write the answer; False when the connection closes after it."""
@@ -466,7 +479,11 @@ class Connection(asyncio.Protocol):
     def _fail(self, status: int, message: str) -> None:
         """Answer a request that could not be parsed, was too large or too slow, then close."""
         if self._busy():
-            self.close()  # an answer is owed first: a second one now would be read as the earlier request's
+            # Earlier requests are owed their answers first (in order): this one is written after them.
+            self._failure = (status, message)
+            self._held = b""
+            self._stopped = True  # read nothing more
+            self._pause_reading()
             return
         telemetry.observe_request("invalid", status, 0.0)
         self._write(Response(status, f"{message}\n".encode(), "text/plain; charset=utf-8"), keep_alive=False)
@@ -478,7 +495,7 @@ class Connection(asyncio.Protocol):
             self._transport.pause_reading()
 
     def _resume_reading(self) -> None:
-        if self._reading or self._write_paused or self._closing or self._full():
+        if self._reading or self._write_paused or self._closing or self._stopped or self._full():
             return
         if self._held:
             held, self._held = self._held, b""
@@ -504,6 +521,10 @@ def _head(status: int, content_type: str, length: int, keep_alive: bool) -> byte
         f"{connection}"
         "Cache-Control: no-cache, private\r\n\r\n"
     ).encode("latin-1")
+
+
+def _head_too_large(limits: Limits) -> str:
+    return f"request head larger than {limits.max_header_bytes} bytes (server.max_header_bytes)"
 
 
 class _RequestTooLarge(Exception):

@@ -285,3 +285,41 @@ def test_serve_raises_the_open_files_limit_to_the_hard_limit_and_logs_it() -> No
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=10)
     assert f"open files limit: {hard} (hard limit {hard})" in output, output
+
+
+def test_an_error_behind_a_request_in_progress_is_answered_after_it_in_order() -> None:
+    limits = Limits(max_header_bytes=1024, max_connections=8, header_timeout=5, idle_timeout=5)
+
+    async def scenario() -> None:
+        async with _held_server(limits) as (port, _, release, _):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"GET /first HTTP/1.1\r\nHost: x\r\n\r\nGET /second HTTP/1.1\r\nX-Big: " + b"a" * 2048 + b"\r\n\r\n"
+            )
+            await asyncio.sleep(0.2)
+            release.set()
+            answer = await read_all(reader)
+            writer.close()
+            first, _, rest = answer.partition(b"/first")
+            assert first.startswith(b"HTTP/1.1 200 OK\r\n"), answer  # the request in progress is answered first
+            assert rest.startswith(b"HTTP/1.1 431 "), answer
+            assert answer.count(b"HTTP/1.1 ") == 2
+
+    run(scenario())
+
+
+def test_a_header_line_that_never_ends_is_431_once_it_passes_the_bound() -> None:
+    """httptools gathers a header value silently until its line ends: without a bound on the raw bytes,
+    one connection could buffer whatever it sent within header_timeout."""
+    limits = Limits(max_header_bytes=4096, max_connections=8, header_timeout=30, idle_timeout=30)
+
+    async def scenario() -> None:
+        async with _held_server(limits) as (port, _, _, _):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nX-Endless: " + b"a" * 200_000)
+            answer = await read_all(reader, 10)  # well before header_timeout
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 431 "), answer[:100]
+            assert b"server.max_header_bytes" in answer
+
+    run(scenario())
