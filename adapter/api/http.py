@@ -257,7 +257,8 @@ class Connection(asyncio.Protocol):
         self._feed(data)
 
     def _feed(self, data: bytes) -> None:
-        view = memoryview(data)
+        # One request in one read (the usual case) is fed as it is; a burst is fed piece by piece.
+        view: bytes | memoryview = data if len(data) <= _FEED_STEP else memoryview(data)
         offset = 0
         while offset < len(data):
             if self._closing:
@@ -352,9 +353,9 @@ class Connection(asyncio.Protocol):
         self._body_bytes = 0
         self._in_message = True
         self._parser_head_done = False
-        self._message_started = self._loop.time()
+        now = self._message_started = self._loop.time()
         if not self._busy():
-            self._arm(Phase.HEAD, self._limits.header_timeout)
+            self._arm(Phase.HEAD, self._limits.header_timeout, now)
 
     def on_url(self, url: bytes) -> None:
         self._count_head(len(url))
@@ -367,9 +368,9 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._parser_head_done = True
         self._head_fed = 0
-        self._head_done_at = self._loop.time()
+        now = self._head_done_at = self._loop.time()
         if not self._busy():
-            self._arm(Phase.BODY, self._limits.body_timeout)
+            self._arm(Phase.BODY, self._limits.body_timeout, now)
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
