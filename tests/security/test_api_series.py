@@ -22,38 +22,15 @@ from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import BadSelector, MetricUnavailable
 from adapter.rpc.generated import externalscaler_pb2 as pb
-from adapter.sources.base import Sample, Source, SourceError, SourceQuery
+from adapter.sources.base import Source
 from adapter.telemetry import cache as telemetry
 from tests.adapter_inprocess import wait_listening
+from tests.core.test_cache import Clock, ScriptedSource
 from tests.netutil import free_port
 from tests.rpc.conftest import adapter_config, ref, scaler_stub
 from tests.security.api_serving import connect, read_all, run, serving
 
 LIST = "/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/demo-queue-depth"
-
-
-class ScriptedSource(Source):
-    """A stand-in for a queue system: answers `value` (or fails with `failure`) and counts its queries."""
-
-    def __init__(self, value: Decimal = Decimal(7)) -> None:
-        super().__init__()
-        self.value = value
-        self.failure: str | None = None
-        self.queries = 0
-
-    async def query(self, query: SourceQuery) -> list[Sample]:
-        self.queries += 1
-        if self.failure is not None:
-            raise SourceError(self.failure)
-        return [Sample(self.value)]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _cache(source: Source, clock: Clock | None = None, pattern: str = ".+", **config: object) -> MetricCache:
@@ -228,7 +205,8 @@ async def test_a_failing_series_logs_one_line_per_interval_with_a_count(caplog: 
     ],
 )
 async def test_a_value_the_hpa_would_misread_is_an_error_not_a_number(value: Decimal, cause: str) -> None:
-    source = ScriptedSource(Decimal(5))
+    source = ScriptedSource()
+    source.value = Decimal(5)
     cache = _cache(source, interval=0.01)
     assert (await cache.read("jobs", "default", "queue=a")).value == 5
     refused = telemetry.VALUES_REFUSED.labels("jobs")._value.get()
@@ -243,7 +221,9 @@ async def test_a_value_the_hpa_would_misread_is_an_error_not_a_number(value: Dec
 
 async def test_the_largest_servable_values_are_served() -> None:
     for value in (Decimal("9223372036854775.807"), Decimal("-9223372036854775.808")):
-        cache = _cache(ScriptedSource(value))
+        source = ScriptedSource()
+        source.value = value
+        cache = _cache(source)
         assert (await cache.read("jobs", "default", "queue=a")).value == value
         await cache.close()
 
