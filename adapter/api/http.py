@@ -242,6 +242,8 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if not self._busy() and not self._closing:
+            self._arm_waiting()
         self._resume_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -298,6 +300,14 @@ class Connection(asyncio.Protocol):
         if self._transport is not None and not self._closing:
             self._closing = True
             self._transport.close()
+            if self._transport.get_write_buffer_size():
+                # close() waits for the answer to be flushed: a peer that never reads gets response_timeout.
+                self._loop.call_later(self._limits.response_timeout, self._abort_unflushed, self._transport)
+
+    def _abort_unflushed(self, transport: asyncio.Transport) -> None:
+        if self._server.holds(self):
+            telemetry.TIMEOUTS.labels(self._server.name, Phase.RESPONSE.value).inc()
+            transport.abort()
 
     # -- deadlines ---------------------------------------------------------------------------
     # One deadline per connection, moved by plain assignment; a single timer follows it lazily,
@@ -324,7 +334,8 @@ class Connection(asyncio.Protocol):
             self._timer = self._loop.call_at(self._deadline, self._on_timer)
             return
         telemetry.TIMEOUTS.labels(self._server.name, self._phase.value).inc()
-        if self._phase is Phase.HANDSHAKE and self._transport is not None:
+        if self._phase in (Phase.HANDSHAKE, Phase.RESPONSE) and self._transport is not None:
+            # Nothing to say, or an answer the peer is not reading: a graceful close would wait for it.
             self._closing = True
             self._transport.abort()
         elif self._phase is Phase.BODY:
@@ -462,7 +473,10 @@ class Connection(asyncio.Protocol):
         if not keep_alive:
             self.close()
             return False
-        if not self._busy():
+        if self._write_paused:
+            # The answer is not out until the client reads it: that is still the response phase.
+            self._arm(Phase.RESPONSE, self._limits.response_timeout)
+        elif not self._busy():
             self._arm_waiting()
         return True
 
@@ -563,6 +577,9 @@ class HTTPServer:
         self._connections.add(connection)
         self._open.inc()
         return True
+
+    def holds(self, connection: Connection) -> bool:
+        return connection in self._connections
 
     def release(self, connection: Connection) -> None:
         if connection in self._connections:

@@ -323,3 +323,34 @@ def test_a_header_line_that_never_ends_is_431_once_it_passes_the_bound() -> None
             assert b"server.max_header_bytes" in answer
 
     run(scenario())
+
+
+async def _connections_closed(server: HTTPServer) -> None:
+    for _ in range(200):
+        if not server._connections:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the server still holds the connection")
+
+
+def test_a_client_that_does_not_read_its_answer_is_closed_at_the_response_deadline() -> None:
+    limits = Limits(max_header_bytes=4096, max_connections=8, header_timeout=30, idle_timeout=30, response_timeout=0.5)
+    body = b"x" * 32_000_000  # more than the socket buffers hold
+
+    async def scenario() -> None:
+        async def handler(request: Request) -> Response:
+            return Response(200, body, "text/plain")
+
+        for closing in (False, True):  # kept alive, and Connection: close (whose close waits for the flush)
+            server = HTTPServer(handler, limits, "api")
+            port = await server.start("127.0.0.1", 0, None)
+            timeouts = _counter(telemetry.TIMEOUTS, "api", "response")
+            _, writer = await asyncio.open_connection("127.0.0.1", port, limit=1024)
+            header = b"Connection: close\r\n" if closing else b""
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n")
+            await _connections_closed(server)  # without reading a byte
+            assert _counter(telemetry.TIMEOUTS, "api", "response") == timeouts + 1
+            writer.close()
+            await server.stop()
+
+    run(scenario())
