@@ -11,11 +11,12 @@ import re
 from collections.abc import Iterable
 
 REDACTED = "[redacted]"
-# A bearer or basic credential, a JWT anywhere (service-account tokens are JWTs), and the value
-# of any query, form or JSON field whose name says it holds a secret.
+# A bearer or basic credential, a JWT anywhere (service-account tokens are JWTs), the password of a
+# URL's user-info, and the value of any query, form, YAML or JSON field whose name says it holds a secret.
 _PATTERNS = re.compile(
     r"(?i)(?P<scheme>\b(?:bearer|basic)\s+)[^\s\"',;]+"
     r"|eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"
+    r"|(?P<userinfo>//[^/\s:@]*:)[^/\s@]+(?=@)"
     r"|(?P<field>\b(?:access_token|token|password|passwd|secret|api[-_]?key)\"?\s*[:=]\s*\"?)[^\s\"&,;}]+"
 )
 
@@ -29,5 +30,5 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
 
 
 def _replacement(match: re.Match[str]) -> str:
-    kept = match.group("scheme") or match.group("field") or ""
+    kept = match.group("scheme") or match.group("userinfo") or match.group("field") or ""
     return kept + REDACTED

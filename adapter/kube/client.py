@@ -118,7 +118,7 @@ def _tls_context(
 def _split_url(url: str) -> tuple[str, str, int]:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise KubeConfigError(f"the Kubernetes API URL {url!r} must be http(s)://host[:port]")
+        raise KubeConfigError(f"the Kubernetes API URL {redact(url)!r} must be http(s)://host[:port]")
     port = parts.port or (443 if parts.scheme == "https" else 80)
     return parts.scheme, parts.hostname, port
 
@@ -127,7 +127,8 @@ def _from_kubeconfig(config: KubeAPIConfig, path: Path) -> Endpoint:
     try:
         document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as err:
-        raise KubeConfigError(f"{path}: cannot read the kubeconfig: {err}") from None
+        # A YAML error quotes the line it stopped at, which may hold a token.
+        raise KubeConfigError(f"{path}: cannot read the kubeconfig: {redact(str(err))}") from None
 
     def named(section: str, name: str) -> dict[str, Any]:
         for entry in document.get(section) or []:

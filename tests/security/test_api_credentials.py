@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trustme
 
 from adapter.api.authn import TOKENREVIEWS
-from adapter.kube.client import KubeAPIError, KubeClient
+from adapter.config.kube import KubeAPIConfig
+from adapter.kube.client import KubeAPIError, KubeClient, KubeConfigError
 from adapter.redact import redact
 from tests.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
 from tests.security.api_serving import connect, read_all, run, serving
@@ -75,8 +77,19 @@ def test_a_failed_token_review_logs_no_token(caplog: pytest.LogCaptureFixture) -
         ("GET /x?access_token=abc&b=1", "GET /x?access_token=[redacted]&b=1"),
         ("jwt eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln end", "jwt [redacted] end"),
         ("redis://h:6379/0?password=zz", "redis://h:6379/0?password=[redacted]"),
+        ("https://admin:pw@k:6443/api", "https://admin:[redacted]@k:6443/api"),
+        ("users: [{user: {token: abc123}}]", "users: [{user: {token: [redacted]}}]"),
         ("queue=orders,topic in (a,b)", "queue=orders,topic in (a,b)"),
     ],
 )
 def test_what_looks_like_a_credential_is_redacted(text: str, expected: str) -> None:
     assert redact(text) == expected
+
+
+def test_a_kubeconfig_error_does_not_quote_its_token(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("users:\n- name: u\n  user: {token: sekrit-bearer-0123456789\n")  # unclosed flow mapping
+    with pytest.raises(KubeConfigError) as refused:
+        KubeClient.from_config(KubeAPIConfig(kubeconfig=kubeconfig))
+    assert "cannot read the kubeconfig" in str(refused.value)
+    assert TOKEN not in str(refused.value)
