@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from adapter.config.base import SecretFile, TLSClientFiles
 from adapter.config.kube import KubeAPIConfig
 from adapter.config.model import ZeroscaleConfig
+from adapter.redact import redact
 
 CONFIG_ENV = "ZEROSCALE_CONFIG"
 
@@ -50,7 +51,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError([f"{path}: not valid YAML: {err}"]) from err
+        # The error quotes the line it stopped at: a credential written there by mistake is not repeated.
+        raise ConfigError([f"{path}: not valid YAML: {redact(str(err))}"]) from err
     if document is None:
         return {}
     if not isinstance(document, dict):
