@@ -41,7 +41,6 @@ _FEED_STEP = 1024
 # Whitespace RFC 9110 5.5 lets a field value carry on either side (httptools keeps the trailing part).
 _OWS = b" \t"
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
-_refusals = LogThrottle(60.0)
 _T = TypeVar("_T")
 
 
@@ -143,6 +142,7 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._deadline: float | None = None
+        self._accepted_at = 0.0
         self._message_started = 0.0
         self._head_done_at = 0.0
         self._in_message = False
@@ -163,6 +163,7 @@ class Connection(asyncio.Protocol):
         # Called at accept, before any TLS: the connection counts against max_connections from here.
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
+        self._accepted_at = self._loop.time()
         if not self._server.admit(self):
             self._closing = True
             self._transport.abort()
@@ -220,7 +221,9 @@ class Connection(asyncio.Protocol):
         ssl_object = transport.get_extra_info("ssl_object")
         if isinstance(ssl_object, ssl.SSLObject | ssl.SSLSocket):
             self.peer_certificate = ssl_object.getpeercert(binary_form=True)
-        self._arm(Phase.IDLE, self._limits.idle_timeout)
+        # The first request's head is due within header_timeout of the connection (as Go's ReadHeaderTimeout);
+        # idle_timeout is for the wait between requests on a connection that has made one.
+        self._arm(Phase.HEAD, self._limits.header_timeout, self._accepted_at)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
@@ -560,11 +563,12 @@ class HTTPServer:
         self._server: asyncio.Server | None = None
         self._open = telemetry.CONNECTIONS.labels(name)
         self._refused = telemetry.CONNECTIONS_REFUSED.labels(name)
+        self._refusals = LogThrottle(60.0)  # one line a minute, however many are refused
 
     def admit(self, connection: Connection) -> bool:
         if len(self._connections) >= self.limits.max_connections:
             self._refused.inc()
-            suppressed = _refusals.allow(self.name)
+            suppressed = self._refusals.allow(None)
             if suppressed is not None:
                 log.warning(
                     "%s listener: %d connections open, refusing more; raise %s if they are legitimate%s",

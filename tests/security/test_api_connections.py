@@ -90,7 +90,7 @@ def test_stalled_bodies_do_not_keep_a_valid_request_out() -> None:
     run(scenario())
 
 
-def test_connections_count_from_accept_and_handshakes_have_a_deadline() -> None:
+def test_connections_count_from_accept_and_handshakes_have_a_deadline(caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
         async with serving({"max_connections": 4, "header_timeout": 1}) as ports:
             refused = _counter(telemetry.CONNECTIONS_REFUSED, "api")
@@ -106,6 +106,7 @@ def test_connections_count_from_accept_and_handshakes_have_a_deadline() -> None:
             assert await read_all(reader, 5) == b""  # the fifth is refused at once
             writer.close()
             assert _counter(telemetry.CONNECTIONS_REFUSED, "api") == refused + 1
+            assert "api listener: 4 connections open, refusing more; raise server.max_connections" in caplog.text
             for reader, writer in held:  # and the four are closed at the handshake deadline
                 assert await read_all(reader, 10) == b""
                 writer.close()
@@ -352,5 +353,20 @@ def test_a_client_that_does_not_read_its_answer_is_closed_at_the_response_deadli
             assert _counter(telemetry.TIMEOUTS, "api", "response") == timeouts + 1
             writer.close()
             await server.stop()
+
+    run(scenario())
+
+
+def test_a_connection_that_never_sends_a_request_is_closed_at_the_head_deadline() -> None:
+    """Silent connections (after the TLS handshake, or on the plain port) had idle_timeout, not header_timeout."""
+
+    async def scenario() -> None:
+        async with serving({"header_timeout": 1, "idle_timeout": 60}) as ports:
+            for port, tls in _listeners(ports):
+                timeouts = _counter(telemetry.TIMEOUTS, "api" if tls else "metrics", "head")
+                reader, writer = await connect(port, tls)
+                assert await read_all(reader, 10) == b""
+                writer.close()
+                assert _counter(telemetry.TIMEOUTS, "api" if tls else "metrics", "head") == timeouts + 1
 
     run(scenario())
