@@ -89,8 +89,8 @@ class Selector:
         return None
 
     def __str__(self) -> str:
-        """Canonical form, as Go's `Selector.String()`: requirements sorted by key (then operator and values)."""
-        return ",".join(str(r) for r in self.requirements)
+        """Canonical form, as Go's `Selector.String()`: requirements sorted by key (a stable sort)."""
+        return ",".join(str(r) for r in sorted(self.requirements, key=lambda r: r.key))
 
 
 def _tokens(text: str) -> list[str]:
