@@ -302,10 +302,12 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         if self._transport is not None and not self._closing:
             self._closing = True
-            self._transport.close()
-            if self._transport.get_write_buffer_size():
+            transport = self._transport
+            unflushed = not transport.is_closing() and transport.get_write_buffer_size() > 0
+            transport.close()
+            if unflushed:
                 # close() waits for the answer to be flushed: a peer that never reads gets response_timeout.
-                self._loop.call_later(self._limits.response_timeout, self._abort_unflushed, self._transport)
+                self._loop.call_later(self._limits.response_timeout, self._abort_unflushed, transport)
 
     def _abort_unflushed(self, transport: asyncio.Transport) -> None:
         if self._server.holds(self):
