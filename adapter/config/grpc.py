@@ -3,8 +3,8 @@
 Both are off until enabled. Without `tls` a server speaks plaintext, which is allowed only on a
 loopback address unless `allow_plaintext: true` says the network is trusted (DESIGN rule 4). Without
 `tls.client_ca_file` nobody is authenticated, which is allowed only on a loopback address unless
-`allow_unauthenticated: true` says so; with both set, client certificates are asked for but optional,
-and peers without one share what `reserved_streams` leaves.
+`allow_unauthenticated: true` says so. (gRPC's Python servers either require a verified client
+certificate or ask for none: there is no "optional" in between.)
 """
 
 from __future__ import annotations
@@ -50,10 +50,8 @@ class GRPCServerConfig(Strict):
     # Concurrent long-lived streams on this server (health watches included); one more is refused
     # with RESOURCE_EXHAUSTED.
     max_streams: int = Field(default=1000, ge=1)
-    # Streams one peer (address, and certificate identity when it has one) may hold.
+    # Streams one peer (its address and certificate identity) may hold, so no one peer starves the others.
     max_streams_per_peer: int = Field(default=100, ge=1)
-    # Streams only peers with a verified client certificate may take (matters when certificates are optional).
-    reserved_streams: int = Field(default=0, ge=0)
     # HTTP/2 streams per connection.
     max_concurrent_streams: int = Field(default=100, ge=1)
     # The largest message a client may send; every request here is a few hundred bytes.
@@ -69,12 +67,6 @@ class GRPCServerConfig(Strict):
     @property
     def verifies_clients(self) -> bool:
         return self.tls is not None and self.tls.client_ca_file is not None
-
-    @model_validator(mode="after")
-    def _reserve_fits(self) -> GRPCServerConfig:
-        if self.reserved_streams >= self.max_streams:
-            raise ValueError("reserved_streams must be below max_streams: unauthenticated peers need some room")
-        return self
 
 
 class ScalerServerConfig(GRPCServerConfig):
@@ -95,7 +87,6 @@ class CountsServerConfig(GRPCServerConfig):
     heartbeat_interval: Duration = Field(default=1.0, gt=0)
     # An adapter holds one stream per `http` source that lists this replica.
     max_streams_per_peer: int = Field(default=16, ge=1)
-    reserved_streams: int = Field(default=64, ge=0)
     # Changes closer together than this go out as one message.
     coalesce: Duration = 0.002
 
@@ -103,6 +94,18 @@ class CountsServerConfig(GRPCServerConfig):
 class GRPCConfig(Strict):
     scaler: ScalerServerConfig = Field(default_factory=ScalerServerConfig)
     counts: CountsServerConfig = Field(default_factory=CountsServerConfig)
+
+    def unauthenticated(self) -> list[str]:
+        """A warning for each enabled server off loopback that lets peers without a client certificate call."""
+        warnings = []
+        for name, server in (("scaler", self.scaler), ("counts", self.counts)):
+            exposed = server.enabled and not is_loopback(server.bind)
+            if exposed and server.allow_unauthenticated and not server.verifies_clients:
+                warnings.append(
+                    f"grpc.{name}: no client certificates (allow_unauthenticated: true) on {server.bind}: "
+                    "anyone who can connect may call it; set tls.client_ca_file and remove allow_unauthenticated"
+                )
+        return warnings
 
     @model_validator(mode="after")
     def _exposed_only_when_said(self) -> GRPCConfig:

@@ -61,21 +61,18 @@ def _peer(context: Context) -> tuple[str, str | None]:
 class StreamSlots:
     """At most `limit` long-lived streams at once; `async with slots.hold(context, method) as wake:` around each.
 
-    One peer holds at most `per_peer` of them, and peers without a verified client certificate
-    share `limit - reserved`, so neither one client nor all anonymous ones can take the room an
-    authenticated subscriber needs. `wake` is the stream's own event: set when it has something to
-    send, and by `end_all` at shutdown, after which `closing` is true and the stream returns (its
-    client sees a clean end and reconnects).
+    One peer (an address and, with client certificates, an identity) holds at most `per_peer` of
+    them, so no one client can take the room another subscriber needs. `wake` is the stream's own
+    event: set when it has something to send, and by `end_all` at shutdown, after which `closing` is
+    true and the stream returns (its client sees a clean end and reconnects).
     """
 
     def __init__(self, server: str, config: GRPCServerConfig) -> None:
         self._server = server
         self._limit = config.max_streams
         self._per_peer = config.max_streams_per_peer
-        self._anonymous_limit = config.max_streams - config.reserved_streams
         self._wakes: set[asyncio.Event] = set()
         self._by_peer: dict[tuple[str, str | None], int] = {}
-        self._anonymous = 0
         self.closing = False
 
     @property
@@ -96,11 +93,6 @@ class StreamSlots:
         key = f"grpc.{self._server}"
         if self.open >= self._limit:
             return "max_streams", f"this server already serves {self.open} streams ({key}.max_streams)"
-        if peer[1] is None and self._anonymous >= self._anonymous_limit:
-            return "reserved_streams", (
-                f"{self._anonymous} streams held by clients without a certificate; the rest is reserved "
-                f"for authenticated ones ({key}.reserved_streams)"
-            )
         if self._by_peer.get(peer, 0) >= self._per_peer:
             return (
                 "max_streams_per_peer",
@@ -111,7 +103,6 @@ class StreamSlots:
     def _take(self, peer: tuple[str, str | None], wake: asyncio.Event) -> None:
         self._wakes.add(wake)
         self._by_peer[peer] = self._by_peer.get(peer, 0) + 1
-        self._anonymous += peer[1] is None
 
     def _give_back(self, peer: tuple[str, str | None], wake: asyncio.Event) -> None:
         self._wakes.discard(wake)
@@ -120,7 +111,6 @@ class StreamSlots:
             self._by_peer[peer] = left
         else:
             del self._by_peer[peer]
-        self._anonymous -= peer[1] is None
 
 
 class _Slot:
@@ -206,9 +196,7 @@ async def start_server(
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
     try:
         if config.tls is not None:
-            port = server.add_secure_port(
-                config.address, ReloadingServerCredentials(config.tls, name, config.allow_unauthenticated).credentials()
-            )
+            port = server.add_secure_port(config.address, ReloadingServerCredentials(config.tls, name).credentials())
         else:
             port = server.add_insecure_port(config.address)
     except RuntimeError as err:  # grpc's way of saying the address is taken or invalid
@@ -216,18 +204,13 @@ async def start_server(
     await server.start()
     security = "plaintext" if config.tls is None else "TLS"
     if config.verifies_clients:
-        security = "mutual TLS, client certificates " + ("optional" if config.allow_unauthenticated else "required")
+        security = "mutual TLS: client certificates required"
     log.info("grpc.%s listening on %s:%d (%s)", name, config.bind, port, security)
-    if not config.verifies_clients:
-        # Loopback needs no say-so; anywhere else the config had to say allow_unauthenticated: true.
-        level = logging.WARNING if config.allow_unauthenticated else logging.INFO
-        log.log(
-            level,
-            "grpc.%s: no client certificates: any peer that reaches %s:%d may call it "
-            "(set grpc.%s.tls.client_ca_file to require them)",
+    if config.allow_unauthenticated and not config.verifies_clients:
+        log.warning(
+            "grpc.%s: peers without a client certificate may call it (allow_unauthenticated: true); "
+            "set grpc.%s.tls.client_ca_file and remove allow_unauthenticated to require one",
             name,
-            config.bind,
-            port,
             name,
         )
     return RunningServer(server, health, slots, port, ConnectionWatch(name, port, config.max_connections))

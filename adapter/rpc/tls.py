@@ -51,10 +51,8 @@ def check_pair(cert_pem: bytes, key_pem: bytes, ca_pem: bytes | None) -> None:
 
 
 class ReloadingServerCredentials:
-    def __init__(self, config: GRPCServerTLS, server: str, optional_client_certificate: bool = False) -> None:
+    def __init__(self, config: GRPCServerTLS, server: str) -> None:
         self._config = config
-        # With client_ca_file, a certificate is required unless the config said unauthenticated peers may call.
-        self._require_client = config.client_ca_file is not None and not optional_client_certificate
         self._server = server
         self._paths = [config.cert_file, config.key_file]
         if config.client_ca_file is not None:
@@ -72,7 +70,7 @@ class ReloadingServerCredentials:
         return grpc.dynamic_ssl_server_credentials(
             self._current,
             self._fetch,  # type: ignore[arg-type]  # None means "unchanged" (grpc's documented contract)
-            require_client_authentication=self._require_client,
+            require_client_authentication=self._config.client_ca_file is not None,
         )
 
     def _load(self) -> grpc.ServerCertificateConfiguration:

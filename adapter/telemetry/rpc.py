@@ -17,8 +17,7 @@ GRPC_REQUEST_SECONDS = Histogram(
 GRPC_STREAMS = Gauge("zeroscale_grpc_streams", "Open server-side gRPC streams", ["server", "method"])
 GRPC_STREAMS_REFUSED = Counter(
     "zeroscale_grpc_streams_refused_total",
-    "Streams refused with RESOURCE_EXHAUSTED, by the limit that refused them "
-    "(max_streams, reserved_streams, max_streams_per_peer)",
+    "Streams refused with RESOURCE_EXHAUSTED, by the limit that refused them (max_streams or max_streams_per_peer)",
     ["server", "limit"],
 )
 GRPC_CONNECTIONS = Gauge(

@@ -45,7 +45,7 @@ async def test_a_replica_refusing_the_stream_fails_the_metric(make_cache: MakeCa
     fine.add("web", held=2)
     full.add("web", held=7)
     open_one = await start_counts(fine)
-    refusing = await start_counts(full, max_streams=1, reserved_streams=0)
+    refusing = await start_counts(full, max_streams=1)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{refusing.port}") as squatter:
         stream = pb_grpc.PendingCountsStub(squatter).Watch(pb.WatchRequest())  # type: ignore[no-untyped-call]
         await stream.read()  # the only slot is taken
