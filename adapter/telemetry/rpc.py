@@ -22,7 +22,7 @@ GRPC_STREAMS_REFUSED = Counter(
 )
 GRPC_CONNECTIONS = Gauge(
     "zeroscale_grpc_connections",
-    "Connections open on the listener, from accept (sampled every second from the kernel's socket table)",
+    "Connections open on the listener, from accept (sampled every 5 s from the kernel's socket table)",
     ["server"],
 )
 GRPC_CONNECTION_LIMIT = Gauge("zeroscale_grpc_connection_limit", "The listener's max_connections", ["server"])

@@ -207,15 +207,16 @@ async def wait_closed(reader: asyncio.StreamReader, within: float) -> bool:
 
 
 async def test_connections_beyond_the_cap_are_closed_and_said(
-    start_adapter: StartAdapter, caplog: pytest.LogCaptureFixture
+    start_adapter: StartAdapter, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 20 item 4: 1,100 idle TCP connections to the scaler port exhausted the adapter's descriptors."""
     caplog.set_level(logging.WARNING)
+    monkeypatch.setattr("adapter.rpc.connections._SAMPLE_SECONDS", 0.2)  # the socket table, read more often
     adapter = await start_adapter(max_connections=10, handshake_timeout=60)
     opened = [await asyncio.open_connection("127.0.0.1", adapter.grpc_port) for _ in range(25)]
     closed = await asyncio.gather(*(wait_closed(reader, 3) for reader, _ in opened))
     assert sum(closed) >= 15, f"{sum(closed)} of 25 closed"
-    await asyncio.sleep(1.5)  # one sample of the socket table
+    await asyncio.sleep(0.6)  # a few samples of the socket table
     gauge = REGISTRY.get_sample_value("zeroscale_grpc_connections", {"server": "scaler"})
     assert gauge is not None
     assert gauge >= 10
