@@ -34,13 +34,25 @@ _throttled = ThrottledLog(log)
 Counts = dict[str, tuple[int, int]]
 
 # Answers from a replica that was reached and said no: its counts exist but are withheld from us.
-_REFUSALS = {
+_REFUSED = {
     grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.UNIMPLEMENTED,
     grpc.StatusCode.INVALID_ARGUMENT,
 }
+# UNAVAILABLE before the first message, for a reason that means something answered at that address:
+# a TLS handshake one side refused, or a connection closed at once (no client certificate, a full
+# connection cap). "Connection refused" or a timeout is a replica that is not there.
+_REFUSED_AT_CONNECT = ("handshake", "socket closed")
+
+
+def _refusal(err: grpc.aio.AioRpcError) -> bool:
+    """Whether a stream that never delivered a message failed because a live replica refused it."""
+    if err.code() in _REFUSED:
+        return True
+    details = (err.details() or "").lower()
+    return err.code() == grpc.StatusCode.UNAVAILABLE and any(marker in details for marker in _REFUSED_AT_CONNECT)
 
 
 class Replica:
@@ -121,6 +133,7 @@ class Subscription:
         self._newest: pb.CountsUpdate | None = None
         self._flush: asyncio.TimerHandle | None = None
         self._applied_at = -config.coalesce
+        self._streaming = False  # the current stream has delivered a message
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"counts from {self.replica.address}")
@@ -152,7 +165,8 @@ class Subscription:
                 if await self._stream(channel):
                     backoff = config.reconnect_min  # it worked for a while: start over with short waits
             except grpc.aio.AioRpcError as err:
-                if err.code() in _REFUSALS:
+                # Once a stream has carried counts, its end is a break (a restart, a rollout), not a refusal.
+                if not self._streaming and _refusal(err):
                     self._refused(err)
                 else:
                     log.debug("http source %s: stream from %s ended: %s", config.name, address, err.code().name)
@@ -173,14 +187,14 @@ class Subscription:
         """Read one stream until it ends; True if at least one message came."""
         stub = pb_grpc.PendingCountsStub(channel)  # type: ignore[no-untyped-call]
         call = stub.Watch(pb.WatchRequest())
-        received = False
+        received = self._streaming = False
         while True:
             async with asyncio.timeout(self._config.stale_after):
                 message = await call.read()
             if message is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from the stubs
                 return received
             if not received:
-                received = True
+                received = self._streaming = True
                 self._set_connected(True)
             self._received(message)
 

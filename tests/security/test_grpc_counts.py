@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import grpc
 import pytest
+import trustme
 from prometheus_client import REGISTRY
 
 from adapter.config.http import HTTPMetric, HTTPSource
@@ -16,6 +18,7 @@ from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
 from adapter.sources.base import SourceQuery
 from adapter.sources.http import ProxyCounts
 from tests.rpc.conftest import MakeCache, Routes, StartCounts, eventually, make_cache, start_counts, value
+from tests.rpc.test_tls import NAME, write_ca, write_pair
 from tests.security.grpc_standins import Sender, start_scripted_replica
 
 __all__ = ["make_cache", "start_counts"]  # fixtures used here
@@ -147,3 +150,29 @@ async def test_a_flooding_replica_is_applied_at_most_once_per_coalesce() -> None
     finally:
         await source.close()
         await server.stop(None)
+
+
+async def test_a_replica_refusing_our_certificate_fails_the_metric(
+    tmp_path: Path, make_cache: MakeCache, start_counts: StartCounts
+) -> None:
+    """A replica that turns our client certificate away at the handshake is up: its counts are unknown, not 0."""
+    servers, clients, strangers = trustme.CA(), trustme.CA(), trustme.CA()
+    cert, key = write_pair(servers, tmp_path, "proxy", NAME)
+    client_cert, client_key = write_pair(clients, tmp_path, "adapter", "adapter")
+    trusting, distrusting = Routes("web"), Routes("web")
+    trusting.add("web", held=2)
+    distrusting.add("web", held=7)
+    tls = {"cert_file": cert, "key_file": key}
+    good = await start_counts(trusting, tls={**tls, "client_ca_file": write_ca(clients, tmp_path / "clients.pem")})
+    bad = await start_counts(distrusting, tls={**tls, "client_ca_file": write_ca(strangers, tmp_path / "other.pem")})
+    cache = await make_cache(
+        "distrusted",
+        proxies=[f"127.0.0.1:{good.port}", f"127.0.0.1:{bad.port}"],
+        tls={"ca_file": write_ca(servers, tmp_path / "servers.pem"), "cert_file": client_cert, "key_file": client_key},
+        tls_server_name=NAME,
+    )
+    with pytest.raises(MetricUnavailable, match=rf"127\.0\.0\.1:{bad.port} refused the count stream: UNAVAILABLE"):
+        await value(cache)
+    await asyncio.sleep(1.0)  # past stale_after: still refused, still an error, never the 2 of the other replica
+    with pytest.raises(MetricUnavailable, match="refused the count stream"):
+        await value(cache)
