@@ -18,7 +18,7 @@ from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
 from adapter.sources.base import SourceQuery
 from adapter.sources.http import ProxyCounts
 from tests.rpc.conftest import MakeCache, Routes, StartCounts, eventually, make_cache, start_counts, value
-from tests.rpc.test_tls import NAME, write_ca, write_pair
+from tests.rpc.test_tls import NAME, mutual_tls, write_ca
 from tests.security.grpc_standins import Sender, start_scripted_replica
 
 __all__ = ["make_cache", "start_counts"]  # fixtures used here
@@ -156,21 +156,15 @@ async def test_a_replica_refusing_our_certificate_fails_the_metric(
     tmp_path: Path, make_cache: MakeCache, start_counts: StartCounts
 ) -> None:
     """A replica that turns our client certificate away at the handshake is up: its counts are unknown, not 0."""
-    servers, clients, strangers = trustme.CA(), trustme.CA(), trustme.CA()
-    cert, key = write_pair(servers, tmp_path, "proxy", NAME)
-    client_cert, client_key = write_pair(clients, tmp_path, "adapter", "adapter")
+    tls = mutual_tls(tmp_path)
     trusting, distrusting = Routes("web"), Routes("web")
     trusting.add("web", held=2)
     distrusting.add("web", held=7)
-    tls = {"cert_file": cert, "key_file": key}
-    good = await start_counts(trusting, tls={**tls, "client_ca_file": write_ca(clients, tmp_path / "clients.pem")})
-    bad = await start_counts(distrusting, tls={**tls, "client_ca_file": write_ca(strangers, tmp_path / "other.pem")})
-    cache = await make_cache(
-        "distrusted",
-        proxies=[f"127.0.0.1:{good.port}", f"127.0.0.1:{bad.port}"],
-        tls={"ca_file": write_ca(servers, tmp_path / "servers.pem"), "cert_file": client_cert, "key_file": client_key},
-        tls_server_name=NAME,
-    )
+    good = await start_counts(trusting, tls=tls.server)
+    strangers = write_ca(trustme.CA(), tmp_path / "strangers.pem")
+    bad = await start_counts(distrusting, tls={**tls.server, "client_ca_file": strangers})
+    proxies = [f"127.0.0.1:{good.port}", f"127.0.0.1:{bad.port}"]
+    cache = await make_cache("distrusted", proxies=proxies, tls=tls.client, tls_server_name=NAME)
     with pytest.raises(MetricUnavailable, match=rf"127\.0\.0\.1:{bad.port} refused the count stream: UNAVAILABLE"):
         await value(cache)
     await asyncio.sleep(1.0)  # past stale_after: still refused, still an error, never the 2 of the other replica

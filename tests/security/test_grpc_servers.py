@@ -34,7 +34,7 @@ from tests.rpc.conftest import (
     start_adapter,
     start_counts,
 )
-from tests.rpc.test_tls import NAME, write_ca, write_pair
+from tests.rpc.test_tls import NAME, mutual_tls, write_ca, write_pair
 
 __all__ = ["make_cache", "start_adapter", "start_counts"]  # fixtures used here
 
@@ -135,33 +135,21 @@ async def test_one_client_cannot_starve_the_adapter(
     tmp_path: Path, start_counts: StartCounts, make_cache: MakeCache
 ) -> None:
     """Issue 20 item 2a: one client took 999 of 1000 slots, a fresh adapter was refused and then served 0."""
-    servers, clients = trustme.CA(), trustme.CA()
-    cert, key = write_pair(servers, tmp_path, "proxy", NAME)
-    adapter_cert, adapter_key = write_pair(clients, tmp_path, "adapter", "adapter")
-    other = clients.issue_cert("some-other-client")
+    tls = mutual_tls(tmp_path)
+    other = tls.clients.issue_cert("some-other-client")
     routes = Routes("web")
     routes.add("web", held=3)
-    tls = {"cert_file": cert, "key_file": key, "client_ca_file": write_ca(clients, tmp_path / "clients.pem")}
-    server = await start_counts(routes, tls=tls, max_streams=5, max_streams_per_peer=4)
+    server = await start_counts(routes, tls=tls.server, max_streams=5, max_streams_per_peer=4)
     options = [("grpc.ssl_target_name_override", NAME)]
     greedy = grpc.ssl_channel_credentials(
-        servers.cert_pem.bytes(), other.private_key_pem.bytes(), other.cert_chain_pems[0].bytes()
+        tls.servers.cert_pem.bytes(), other.private_key_pem.bytes(), other.cert_chain_pems[0].bytes()
     )
     async with grpc.aio.secure_channel(f"127.0.0.1:{server.port}", greedy, options) as channel:
         squatted = [await open_watch(channel) for _ in range(4)]
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await open_watch(channel)
         assert "grpc.counts.max_streams_per_peer" in (refused.value.details() or "")
-        cache = await make_cache(
-            "starved",
-            proxies=[f"127.0.0.1:{server.port}"],
-            tls={
-                "ca_file": write_ca(servers, tmp_path / "servers.pem"),
-                "cert_file": adapter_cert,
-                "key_file": adapter_key,
-            },
-            tls_server_name=NAME,
-        )
+        cache = await make_cache("starved", proxies=[f"127.0.0.1:{server.port}"], tls=tls.client, tls_server_name=NAME)
         await eventually(cache, 3)  # at once: never refused, never an error, never 0
         for call in squatted:
             call.cancel()
