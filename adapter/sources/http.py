@@ -112,6 +112,7 @@ class ProxyCounts(Source):
                 telemetry.PROXY_DROPPED.labels(self._config.name).inc()
                 routes = set(replica.counts)
                 replica.heard_at, replica.counts = None, {}
+                replica.given_up = True  # said just now; not "never answered" on the next turn
                 if address not in self._subscriptions:
                     del self._replicas[address]
                 self._notify(routes)

@@ -68,7 +68,7 @@ class Replica:
         # Why its counts cannot be used (bad counts, refused stream), and when that was last seen.
         self.failure: str | None = None
         self.failed_at = 0.0
-        self.given_up = False  # never answered within stale_after of being found (logged once)
+        self.given_up = False  # never answered within stale_after of being found, or dropped (logged once)
 
     def live(self, now: float, stale_after: float) -> bool:
         return self.heard_at is not None and now - self.heard_at <= stale_after

@@ -40,7 +40,7 @@ async def test_held_and_inflight_metrics(make_cache: MakeCache, start_counts: St
 
 
 async def test_a_silent_replica_keeps_its_counts_until_stale_after(
-    make_cache: MakeCache, start_counts: StartCounts
+    make_cache: MakeCache, start_counts: StartCounts, caplog: pytest.LogCaptureFixture
 ) -> None:
     first, second = Routes("web"), Routes("web")
     a, b = await start_counts(first), await start_counts(second)
@@ -57,6 +57,10 @@ async def test_a_silent_replica_keeps_its_counts_until_stale_after(
     dropped = REGISTRY.get_sample_value("zeroscale_proxy_replicas_dropped_total", {"source": "expiry"})
     assert dropped == dropped_before + 1
     assert REGISTRY.get_sample_value("zeroscale_proxy_subscription_reconnects_total", {"source": "expiry"})
+    await asyncio.sleep(0.5)
+    said = [record.getMessage() for record in caplog.records if b.port and f":{b.port}" in record.getMessage()]
+    assert [line for line in said if "dropping" in line]
+    assert not [line for line in said if "never answered" in line]  # it did answer, then went silent
 
 
 async def test_replica_coming_back_is_counted_again(make_cache: MakeCache, start_counts: StartCounts) -> None:
