@@ -33,13 +33,17 @@ _throttled = ThrottledLog(log)
 # (held, inflight) per route
 Counts = dict[str, tuple[int, int]]
 
-# Answers from a replica that was reached and said no: its counts exist but are withheld from us.
+# Answers from a replica that was reached and said no, or said something that is not counts (INTERNAL:
+# a message that does not decode): its counts exist but are not ours to add up.
 _REFUSED = {
     grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.UNIMPLEMENTED,
     grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.DATA_LOSS,
 }
 # UNAVAILABLE before the first message, for a reason that means something answered at that address:
 # a TLS handshake one side refused, or a connection closed at once (no client certificate, a full
@@ -167,7 +171,7 @@ class Subscription:
             except grpc.aio.AioRpcError as err:
                 # Once a stream has carried counts, its end is a break (a restart, a rollout), not a refusal.
                 if not self._streaming and _refusal(err):
-                    self._refused(err)
+                    self._failed(f"refused the count stream: {err.code().name}: {err.details()}")
                 else:
                     log.debug("http source %s: stream from %s ended: %s", config.name, address, err.code().name)
             except TimeoutError:
@@ -176,10 +180,11 @@ class Subscription:
                 self._set_connected(False)
                 await channel.close(grace=None)
 
-    def _refused(self, err: grpc.aio.AioRpcError) -> None:
+    def _failed(self, what: str) -> None:
+        """A live replica whose counts we cannot have: the metric is an error while it lasts."""
         config, replica = self._config, self.replica
         telemetry.PROXY_SUBSCRIPTIONS_REFUSED.labels(config.name).inc()
-        replica.fail(f"{replica.address} refused the count stream: {err.code().name}: {err.details()}")
+        replica.fail(f"{replica.address} {what}")
         _throttled.warn(replica.address, "http source %s: %s", config.name, replica.failure)
         self._on_update(replica, set(replica.counts))
 
@@ -192,6 +197,9 @@ class Subscription:
             async with asyncio.timeout(self._config.stale_after):
                 message = await call.read()
             if message is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from the stubs
+                return received
+            if not isinstance(message, pb.CountsUpdate):  # grpc hands over None for bytes it cannot decode
+                self._failed("sent a message that is not a CountsUpdate")
                 return received
             if not received:
                 received = self._streaming = True

@@ -70,7 +70,7 @@ PROXY_COUNTS_REJECTED = Counter(
 )
 PROXY_SUBSCRIPTIONS_REFUSED = Counter(
     "zeroscale_proxy_subscriptions_refused_total",
-    "Count streams a reachable replica refused (the replica fails the metric until it accepts)",
+    "Count streams a reachable replica refused or filled with bytes that are no counts (it fails the metric)",
     ["source"],
 )
 PROXY_COUNTS_COALESCED = Counter(

@@ -61,3 +61,22 @@ async def start_scripted_replica(script: Script, heartbeat: float = 0.1) -> tupl
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, port
+
+
+async def start_garbage_replica() -> tuple[grpc.aio.Server, int]:
+    """A replica whose Watch answers bytes that are no CountsUpdate."""
+
+    async def watch(request: Any, context: Any) -> AsyncIterator[bytes]:
+        while True:
+            yield b"\xff\xff\xff"
+            await asyncio.sleep(0.1)
+
+    handler = grpc.method_handlers_generic_handler(
+        "zeroscale.proxy.v1.PendingCounts",
+        {"Watch": grpc.unary_stream_rpc_method_handler(watch, response_serializer=bytes)},
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port

@@ -19,7 +19,7 @@ from adapter.sources.base import SourceQuery
 from adapter.sources.http import ProxyCounts
 from tests.rpc.conftest import MakeCache, Routes, StartCounts, eventually, make_cache, start_counts, value
 from tests.rpc.test_tls import NAME, mutual_tls, write_ca
-from tests.security.grpc_standins import Sender, start_scripted_replica
+from tests.security.grpc_standins import Sender, start_garbage_replica, start_scripted_replica
 
 __all__ = ["make_cache", "start_counts"]  # fixtures used here
 
@@ -170,3 +170,18 @@ async def test_a_replica_refusing_our_certificate_fails_the_metric(
     await asyncio.sleep(1.0)  # past stale_after: still refused, still an error, never the 2 of the other replica
     with pytest.raises(MetricUnavailable, match="refused the count stream"):
         await value(cache)
+
+
+async def test_a_replica_answering_garbage_fails_the_metric(make_cache: MakeCache, start_counts: StartCounts) -> None:
+    """Bytes that are no counts come from a live replica: an error, not a replica to leave out of the sum."""
+    honest = Routes("web")
+    honest.add("web", held=4)
+    good = await start_counts(honest)
+    server, port = await start_garbage_replica()
+    try:
+        cache = await make_cache("garbled", proxies=[f"127.0.0.1:{good.port}", f"127.0.0.1:{port}"])
+        await asyncio.sleep(1.0)  # past stale_after: still no sum without it
+        with pytest.raises(MetricUnavailable, match=rf"127\.0\.0\.1:{port} sent a message that is not a CountsUpdate"):
+            await value(cache)
+    finally:
+        await server.stop(None)
