@@ -1,9 +1,13 @@
-"""`zeroscale certs`: a private CA, a serving certificate for the adapter's Service, and the APIService caBundle.
+"""`zeroscale certs`: a private CA, the certificates of an installation's gRPC and HTTPS ports, the caBundle.
 
 The aggregator dials `<service>.<namespace>.svc` and verifies the certificate against the APIService's
 `caBundle` (SPEC 3.2), so the serving certificate carries that DNS name (plus the shorter and longer
-forms in-cluster clients use) and is signed by the CA whose PEM becomes the caBundle. The CA's key is
-not written: renewing means running this again, which makes a new CA and a new caBundle together.
+forms in-cluster clients use) and is signed by the CA whose PEM becomes the caBundle. The same CA
+signs the rest of the mutual TLS between the parts: the proxies' counts certificate (the adapter
+checks `zeroscale-proxy-counts.<namespace>.svc`), and KEDA's client certificate for the gRPC scaler.
+The adapter's certificate is also its client certificate towards the proxies. Both gRPC servers
+trust this CA for client certificates. The CA's key is not written: renewing means running this
+again, which makes a new CA, new certificates and a new caBundle together.
 """
 
 from __future__ import annotations
@@ -21,15 +25,25 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 APISERVICE_NAME = "v1beta1.external.metrics.k8s.io"
+COUNTS_SERVICE = "zeroscale-proxy-counts"
+KEDA_CLIENT = "keda"
 # Issued slightly in the past: a node whose clock runs behind must not see a certificate from the future.
 _BACKDATE = datetime.timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
-class Issued:
-    ca_pem: bytes
+class Pair:
     cert_pem: bytes
     key_pem: bytes
+
+
+@dataclass(frozen=True)
+class Issued:
+    ca_pem: bytes
+    cert_pem: bytes  # the adapter's: HTTPS API and gRPC scaler, and its client certificate to the proxies
+    key_pem: bytes
+    counts: Pair  # the proxies' counts port
+    keda: Pair  # KEDA's client certificate for the gRPC scaler
 
 
 def service_names(service: str, namespace: str) -> list[str]:
@@ -41,8 +55,41 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
+def _leaf(
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_name: x509.Name,
+    names: list[str],
+    usages: list[x509.ObjectIdentifier],
+    now: datetime.datetime,
+    until: datetime.datetime,
+) -> Pair:
+    """A certificate for `names` (the first is its subject) with these extended usages, signed by the CA."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(names[0]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(until)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name) for name in names]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(True, False, False, False, False, False, False, False, False), critical=True
+        )  # digitalSignature
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return Pair(cert.public_bytes(serialization.Encoding.PEM), key_pem)
+
+
 def issue(service: str, namespace: str, days: int, extra_names: list[str] | None = None) -> Issued:
-    """A fresh CA and a serving certificate it signs, valid `days` days."""
+    """A fresh CA and the certificates it signs, valid `days` days."""
     now = datetime.datetime.now(datetime.UTC) - _BACKDATE
     until = now + datetime.timedelta(days=days)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -62,29 +109,13 @@ def issue(service: str, namespace: str, days: int, extra_names: list[str] | None
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    key = ec.generate_private_key(ec.SECP256R1())
     names = list(dict.fromkeys([*service_names(service, namespace), *(extra_names or [])]))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(names[0]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(until)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name) for name in names]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(True, False, False, False, False, False, False, False, False), critical=True
-        )  # digitalSignature
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return Issued(ca.public_bytes(serialization.Encoding.PEM), cert.public_bytes(serialization.Encoding.PEM), key_pem)
+    both = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    adapter = _leaf(ca_key, ca_name, names, both, now, until)
+    counts_names = service_names(COUNTS_SERVICE, namespace)
+    counts = _leaf(ca_key, ca_name, counts_names, [ExtendedKeyUsageOID.SERVER_AUTH], now, until)
+    keda = _leaf(ca_key, ca_name, [KEDA_CLIENT], [ExtendedKeyUsageOID.CLIENT_AUTH], now, until)
+    return Issued(ca.public_bytes(serialization.Encoding.PEM), adapter.cert_pem, adapter.key_pem, counts, keda)
 
 
 def apiservice_patch(ca_pem: bytes) -> str:
@@ -113,6 +144,10 @@ def write(issued: Issued, out_dir: Path) -> list[Path]:
         (out_dir / "ca.crt", issued.ca_pem, 0o644),
         (out_dir / "tls.crt", issued.cert_pem, 0o644),
         (out_dir / "tls.key", issued.key_pem, 0o600),
+        (out_dir / "counts.crt", issued.counts.cert_pem, 0o644),
+        (out_dir / "counts.key", issued.counts.key_pem, 0o600),
+        (out_dir / "keda.crt", issued.keda.cert_pem, 0o644),
+        (out_dir / "keda.key", issued.keda.key_pem, 0o600),
         (out_dir / "apiservice-cabundle.yaml", apiservice_patch(issued.ca_pem).encode(), 0o644),
     ]
     for path, data, mode in files:
@@ -129,7 +164,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out-dir",
         type=Path,
         default=Path("deploy/overlays/certs/generated"),
-        help="where ca.crt, tls.crt, tls.key and apiservice-cabundle.yaml go (default: %(default)s)",
+        help="where ca.crt, tls.crt/.key (adapter), counts.crt/.key (proxies), keda.crt/.key (KEDA's client) "
+        "and apiservice-cabundle.yaml go (default: %(default)s)",
     )
 
 
@@ -140,5 +176,8 @@ def run(args: argparse.Namespace) -> int:
     issued = issue(args.service, args.namespace, args.days, args.dns_name)
     for path in write(issued, args.out_dir):
         print(f"wrote {path}")
-    print(f"serving certificate for {args.service}.{args.namespace}.svc, valid {args.days} days")
+    print(
+        f"certificates for {args.service}.{args.namespace}.svc, {COUNTS_SERVICE}.{args.namespace}.svc and "
+        f"KEDA's client ({KEDA_CLIENT}), valid {args.days} days"
+    )
     return 0

@@ -10,6 +10,8 @@ from adapter.sources import SourceError, build_source
 
 async def check_sources(config: ZeroscaleConfig) -> int:
     """Print one line per source; return 0 when all answered, 1 otherwise."""
+    for warning in config.grpc.unauthenticated():
+        print(f"WARNING {warning}")
     limit = config.cache.query_timeout
     failures = 0
     for source_config in config.sources:

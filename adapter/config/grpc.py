@@ -1,7 +1,10 @@
 """Settings of the two gRPC servers: KEDA's external scaler (in `serve`) and the pending-count stream (in `proxy`).
 
 Both are off until enabled. Without `tls` a server speaks plaintext, which is allowed only on a
-loopback address unless `allow_plaintext: true` says the network is trusted (DESIGN rule 4).
+loopback address unless `allow_plaintext: true` says the network is trusted (DESIGN rule 4). Without
+`tls.client_ca_file` nobody is authenticated, which is allowed only on a loopback address unless
+`allow_unauthenticated: true` says so. (gRPC's Python servers either require a verified client
+certificate or ask for none: there is no "optional" in between.)
 """
 
 from __future__ import annotations
@@ -31,16 +34,28 @@ class GRPCServerConfig(Strict):
     tls: GRPCServerTLS | None = None
     # Plaintext on a non-loopback address: only inside a network you trust.
     allow_plaintext: bool = False
+    # No client certificate required on a non-loopback address: anyone who can connect may call.
+    allow_unauthenticated: bool = False
     # Server pings an idle connection this often and closes it when no answer comes within the timeout.
     keepalive_time: Duration = 30.0
     keepalive_timeout: Duration = 10.0
     # Clients may ping at most this often (KEDA and our adapter ping every 10 s or more).
     min_client_ping_interval: Duration = 5.0
-    # Concurrent long-lived streams on this server; one more is refused with RESOURCE_EXHAUSTED.
+    # Open connections, counted from accept; gRPC closes one more at once.
+    max_connections: int = Field(default=256, ge=1)
+    # From accept to the client's HTTP/2 SETTINGS (TLS handshake and preface included).
+    handshake_timeout: Duration = Field(default=10.0, gt=0)
+    # A connection with no call open for this long is closed (clients reconnect when they need to).
+    idle_timeout: Duration = Field(default=120.0, gt=0)
+    # Concurrent long-lived streams on this server (health watches included); one more is refused
+    # with RESOURCE_EXHAUSTED.
     max_streams: int = Field(default=1000, ge=1)
+    # Streams one peer (its address and certificate identity) may hold, so no one peer starves the others.
+    max_streams_per_peer: int = Field(default=100, ge=1)
     # HTTP/2 streams per connection.
     max_concurrent_streams: int = Field(default=100, ge=1)
-    max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # The largest message a client may send; every request here is a few hundred bytes.
+    max_message_bytes: int = Field(default=64 * 1024, ge=1024)
     # A stream with nothing new to say still sends a message this often, so a silent peer is noticed.
     heartbeat_interval: Duration = Field(default=5.0, gt=0)
 
@@ -49,11 +64,20 @@ class GRPCServerConfig(Strict):
         host = f"[{self.bind}]" if ":" in self.bind else self.bind
         return f"{host}:{self.port}"
 
+    @property
+    def verifies_clients(self) -> bool:
+        return self.tls is not None and self.tls.client_ca_file is not None
+
 
 class ScalerServerConfig(GRPCServerConfig):
     """KEDA's `external` / `external-push` triggers connect here (scalerAddress)."""
 
     port: int = Field(default=9443, ge=0, le=65535)
+    # KEDA is one peer holding a stream per ScaledObject.
+    max_streams_per_peer: int = Field(default=1000, ge=1)
+    # All scalerMetadata keys and values of one request together; the same bound as the HTTP API's
+    # server.max_header_bytes, checked before anything is parsed.
+    max_metadata_bytes: int = Field(default=16_384, ge=1024)
 
 
 class CountsServerConfig(GRPCServerConfig):
@@ -61,6 +85,8 @@ class CountsServerConfig(GRPCServerConfig):
 
     port: int = Field(default=9091, ge=0, le=65535)
     heartbeat_interval: Duration = Field(default=1.0, gt=0)
+    # An adapter holds one stream per `http` source that lists this replica.
+    max_streams_per_peer: int = Field(default=16, ge=1)
     # Changes closer together than this go out as one message.
     coalesce: Duration = 0.002
 
@@ -69,12 +95,31 @@ class GRPCConfig(Strict):
     scaler: ScalerServerConfig = Field(default_factory=ScalerServerConfig)
     counts: CountsServerConfig = Field(default_factory=CountsServerConfig)
 
-    @model_validator(mode="after")
-    def _plaintext_only_on_loopback(self) -> GRPCConfig:
+    def unauthenticated(self) -> list[str]:
+        """A warning for each enabled server off loopback that lets peers without a client certificate call."""
+        warnings = []
         for name, server in (("scaler", self.scaler), ("counts", self.counts)):
-            if server.enabled and server.tls is None and not server.allow_plaintext and not is_loopback(server.bind):
+            exposed = server.enabled and not is_loopback(server.bind)
+            if exposed and server.allow_unauthenticated and not server.verifies_clients:
+                warnings.append(
+                    f"grpc.{name}: no client certificates (allow_unauthenticated: true) on {server.bind}: "
+                    "anyone who can connect may call it; set tls.client_ca_file and remove allow_unauthenticated"
+                )
+        return warnings
+
+    @model_validator(mode="after")
+    def _exposed_only_when_said(self) -> GRPCConfig:
+        for name, server in (("scaler", self.scaler), ("counts", self.counts)):
+            if not server.enabled or is_loopback(server.bind):
+                continue
+            if server.tls is None and not server.allow_plaintext:
                 raise ValueError(
                     f"grpc.{name}: without tls the server binds only to loopback; "
                     f"set grpc.{name}.tls, bind: 127.0.0.1, or allow_plaintext: true inside a trusted network"
+                )
+            if not server.verifies_clients and not server.allow_unauthenticated:
+                raise ValueError(
+                    f"grpc.{name}: without client certificates anyone who reaches {server.bind} may call; "
+                    f"set grpc.{name}.tls.client_ca_file, bind: 127.0.0.1, or allow_unauthenticated: true"
                 )
         return self

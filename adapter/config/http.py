@@ -23,7 +23,15 @@ class HTTPSource(SourceBase):
     resolve_interval: Duration = Field(default=5.0, gt=0)
     # A replica that has sent nothing (not even a heartbeat) for this long drops out of the sum.
     # Until then its last counts stay in: a blip in the connection does not make requests vanish.
+    # A replica found but never heard from is waited for this long (the sum is an error meanwhile),
+    # then counted as gone.
     stale_after: Duration = Field(default=5.0, gt=0)
+    # A count above this (or below 0) is a broken or hostile replica: it fails the metric until it
+    # sends sane counts again. Far above any real backlog, far below int64 overflow when summed.
+    max_count: int = Field(default=10**9, ge=1, le=10**12)
+    # A replica's updates closer together than this are applied as one (the newest), so a replica
+    # flooding updates costs at most one cache refresh per interval.
+    coalesce: Duration = 0.005
     tls: TLSClientFiles | None = None
     # Name to check in the proxies' certificate (replicas are dialled by IP address).
     tls_server_name: str | None = None

@@ -16,6 +16,7 @@ from typing import Any
 
 from adapter.doctor import certificates
 from adapter.doctor.findings import Finding
+from adapter.doctor.grpc import check_grpc_authentication
 from adapter.kube.client import KubeAPIError, KubeClient, KubeError
 from adapter.kube.endpointslices import list_slices
 
@@ -44,6 +45,7 @@ class Installation:
     service: str = "zeroscale-adapter"
     namespace: str = "zeroscale"
     service_account: str = "zeroscale-adapter"
+    deployment: str = "zeroscale-adapter"
     serving_secret: str = "zeroscale-adapter-serving"
     # The namespace whose HPAs are checked for access (any namespace works the same with the shipped RBAC).
     hpa_namespace: str = "default"
@@ -76,6 +78,7 @@ class Doctor:
             self._check_discovery,
             self._check_hpa_access,
             self._check_adapter_access,
+            self._check_grpc,
         ):
             findings.extend(await check())
         return findings
@@ -363,6 +366,9 @@ class Doctor:
                 "apply deploy/base/hpa-rbac.yaml (ClusterRole get,list on external.metrics.k8s.io, bound to it)",
             )
         ]
+
+    async def _check_grpc(self) -> list[Finding]:
+        return await check_grpc_authentication(self._get, self._where.namespace, self._where.deployment)
 
     async def _check_adapter_access(self) -> list[Finding]:
         where = self._where

@@ -73,7 +73,7 @@ class PendingCounts(pb_grpc.PendingCountsServicer):
     def __init__(self, hub: CountsHub, config: CountsServerConfig) -> None:
         self._hub = hub
         self._heartbeat = config.heartbeat_interval
-        self.slots = StreamSlots(_SERVER, config.max_streams)
+        self.slots = StreamSlots(_SERVER, config)
 
     async def Watch(self, request: pb.WatchRequest, context: Context) -> AsyncIterator[pb.CountsUpdate]:
         async with self.slots.hold(context, "Watch") as wake:

@@ -55,9 +55,17 @@ class Trigger:
     target: float
 
 
-def parse_trigger(ref: pb.ScaledObjectRef) -> Trigger:
-    """Read the documented metadata keys; raise BadSelector (INVALID_ARGUMENT) on a missing or bad one."""
+def parse_trigger(ref: pb.ScaledObjectRef, max_metadata_bytes: int) -> Trigger:
+    """Read the documented metadata keys; raise BadSelector (INVALID_ARGUMENT) on a missing or bad one.
+
+    The size comes first: a selector is parsed only when the metadata fits in `max_metadata_bytes`.
+    """
     meta = ref.scalerMetadata
+    size = sum(len(text.encode()) for text in (ref.name, ref.namespace, *meta.keys(), *meta.values()))
+    if size > max_metadata_bytes:
+        raise BadSelector(
+            f"scalerMetadata holds {size} bytes, more than grpc.scaler.max_metadata_bytes ({max_metadata_bytes})"
+        )
     metric = meta.get("metricName", "").strip()
     if not metric:
         raise BadSelector("scalerMetadata.metricName is required: the name of a Zeroscale metric")
@@ -83,7 +91,8 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
     def __init__(self, cache: MetricCache, config: ScalerServerConfig) -> None:
         self._cache = cache
         self._heartbeat = config.heartbeat_interval
-        self.slots = StreamSlots(_SERVER, config.max_streams)
+        self._max_metadata = config.max_metadata_bytes
+        self.slots = StreamSlots(_SERVER, config)
 
     # --- helpers ---
 
@@ -112,7 +121,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         context: Context,
     ) -> pb.GetMetricSpecResponse:
         try:
-            answer = self._spec(parse_trigger(request))
+            answer = self._spec(parse_trigger(request, self._max_metadata))
         except MetricError as err:
             await self._fail(context, "GetMetricSpec", err)
         telemetry.GRPC_REQUESTS.labels(_SERVER, "GetMetricSpec", "OK").inc()
@@ -124,7 +133,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         context: Context,
     ) -> pb.GetMetricsResponse:
         try:
-            trigger = parse_trigger(request.scaledObjectRef)
+            trigger = parse_trigger(request.scaledObjectRef, self._max_metadata)
             asked = request.metricName
             # KEDA may send the name lower-cased (kedacore/keda#4954): compare without case.
             if asked and asked.lower() != trigger.metric.lower():
@@ -146,7 +155,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         context: Context,
     ) -> pb.IsActiveResponse:
         try:
-            trigger = parse_trigger(request)
+            trigger = parse_trigger(request, self._max_metadata)
             active = self._active(trigger, await self._read(trigger))
         except MetricError as err:
             await self._fail(context, "IsActive", err)
@@ -162,7 +171,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
     ) -> AsyncIterator[pb.IsActiveResponse]:
         """The activity now, then a message whenever it flips, plus the current state every heartbeat."""
         try:
-            trigger = parse_trigger(request)
+            trigger = parse_trigger(request, self._max_metadata)
             key, _ = self._cache.catalogue.resolve(trigger.metric, trigger.namespace, trigger.selector)
         except MetricError as err:
             await self._fail(context, "StreamIsActive", err)
@@ -207,7 +216,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
     ) -> AsyncIterator[pb.GetMetricSpecResponse]:
         """The specs now; they come from the trigger's own metadata, so they never change while it is open."""
         try:
-            spec = self._spec(parse_trigger(request))
+            spec = self._spec(parse_trigger(request, self._max_metadata))
         except MetricError as err:
             await self._fail(context, "StreamMetricSpec", err)
             return

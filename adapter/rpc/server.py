@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,11 +15,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # no stub for it
 
 from adapter.config.grpc import GRPCServerConfig
+from adapter.rpc.connections import ConnectionWatch
+from adapter.rpc.garbage import GarbageInterceptor
 from adapter.rpc.latency import LatencyInterceptor
 from adapter.rpc.tls import ReloadingServerCredentials
 from adapter.telemetry import rpc as telemetry
+from adapter.telemetry.throttled import ThrottledLog
 
 log = logging.getLogger(__name__)
+_throttled = ThrottledLog(log)
 
 _GRACE_SECONDS = 1.0
 
@@ -35,23 +40,39 @@ def server_options(config: GRPCServerConfig) -> list[tuple[str, int]]:
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.max_concurrent_streams", config.max_concurrent_streams),
         ("grpc.max_receive_message_length", config.max_message_bytes),
-        ("grpc.max_send_message_length", config.max_message_bytes),
+        # gRPC closes a connection beyond this at accept: counted from accept, handshake or not.
+        ("grpc.max_allowed_incoming_connections", config.max_connections),
+        # Accept to the client's HTTP/2 SETTINGS: a connection that says nothing is closed.
+        ("grpc.server_handshake_timeout_ms", int(config.handshake_timeout * 1000)),
+        ("grpc.max_connection_idle_ms", int(config.idle_timeout * 1000)),
         # Two servers on one port would split the clients between them silently.
         ("grpc.so_reuseport", 0),
     ]
 
 
+def _peer(context: Context) -> tuple[str, str | None]:
+    """(the peer's address without its port, its verified certificate identity or None)."""
+    address = context.peer() or ""
+    host = address.rsplit(":", 1)[0] if address.startswith(("ipv4:", "ipv6:")) else address
+    identities = list(context.peer_identities() or ())
+    return host, (identities[0].decode("utf-8", "replace") if identities else None)
+
+
 class StreamSlots:
     """At most `limit` long-lived streams at once; `async with slots.hold(context, method) as wake:` around each.
 
-    `wake` is the stream's own event: set when it has something to send, and by `end_all` at shutdown,
-    after which `closing` is true and the stream returns (its client sees a clean end and reconnects).
+    One peer (an address and, with client certificates, an identity) holds at most `per_peer` of
+    them, so no one client can take the room another subscriber needs. `wake` is the stream's own
+    event: set when it has something to send, and by `end_all` at shutdown, after which `closing` is
+    true and the stream returns (its client sees a clean end and reconnects).
     """
 
-    def __init__(self, server: str, limit: int) -> None:
+    def __init__(self, server: str, config: GRPCServerConfig) -> None:
         self._server = server
-        self._limit = limit
+        self._limit = config.max_streams
+        self._per_peer = config.max_streams_per_peer
         self._wakes: set[asyncio.Event] = set()
+        self._by_peer: dict[tuple[str, str | None], int] = {}
         self.closing = False
 
     @property
@@ -67,6 +88,30 @@ class StreamSlots:
     def hold(self, context: Context, method: str) -> _Slot:
         return _Slot(self, context, method)
 
+    def _refusal(self, peer: tuple[str, str | None]) -> tuple[str, str] | None:
+        """(the limit, the message naming its key) when one more stream for `peer` is too many."""
+        key = f"grpc.{self._server}"
+        if self.open >= self._limit:
+            return "max_streams", f"this server already serves {self.open} streams ({key}.max_streams)"
+        if self._by_peer.get(peer, 0) >= self._per_peer:
+            return (
+                "max_streams_per_peer",
+                f"{peer[0]} already holds {self._per_peer} streams ({key}.max_streams_per_peer)",
+            )
+        return None
+
+    def _take(self, peer: tuple[str, str | None], wake: asyncio.Event) -> None:
+        self._wakes.add(wake)
+        self._by_peer[peer] = self._by_peer.get(peer, 0) + 1
+
+    def _give_back(self, peer: tuple[str, str | None], wake: asyncio.Event) -> None:
+        self._wakes.discard(wake)
+        left = self._by_peer[peer] - 1
+        if left:
+            self._by_peer[peer] = left
+        else:
+            del self._by_peer[peer]
+
 
 class _Slot:
     def __init__(self, slots: StreamSlots, context: Context, method: str) -> None:
@@ -74,26 +119,47 @@ class _Slot:
         self._context = context
         self._method = method
         self._wake = asyncio.Event()
+        self._peer = _peer(context)
 
     async def __aenter__(self) -> asyncio.Event:
         slots = self._slots
         if slots.closing:
             await self._context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
-        if slots.open >= slots._limit:
-            telemetry.GRPC_STREAMS_REFUSED.labels(slots._server).inc()
-            await self._context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"this server already serves {slots.open} streams (grpc.{slots._server}.max_streams)",
-            )
-        slots._wakes.add(self._wake)
+        refusal = slots._refusal(self._peer)
+        if refusal is not None:
+            limit, message = refusal
+            telemetry.GRPC_STREAMS_REFUSED.labels(slots._server, limit).inc()
+            _throttled.warn(f"{slots._server}/{limit}", "grpc.%s: %s refused: %s", slots._server, self._method, message)
+            await self._context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+        slots._take(self._peer, self._wake)
         telemetry.GRPC_STREAMS.labels(slots._server, self._method).inc()
         return self._wake
 
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        self._slots._wakes.discard(self._wake)
+        self._slots._give_back(self._peer, self._wake)
         telemetry.GRPC_STREAMS.labels(self._slots._server, self._method).dec()
+
+
+class _Health(health_aio.HealthServicer):  # type: ignore[misc]  # untyped base
+    """grpc.health.v1 whose Watch streams take a slot like every other stream, and end at shutdown."""
+
+    def __init__(self, slots: StreamSlots) -> None:
+        super().__init__()
+        self._slots = slots
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context: Context) -> None:
+        async with self._slots.hold(context, "Health/Watch") as closing:
+            watching = asyncio.ensure_future(super().Watch(request, context))
+            ending = asyncio.ensure_future(closing.wait())
+            try:
+                await asyncio.wait([watching, ending], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (watching, ending):
+                    task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.gather(watching, ending)
 
 
 @dataclass
@@ -102,12 +168,14 @@ class RunningServer:
     health: health_aio.HealthServicer
     slots: StreamSlots
     port: int
+    connections: ConnectionWatch
 
     async def stop(self, grace: float = _GRACE_SECONDS) -> None:
         """Tell health watchers NOT_SERVING, end the streams (clients reconnect elsewhere), let unary calls finish."""
         await self.health.enter_graceful_shutdown()
         self.slots.end_all()
         await self.server.stop(grace)
+        await self.connections.close()
 
 
 async def start_server(
@@ -118,9 +186,11 @@ async def start_server(
     slots: StreamSlots,
 ) -> RunningServer:
     """Listen on `config.bind:port` with the given services added by `register`; raise OSError if that fails."""
-    server = grpc.aio.server(options=server_options(config), interceptors=[LatencyInterceptor(name)])
+    server = grpc.aio.server(
+        options=server_options(config), interceptors=[GarbageInterceptor(name), LatencyInterceptor(name)]
+    )
     register(server)
-    health = health_aio.HealthServicer()
+    health = _Health(slots)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     for service in ["", *services]:
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -133,7 +203,14 @@ async def start_server(
         raise OSError(f"grpc.{name}: cannot listen on {config.address}: {err}") from None
     await server.start()
     security = "plaintext" if config.tls is None else "TLS"
-    if config.tls is not None and config.tls.client_ca_file is not None:
-        security = "mutual TLS"
+    if config.verifies_clients:
+        security = "mutual TLS: client certificates required"
     log.info("grpc.%s listening on %s:%d (%s)", name, config.bind, port, security)
-    return RunningServer(server, health, slots, port)
+    if config.allow_unauthenticated and not config.verifies_clients:
+        log.warning(
+            "grpc.%s: peers without a client certificate may call it (allow_unauthenticated: true); "
+            "set grpc.%s.tls.client_ca_file and remove allow_unauthenticated to require one",
+            name,
+            name,
+        )
+    return RunningServer(server, health, slots, port, ConnectionWatch(name, port, config.max_connections))

@@ -1,7 +1,9 @@
 """Server credentials from certificate files, re-read when they change (new connections get the new pair).
 
 gRPC asks `_fetch` on each TLS handshake; it looks at the files at most once per `reload_interval`
-and hands gRPC a new configuration only when their size or modification time changed.
+and hands gRPC a new configuration only when their size or modification time changed and the new
+files make a usable pair: gRPC itself would take a broken one without a word and fail every
+handshake after it, so a truncated certificate or a key that does not match keeps the previous pair.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import time
 from pathlib import Path
 
 import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from adapter.config.grpc import GRPCServerTLS
 from adapter.telemetry import rpc as telemetry
@@ -20,12 +24,30 @@ log = logging.getLogger(__name__)
 
 
 class TLSFilesError(OSError):
-    """A certificate, key or CA file could not be read at start."""
+    """A certificate, key or CA file could not be read or does not make a usable pair at start."""
+
+
+class BrokenPair(ValueError):
+    """The files were read but are not a certificate chain, its matching key and (optionally) CAs."""
 
 
 def _signature(paths: list[Path]) -> tuple[tuple[int, int], ...]:
     stats = [os.stat(path) for path in paths]
     return tuple((stat.st_mtime_ns, stat.st_size) for stat in stats)
+
+
+def check_pair(cert_pem: bytes, key_pem: bytes, ca_pem: bytes | None) -> None:
+    """Raise BrokenPair unless `cert_pem` is a chain whose first certificate `key_pem` is the key of."""
+    try:
+        chain = x509.load_pem_x509_certificates(cert_pem)
+        key = serialization.load_pem_private_key(key_pem, password=None)
+        if ca_pem is not None:
+            x509.load_pem_x509_certificates(ca_pem)
+    except (ValueError, TypeError) as err:
+        raise BrokenPair(str(err) or type(err).__name__) from None
+    public = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if chain[0].public_key().public_bytes(*public) != key.public_key().public_bytes(*public):
+        raise BrokenPair("the key does not belong to the certificate")
 
 
 class ReloadingServerCredentials:
@@ -41,6 +63,8 @@ class ReloadingServerCredentials:
             self._current = self._load()
         except OSError as err:
             raise TLSFilesError(f"grpc.{server}.tls: cannot read {err.filename}: {err.strerror}") from None
+        except BrokenPair as err:
+            raise TLSFilesError(f"grpc.{server}.tls: {config.cert_file} / {config.key_file}: {err}") from None
 
     def credentials(self) -> grpc.ServerCredentials:
         return grpc.dynamic_ssl_server_credentials(
@@ -51,9 +75,10 @@ class ReloadingServerCredentials:
 
     def _load(self) -> grpc.ServerCertificateConfiguration:
         config = self._config
-        pair = (config.key_file.read_bytes(), config.cert_file.read_bytes())
+        cert, key = config.cert_file.read_bytes(), config.key_file.read_bytes()
         roots = config.client_ca_file.read_bytes() if config.client_ca_file is not None else None
-        return grpc.ssl_server_certificate_configuration([pair], roots)
+        check_pair(cert, key, roots)
+        return grpc.ssl_server_certificate_configuration([(key, cert)], roots)
 
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
         now = time.monotonic()
@@ -65,10 +90,15 @@ class ReloadingServerCredentials:
             if seen == self._seen:
                 return None
             fresh = self._load()
-        except OSError as err:
-            # Half-written files during a rotation: keep serving the previous pair and look again later.
+        except (OSError, BrokenPair) as err:
+            # Often a rotation caught half-way (new cert, old key): keep the previous pair, look again later.
+            reason = f"cannot read {err.filename}" if isinstance(err, OSError) else str(err)
             telemetry.GRPC_TLS_RELOADS.labels(self._server, "error").inc()
-            log.warning("grpc.%s.tls: keeping the previous certificate: cannot read %s", self._server, err.filename)
+            log.warning(
+                "grpc.%s.tls: certificate files changed but cannot be used yet, keeping the previous pair: %s",
+                self._server,
+                reason,
+            )
             return None
         self._seen = seen
         self._current = fresh

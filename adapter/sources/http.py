@@ -1,10 +1,13 @@
 """The `http` source: a route's held and in-flight requests, summed over every proxy replica.
 
 Counts arrive pushed (adapter/sources/http_stream.py); `query` only adds up what is in memory.
-A replica stays in the sum while it was heard from within `stale_after`, even with its stream
-broken, and drops out after; a replica that cannot be reached never fails the metric as long as
-another one answers. With no replica heard from at all, the source has nothing to say and
-raises SourceError rather than a zero it does not know.
+A sum is served only when it covers every replica found: each one has answered, or has been given
+up on. A replica stays in the sum while it was heard from within `stale_after`, even with its
+stream broken, and drops out after; a replica found but never heard from is waited for (the read
+is an error meanwhile, never a partial sum) until `stale_after` has passed, then counts as gone. A
+replica that answers but refuses the stream, or sends counts that cannot be true, fails the read.
+With no replica heard from at all, the source has nothing to say and raises SourceError rather
+than a zero it does not know.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from adapter.telemetry import rpc as telemetry
 
 log = logging.getLogger(__name__)
 
-# A query made before any replica spoke waits this long for the first message (streams open at start).
+# A query made while a found replica has not spoken yet waits this long for it (streams open at start).
 _FIRST_CONTACT_WAIT = 2.0
 _COUNT_INDEX = {"held": (0,), "inflight": (1,), "pending": (0, 1)}
 
@@ -38,6 +41,9 @@ class ProxyCounts(Source):
         self._tasks: list[asyncio.Task[None]] = []
         self._closing: set[asyncio.Task[None]] = set()  # subscriptions of replicas that left the Service
         self._heard = asyncio.Event()
+        self._discovered = False
+        # Set (and replaced) whenever a replica is found, speaks or fails: what a waiting query waits on.
+        self._progress = asyncio.Event()
         telemetry.PROXY_REPLICAS.labels(config.name).set_function(self._live_count)
 
     # --- lifecycle: discovery and expiry run once the first series is watched or read ---
@@ -63,6 +69,8 @@ class ProxyCounts(Source):
                 self._follow(await replica_addresses(config))
             except OSError as err:  # keep the replicas we know; DNS may be back next time
                 log.warning("http source %s: cannot resolve %s: %s", config.name, config.dns, err)
+            self._discovered = True
+            self._progressed()
             if config.dns is None:
                 return  # a fixed list never changes
             await asyncio.sleep(config.resolve_interval)
@@ -88,12 +96,23 @@ class ProxyCounts(Source):
             await asyncio.sleep(min(stale_after / 4, 0.25))
             now = time.monotonic()
             for address, replica in list(self._replicas.items()):
-                if replica.heard_at is None or replica.live(now, stale_after):
+                if replica.heard_at is None:
+                    if not replica.awaited(now, stale_after) and not replica.given_up:
+                        replica.given_up = True
+                        log.warning(
+                            "http source %s: %s never answered in %gs, counted as gone",
+                            self._config.name,
+                            address,
+                            stale_after,
+                        )
+                    continue
+                if replica.live(now, stale_after):
                     continue
                 log.warning("http source %s: dropping %s, silent for %gs", self._config.name, address, stale_after)
                 telemetry.PROXY_DROPPED.labels(self._config.name).inc()
                 routes = set(replica.counts)
                 replica.heard_at, replica.counts = None, {}
+                replica.given_up = True  # said just now; not "never answered" on the next turn
                 if address not in self._subscriptions:
                     del self._replicas[address]
                 self._notify(routes)
@@ -108,8 +127,14 @@ class ProxyCounts(Source):
         self._watched.pop(query, None)
 
     def _updated(self, replica: Replica, routes: set[str]) -> None:
-        self._heard.set()
+        if replica.failure is None:
+            self._heard.set()
+        self._progressed()
         self._notify(routes)
+
+    def _progressed(self) -> None:
+        self._progress.set()
+        self._progress = asyncio.Event()
 
     def _notify(self, routes: set[str]) -> None:
         for query in list(self._watched):
@@ -125,11 +150,39 @@ class ProxyCounts(Source):
     def _live_count(self) -> int:
         return len(self._live())
 
+    def _awaited(self, now: float) -> list[str]:
+        """Replicas found whose first counts have not come yet (all of them before the first discovery)."""
+        if not self._discovered:
+            return ["the first discovery"]
+        stale_after = self._config.stale_after
+        return sorted(a for a, s in self._subscriptions.items() if s.replica.awaited(now, stale_after))
+
+    async def _settle(self) -> None:
+        """Wait, up to _FIRST_CONTACT_WAIT, until every replica found has answered or been given up on."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _FIRST_CONTACT_WAIT
+        while self._awaited(time.monotonic()) and loop.time() < deadline:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), deadline - loop.time())
+
+    def _unusable(self) -> str | None:
+        """Why no sum can be served now though replicas answer: one fails, or one has not answered yet."""
+        now = time.monotonic()
+        stale_after = self._config.stale_after
+        failing = sorted(filter(None, (s.replica.failing(now, stale_after) for s in self._subscriptions.values())))
+        if failing:
+            return "; ".join(failing) + " (no sum while a replica's counts are unknown)"
+        awaited = self._awaited(now)
+        if awaited:
+            return f"waiting for the first counts of {', '.join(awaited)} (at most stale_after, {stale_after:g}s)"
+        return None
+
     async def query(self, query: SourceQuery) -> list[Sample]:
         self._start()
-        if not self._heard.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._heard.wait(), _FIRST_CONTACT_WAIT)
+        await self._settle()
+        problem = self._unusable()
+        if problem is not None:
+            raise SourceError(problem)
         live = self._live()
         if not live:
             known = ", ".join(sorted(self._replicas)) or "none found yet"

@@ -1,8 +1,14 @@
 """One subscription: the pending-count stream of one proxy replica, kept open and reopened when it breaks.
 
 Each message is a whole snapshot of the replica's routes, so nothing is lost when messages are
-coalesced or a stream is reopened. A stream that stays silent past `stale_after` (no update and no
-heartbeat) is abandoned and reopened; the source decides separately when the replica's counts expire.
+coalesced or a stream is reopened: the newest message of a replica is kept, and applied at most once
+per `coalesce` (the first after a quiet spell at once). A stream that stays silent past
+`stale_after` (no update and no heartbeat) is abandoned and reopened; the source decides separately
+when the replica's counts expire.
+
+What a replica says is checked before it counts: a negative count, or one above `max_count`, marks
+the replica failed (the metric is an error while it is) instead of being added up. So is a replica
+that answers but refuses the stream: it is alive, and its counts are unknown, not zero.
 """
 
 from __future__ import annotations
@@ -19,11 +25,38 @@ from adapter.config.http import HTTPSource
 from adapter.rpc.generated import proxycounts_pb2 as pb
 from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
 from adapter.telemetry import rpc as telemetry
+from adapter.telemetry.throttled import ThrottledLog
 
 log = logging.getLogger(__name__)
+_throttled = ThrottledLog(log)
 
 # (held, inflight) per route
 Counts = dict[str, tuple[int, int]]
+
+# Answers from a replica that was reached and said no, or said something that is not counts (INTERNAL:
+# a message that does not decode): its counts exist but are not ours to add up.
+_REFUSED = {
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.DATA_LOSS,
+}
+# UNAVAILABLE before the first message, for a reason that means something answered at that address:
+# a TLS handshake one side refused, or a connection closed at once (no client certificate, a full
+# connection cap). "Connection refused" or a timeout is a replica that is not there.
+_REFUSED_AT_CONNECT = ("handshake", "socket closed")
+
+
+def _refusal(err: grpc.aio.AioRpcError) -> bool:
+    """Whether a stream that never delivered a message failed because a live replica refused it."""
+    if err.code() in _REFUSED:
+        return True
+    details = (err.details() or "").lower()
+    return err.code() == grpc.StatusCode.UNAVAILABLE and any(marker in details for marker in _REFUSED_AT_CONNECT)
 
 
 class Replica:
@@ -34,9 +67,26 @@ class Replica:
         self.counts: Counts = {}
         self.heard_at: float | None = None
         self.connected = False
+        # When it was found; until stale_after past this, a replica never heard from is waited for.
+        self.found_at = time.monotonic()
+        # Why its counts cannot be used (bad counts, refused stream), and when that was last seen.
+        self.failure: str | None = None
+        self.failed_at = 0.0
+        self.given_up = False  # never answered within stale_after of being found, or dropped (logged once)
 
     def live(self, now: float, stale_after: float) -> bool:
         return self.heard_at is not None and now - self.heard_at <= stale_after
+
+    def failing(self, now: float, stale_after: float) -> str | None:
+        """The failure seen within stale_after (a replica that failed and then went silent is just gone)."""
+        return self.failure if self.failure is not None and now - self.failed_at <= stale_after else None
+
+    def fail(self, reason: str) -> None:
+        self.failure, self.failed_at = reason, time.monotonic()
+
+    def awaited(self, now: float, stale_after: float) -> bool:
+        """Found, never heard from, and not yet given up on."""
+        return self.heard_at is None and now - self.found_at <= stale_after
 
 
 # Called with the replica and the routes whose counts changed (all of them on its first message).
@@ -69,17 +119,32 @@ def _channel(address: str, config: HTTPSource) -> grpc.aio.Channel:
     return grpc.aio.secure_channel(address, credentials, options=options)
 
 
+def bad_count(message: pb.CountsUpdate, max_count: int) -> str | None:
+    """What is wrong with the first count outside 0..max_count, or None when all are sane."""
+    for route in message.routes:
+        for name, count in (("held", route.held), ("inflight", route.inflight)):
+            if not 0 <= count <= max_count:
+                return f"{name}={count} for route {route.route!r} (a count is 0..max_count, {max_count})"
+    return None
+
+
 class Subscription:
     def __init__(self, replica: Replica, config: HTTPSource, on_update: UpdateListener) -> None:
         self.replica = replica
         self._config = config
         self._on_update = on_update
         self._task: asyncio.Task[None] | None = None
+        self._newest: pb.CountsUpdate | None = None
+        self._flush: asyncio.TimerHandle | None = None
+        self._applied_at = -config.coalesce
+        self._streaming = False  # the current stream has delivered a message
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"counts from {self.replica.address}")
 
     async def close(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -104,43 +169,89 @@ class Subscription:
                 if await self._stream(channel):
                     backoff = config.reconnect_min  # it worked for a while: start over with short waits
             except grpc.aio.AioRpcError as err:
-                log.debug("http source %s: stream from %s ended: %s", config.name, address, err.code().name)
+                # Once a stream has carried counts, its end is a break (a restart, a rollout), not a refusal.
+                if not self._streaming and _refusal(err):
+                    self._failed(f"refused the count stream: {err.code().name}: {err.details()}")
+                else:
+                    log.debug("http source %s: stream from %s ended: %s", config.name, address, err.code().name)
             except TimeoutError:
                 log.info("http source %s: %s silent for %gs; reconnecting", config.name, address, config.stale_after)
             finally:
                 self._set_connected(False)
                 await channel.close(grace=None)
 
+    def _failed(self, what: str) -> None:
+        """A live replica whose counts we cannot have: the metric is an error while it lasts."""
+        config, replica = self._config, self.replica
+        telemetry.PROXY_SUBSCRIPTIONS_REFUSED.labels(config.name).inc()
+        replica.fail(f"{replica.address} {what}")
+        _throttled.warn(replica.address, "http source %s: %s", config.name, replica.failure)
+        self._on_update(replica, set(replica.counts))
+
     async def _stream(self, channel: grpc.aio.Channel) -> bool:
         """Read one stream until it ends; True if at least one message came."""
         stub = pb_grpc.PendingCountsStub(channel)  # type: ignore[no-untyped-call]
         call = stub.Watch(pb.WatchRequest())
-        received = False
+        received = self._streaming = False
         while True:
             async with asyncio.timeout(self._config.stale_after):
                 message = await call.read()
             if message is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from the stubs
                 return received
+            if not isinstance(message, pb.CountsUpdate):  # grpc hands over None for bytes it cannot decode
+                self._failed("sent a message that is not a CountsUpdate")
+                return received
             if not received:
-                received = True
+                received = self._streaming = True
                 self._set_connected(True)
-            self._apply(message)
+            self._received(message)
 
     def _set_connected(self, connected: bool) -> None:
         if connected != self.replica.connected:
             self.replica.connected = connected
             telemetry.PROXY_SUBSCRIPTIONS.labels(self._config.name).inc(1 if connected else -1)
 
+    def _received(self, message: pb.CountsUpdate) -> None:
+        """Keep the newest snapshot; apply it now, or once the replica's coalesce interval has passed."""
+        if self._newest is not None:
+            telemetry.PROXY_COUNTS_COALESCED.labels(self._config.name).inc()
+        self._newest = message
+        if self._flush is not None:
+            return
+        loop = asyncio.get_running_loop()
+        delay = self._applied_at + self._config.coalesce - loop.time()
+        if delay > 0:
+            self._flush = loop.call_later(delay, self._apply_newest)
+        else:
+            self._apply_newest()
+
+    def _apply_newest(self) -> None:
+        self._flush = None
+        message, self._newest = self._newest, None
+        if message is None:
+            return
+        self._applied_at = asyncio.get_running_loop().time()
+        self._apply(message)
+
     def _apply(self, message: pb.CountsUpdate) -> None:
-        replica = self.replica
+        replica, config = self.replica, self._config
         if message.sent_unix_nanos > 0:
             lag = (time.time_ns() - message.sent_unix_nanos) / 1e9
-            telemetry.PROXY_MESSAGE_LAG_SECONDS.labels(self._config.name).observe(max(lag, 0.0))
-        counts = {route.route: (route.held, route.inflight) for route in message.routes}
-        was_live = replica.live(time.monotonic(), self._config.stale_after)
+            telemetry.PROXY_MESSAGE_LAG_SECONDS.labels(config.name).observe(max(lag, 0.0))
+        now = time.monotonic()
+        was_live = replica.live(now, config.stale_after)
         previous = replica.counts if was_live else {}
+        problem = bad_count(message, config.max_count)
+        if problem is not None:
+            telemetry.PROXY_COUNTS_REJECTED.labels(config.name).inc()
+            replica.fail(f"{replica.address} sent {problem}")
+            _throttled.warn(replica.address, "http source %s: counts refused: %s", config.name, replica.failure)
+            replica.heard_at = now  # alive and wrong: an error for the metric, not a replica to forget
+            self._on_update(replica, set(previous) | {route.route for route in message.routes})
+            return
+        counts = {route.route: (route.held, route.inflight) for route in message.routes}
         changed = {route for route in counts.keys() | previous.keys() if counts.get(route) != previous.get(route)}
-        replica.counts = counts
-        replica.heard_at = time.monotonic()
-        if changed or not was_live:
-            self._on_update(replica, changed or set(counts))
+        recovered = replica.failure is not None
+        replica.counts, replica.heard_at, replica.failure = counts, now, None
+        if changed or not was_live or recovered:
+            self._on_update(replica, changed | (set(counts) if not was_live or recovered else set()))

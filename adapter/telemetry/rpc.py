@@ -17,7 +17,18 @@ GRPC_REQUEST_SECONDS = Histogram(
 GRPC_STREAMS = Gauge("zeroscale_grpc_streams", "Open server-side gRPC streams", ["server", "method"])
 GRPC_STREAMS_REFUSED = Counter(
     "zeroscale_grpc_streams_refused_total",
-    "Streams refused with RESOURCE_EXHAUSTED because max_streams were open",
+    "Streams refused with RESOURCE_EXHAUSTED, by the limit that refused them (max_streams or max_streams_per_peer)",
+    ["server", "limit"],
+)
+GRPC_CONNECTIONS = Gauge(
+    "zeroscale_grpc_connections",
+    "Connections open on the listener, from accept (sampled every 5 s from the kernel's socket table)",
+    ["server"],
+)
+GRPC_CONNECTION_LIMIT = Gauge("zeroscale_grpc_connection_limit", "The listener's max_connections", ["server"])
+GRPC_CONNECTIONS_FULL = Counter(
+    "zeroscale_grpc_connection_limit_reached_total",
+    "Times the open connections reached max_connections (beyond it, gRPC closes new ones at accept)",
     ["server"],
 )
 GRPC_TLS_RELOADS = Counter(
@@ -50,6 +61,21 @@ PROXY_RECONNECTS = Counter(
 PROXY_DROPPED = Counter(
     "zeroscale_proxy_replicas_dropped_total",
     "Replicas dropped from the sum after stale_after without a message",
+    ["source"],
+)
+PROXY_COUNTS_REJECTED = Counter(
+    "zeroscale_proxy_counts_rejected_total",
+    "Count updates refused because a count was negative or above max_count (the replica fails the metric)",
+    ["source"],
+)
+PROXY_SUBSCRIPTIONS_REFUSED = Counter(
+    "zeroscale_proxy_subscriptions_refused_total",
+    "Count streams a reachable replica refused or filled with bytes that are no counts (it fails the metric)",
+    ["source"],
+)
+PROXY_COUNTS_COALESCED = Counter(
+    "zeroscale_proxy_counts_coalesced_total",
+    "Count updates superseded by a newer one from the same replica before they were applied",
     ["source"],
 )
 PROXY_MESSAGE_LAG_SECONDS = Histogram(

@@ -27,6 +27,8 @@ APISERVICES = "/apis/apiregistration.k8s.io/v1/apiservices"
 SERVICES = f"/api/v1/namespaces/{NS}/services"
 SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
 SECRETS = f"/api/v1/namespaces/{NS}/secrets"
+DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
+CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
 APISERVICE_NAME = "v1beta1.external.metrics.k8s.io"
 ADAPTER_SA = f"system:serviceaccount:{NS}:zeroscale-adapter"
 
@@ -98,6 +100,12 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         ):
             kube.serve_collection(re.escape(pattern), kind)
         kube.serve_collection(re.escape(SECRETS), "SecretList")
+        kube.serve_collection(re.escape(DEPLOYMENTS), "DeploymentList")
+        kube.serve_collection(re.escape(CONFIGMAPS), "ConfigMapList")
+        # The adapter's Deployment and the config it mounts, as rendered.
+        kube.put(DEPLOYMENTS, _one(objects, "Deployment", "zeroscale-adapter"))
+        (config_map,) = [obj for obj in objects if obj["kind"] == "ConfigMap"]
+        kube.put(CONFIGMAPS, config_map)
 
         apiservice = _one(objects, "APIService", APISERVICE_NAME)
         apiservice["spec"]["caBundle"] = base64.b64encode(issued.ca_pem).decode()

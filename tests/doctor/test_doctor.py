@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from adapter.certs import issue
 from adapter.config.kube import KubeAPIConfig
 from adapter.doctor.checks import HPA_USER, Doctor, Installation
@@ -25,6 +27,7 @@ from tests.doctor.conftest import (
     ADAPTER_SA,
     APISERVICE_NAME,
     APISERVICES,
+    CONFIGMAPS,
     SECRETS,
     SERVICES,
     SLICES,
@@ -196,3 +199,41 @@ def test_the_command_reports_in_plain_words_and_exits_by_result(cluster: Cluster
     assert broken.returncode == 1
     assert "[FAIL] ready endpoints: no EndpointSlice port is named https" in broken.stdout
     assert "1 problem(s) found" in broken.stdout
+
+
+def grpc_findings(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.check == "gRPC client certificates"]
+
+
+async def test_the_shipped_grpc_ports_require_client_certificates(cluster: Cluster) -> None:
+    (finding,) = grpc_findings(await run_doctor(cluster))
+    assert finding.level == "ok"
+
+
+async def test_an_unauthenticated_grpc_scaler_is_a_warning(cluster: Cluster) -> None:
+    """Issue 12 item 4: the doctor reads the config the adapter's pods mount and warns about allow_unauthenticated."""
+    (config_map,) = cluster.kube.objects(CONFIGMAPS)
+
+    def open_scaler(obj: dict[str, Any]) -> None:
+        config = yaml.safe_load(obj["data"]["config.yaml"])
+        config["grpc"]["scaler"]["tls"].pop("client_ca_file")
+        config["grpc"]["scaler"]["allow_unauthenticated"] = True
+        obj["data"]["config.yaml"] = yaml.safe_dump(config)
+
+    cluster.update(CONFIGMAPS, config_map["metadata"]["name"], open_scaler)
+    (finding,) = grpc_findings(await run_doctor(cluster))
+    assert finding.level == "warn"
+    assert finding.message.startswith("grpc.scaler: no client certificates (allow_unauthenticated: true) on 0.0.0.0")
+    assert "client_ca_file" in finding.hint
+
+
+async def test_grpc_settings_that_stop_the_pods_are_a_failure(cluster: Cluster) -> None:
+    (config_map,) = cluster.kube.objects(CONFIGMAPS)
+
+    def drop_client_ca(obj: dict[str, Any]) -> None:
+        config = yaml.safe_load(obj["data"]["config.yaml"])
+        config["grpc"]["counts"]["tls"].pop("client_ca_file")
+        obj["data"]["config.yaml"] = yaml.safe_dump(config)
+
+    cluster.update(CONFIGMAPS, config_map["metadata"]["name"], drop_client_ca)
+    assert "allow_unauthenticated" in failures(await run_doctor(cluster))["gRPC client certificates"]

@@ -160,7 +160,7 @@ async def make_cache() -> AsyncIterator[MakeCache]:
     made: list[tuple[MetricCache, ProxyCounts]] = []
 
     async def make(name: str, count: str = "pending", **source: Any) -> MetricCache:
-        config = HTTPSource(name=name, type="http", stale_after=0.6, reconnect_max=0.2, **source)
+        config = HTTPSource(**{"name": name, "type": "http", "stale_after": 0.6, "reconnect_max": 0.2, **source})
         metrics = [
             HTTPMetric(name="http-requests-pending", type="http", source=name, count=count),
         ]

@@ -71,7 +71,8 @@ def test_grpc_mistakes_are_refused(grpc: dict[str, Any], words: str) -> None:
 
 def test_plaintext_is_allowed_on_loopback_or_when_said() -> None:
     assert ZeroscaleConfig(grpc={"scaler": {"enabled": True, "bind": "127.0.0.1"}}).grpc.scaler.enabled
-    assert ZeroscaleConfig(grpc={"counts": {"enabled": True, "allow_plaintext": True}}).grpc.counts.enabled
+    counts = {"enabled": True, "allow_plaintext": True, "allow_unauthenticated": True}
+    assert ZeroscaleConfig(grpc={"counts": counts}).grpc.counts.enabled
     assert not ZeroscaleConfig().grpc.scaler.enabled  # off until enabled
 
 

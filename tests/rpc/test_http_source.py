@@ -40,7 +40,7 @@ async def test_held_and_inflight_metrics(make_cache: MakeCache, start_counts: St
 
 
 async def test_a_silent_replica_keeps_its_counts_until_stale_after(
-    make_cache: MakeCache, start_counts: StartCounts
+    make_cache: MakeCache, start_counts: StartCounts, caplog: pytest.LogCaptureFixture
 ) -> None:
     first, second = Routes("web"), Routes("web")
     a, b = await start_counts(first), await start_counts(second)
@@ -57,6 +57,10 @@ async def test_a_silent_replica_keeps_its_counts_until_stale_after(
     dropped = REGISTRY.get_sample_value("zeroscale_proxy_replicas_dropped_total", {"source": "expiry"})
     assert dropped == dropped_before + 1
     assert REGISTRY.get_sample_value("zeroscale_proxy_subscription_reconnects_total", {"source": "expiry"})
+    await asyncio.sleep(0.5)
+    said = [record.getMessage() for record in caplog.records if b.port and f":{b.port}" in record.getMessage()]
+    assert [line for line in said if "dropping" in line]
+    assert not [line for line in said if "never answered" in line]  # it did answer, then went silent
 
 
 async def test_replica_coming_back_is_counted_again(make_cache: MakeCache, start_counts: StartCounts) -> None:
@@ -80,7 +84,7 @@ async def test_an_unreachable_replica_never_fails_the_metric(make_cache: MakeCac
     routes.add("web", held=2)
     closed = free_port()  # nothing listens there
     cache = await make_cache("partial", proxies=[f"127.0.0.1:{closed}", f"127.0.0.1:{server.port}"])
-    await eventually(cache, 2)
+    await eventually(cache, 2, through_errors=True)  # an error while it is waited for, never 0
 
 
 async def test_no_replica_at_all_is_an_error_not_a_zero(make_cache: MakeCache) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -29,29 +31,41 @@ def write_ca(ca: trustme.CA, path: Path) -> Path:
     return path
 
 
+@dataclass
+class MutualTLS:
+    """Files for a count server that requires client certificates, and for an adapter that has one."""
+
+    servers: trustme.CA
+    clients: trustme.CA
+    server: dict[str, Any]  # grpc.counts.tls
+    client: dict[str, Any]  # the http source's tls
+
+
+def mutual_tls(directory: Path) -> MutualTLS:
+    servers, clients = trustme.CA(), trustme.CA()
+    cert, key = write_pair(servers, directory, "server", NAME)
+    client_cert, client_key = write_pair(clients, directory, "client", "adapter")
+    server = {"cert_file": cert, "key_file": key, "client_ca_file": write_ca(clients, directory / "clients.pem")}
+    client = {"ca_file": write_ca(servers, directory / "servers.pem"), "cert_file": client_cert, "key_file": client_key}
+    return MutualTLS(servers, clients, server, client)
+
+
 async def test_mutual_tls_between_adapter_and_proxy(
     tmp_path: Path, start_counts: StartCounts, make_cache: MakeCache
 ) -> None:
-    servers, clients = trustme.CA(), trustme.CA()
-    cert, key = write_pair(servers, tmp_path, "server", NAME)
-    client_cert, client_key = write_pair(clients, tmp_path, "client", "adapter")
+    tls = mutual_tls(tmp_path)
     routes = Routes("web")
     routes.add("web", held=2)
-    tls = {"cert_file": cert, "key_file": key, "client_ca_file": write_ca(clients, tmp_path / "clients.pem")}
-    server = await start_counts(routes, tls=tls)
+    server = await start_counts(routes, tls=tls.server)
     address = [f"127.0.0.1:{server.port}"]
-    servers_ca = write_ca(servers, tmp_path / "servers.pem")
 
-    trusted = await make_cache(
-        "mtls",
-        proxies=address,
-        tls={"ca_file": servers_ca, "cert_file": client_cert, "key_file": client_key},
-        tls_server_name=NAME,
-    )
+    trusted = await make_cache("mtls", proxies=address, tls=tls.client, tls_server_name=NAME)
     await eventually(trusted, 2)
 
     # No client certificate: the handshake fails, so there are no counts (an error, never a zero).
-    anonymous = await make_cache("anonymous", proxies=address, tls={"ca_file": servers_ca}, tls_server_name=NAME)
+    anonymous = await make_cache(
+        "anonymous", proxies=address, tls={"ca_file": tls.client["ca_file"]}, tls_server_name=NAME
+    )
     with pytest.raises(MetricUnavailable):
         await value(anonymous)
 

@@ -1,0 +1,187 @@
+"""The `http` source never serves a sum it does not have: late, refusing, lying or flooding replicas (issue 20)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+import trustme
+from prometheus_client import REGISTRY
+
+from adapter.config.http import HTTPMetric, HTTPSource
+from adapter.metrics.catalogue import Catalogue
+from adapter.metrics.errors import MetricUnavailable
+from adapter.rpc.generated import proxycounts_pb2 as pb
+from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
+from adapter.sources.base import SourceQuery
+from adapter.sources.http import ProxyCounts
+from tests.rpc.conftest import MakeCache, Routes, StartCounts, eventually, make_cache, start_counts, value
+from tests.rpc.test_tls import NAME, mutual_tls, write_ca
+from tests.security.grpc_standins import Sender, start_garbage_replica, start_scripted_replica
+
+__all__ = ["make_cache", "start_counts"]  # fixtures used here
+
+
+async def test_a_replica_answering_late_is_waited_for_not_left_out(
+    make_cache: MakeCache, start_counts: StartCounts
+) -> None:
+    """Issue 20 item 2b: the sum waited only for the first replica to speak; the late one's 5 requests read 0."""
+    quick = await start_counts(Routes("web"))  # holds nothing, speaks at once
+
+    async def late(sender: Sender) -> None:
+        await asyncio.sleep(0.5)
+        sender.send(held=5)
+
+    server, port = await start_scripted_replica(late)
+    try:
+        cache = await make_cache("late", stale_after=3, proxies=[f"127.0.0.1:{quick.port}", f"127.0.0.1:{port}"])
+        assert await value(cache) == 5  # the first read: never the partial 0
+    finally:
+        await server.stop(None)
+
+
+async def test_a_replica_refusing_the_stream_fails_the_metric(make_cache: MakeCache, start_counts: StartCounts) -> None:
+    """A replica that is up but refuses our subscription has counts we do not know: an error, not a smaller sum."""
+    fine, full = Routes("web"), Routes("web")
+    fine.add("web", held=2)
+    full.add("web", held=7)
+    open_one = await start_counts(fine)
+    refusing = await start_counts(full, max_streams=1)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{refusing.port}") as squatter:
+        stream = pb_grpc.PendingCountsStub(squatter).Watch(pb.WatchRequest())  # type: ignore[no-untyped-call]
+        await stream.read()  # the only slot is taken
+        cache = await make_cache(
+            "refused", stale_after=0.6, proxies=[f"127.0.0.1:{open_one.port}", f"127.0.0.1:{refusing.port}"]
+        )
+        with pytest.raises(MetricUnavailable, match=r"refused the count stream: RESOURCE_EXHAUSTED"):
+            await value(cache)
+        await asyncio.sleep(1.0)  # past stale_after: a refusing replica is not "gone", it still fails the read
+        with pytest.raises(MetricUnavailable, match="refused"):
+            await value(cache)
+        refused = REGISTRY.get_sample_value("zeroscale_proxy_subscriptions_refused_total", {"source": "refused"})
+        assert refused is not None
+        assert refused >= 1
+        stream.cancel()
+    await eventually(cache, 9, within=5, through_errors=True)  # the slot is free: both replicas count
+
+
+@pytest.mark.parametrize(
+    ("held", "words"),
+    [(-5, "held=-5"), (2**63 - 1, f"held={2**63 - 1}"), (10**9 + 1, "held=1000000001")],
+)
+async def test_impossible_counts_fail_the_metric_and_name_the_replica(
+    make_cache: MakeCache, start_counts: StartCounts, held: int, words: str
+) -> None:
+    """Issue 20 item 3: -5 beside 5 read 0; counts near 2**63 summed into nonsense."""
+    honest = Routes("web")
+    honest.add("web", held=5)
+    good = await start_counts(honest)
+
+    async def lie(sender: Sender) -> None:
+        sender.send(held=held)
+
+    server, port = await start_scripted_replica(lie)
+    name = f"liar{abs(held) % 1000}"
+    try:
+        cache = await make_cache(name, proxies=[f"127.0.0.1:{good.port}", f"127.0.0.1:{port}"])
+        with pytest.raises(MetricUnavailable, match=rf"127\.0\.0\.1:{port} sent {words}"):
+            await value(cache)
+        rejected = REGISTRY.get_sample_value("zeroscale_proxy_counts_rejected_total", {"source": name})
+        assert rejected is not None
+        assert rejected >= 1
+    finally:
+        await server.stop(None)
+
+
+async def test_a_replica_that_sends_sane_counts_again_counts_again(
+    make_cache: MakeCache, start_counts: StartCounts
+) -> None:
+    async def lie_then_mend(sender: Sender) -> None:
+        sender.send(held=-1)
+        await asyncio.sleep(0.5)
+        sender.send(held=3)
+
+    server, port = await start_scripted_replica(lie_then_mend)
+    try:
+        cache = await make_cache("mended", coalesce=0, proxies=[f"127.0.0.1:{port}"])
+        await eventually(cache, 3, within=5, through_errors=True)
+    finally:
+        await server.stop(None)
+
+
+async def test_a_flooding_replica_is_applied_at_most_once_per_coalesce() -> None:
+    """Issue 20 item 9: every update of a flooding replica went to the cache (82 % of a core)."""
+    floods = 3000
+
+    async def flood(sender: Sender) -> None:
+        for held in range(1, floods + 1):
+            sender.send(held=held)
+            if held % 100 == 0:
+                await asyncio.sleep(0)  # let the stream carry them
+
+    server, port = await start_scripted_replica(flood)
+    config = HTTPSource(name="flood", type="http", proxies=[f"127.0.0.1:{port}"], coalesce=0.05, stale_after=3)
+    metric = HTTPMetric(name="http-requests-pending", type="http", source="flood")
+    _, query = Catalogue([metric]).resolve("http-requests-pending", "default", "route=web")
+    source = ProxyCounts(config)
+    loop = asyncio.get_running_loop()
+    changes: list[float] = []
+
+    def changed(_: SourceQuery) -> None:
+        changes.append(loop.time())
+
+    source.set_change_listener(changed)
+    source.watch(query)
+    try:
+        deadline = loop.time() + 30
+        while loop.time() < deadline:
+            samples = await source.query(query)
+            if samples[0].value == floods:
+                break
+            await asyncio.sleep(0.01)
+        assert samples[0].value == floods  # the newest snapshot always lands
+        spread = changes[-1] - changes[0]
+        assert len(changes) <= spread / 0.05 + 3, f"{len(changes)} applications in {spread:.2f}s"
+        coalesced = REGISTRY.get_sample_value("zeroscale_proxy_counts_coalesced_total", {"source": "flood"})
+        assert coalesced is not None
+        assert coalesced >= floods - len(changes) - 1
+    finally:
+        await source.close()
+        await server.stop(None)
+
+
+async def test_a_replica_refusing_our_certificate_fails_the_metric(
+    tmp_path: Path, make_cache: MakeCache, start_counts: StartCounts
+) -> None:
+    """A replica that turns our client certificate away at the handshake is up: its counts are unknown, not 0."""
+    tls = mutual_tls(tmp_path)
+    trusting, distrusting = Routes("web"), Routes("web")
+    trusting.add("web", held=2)
+    distrusting.add("web", held=7)
+    good = await start_counts(trusting, tls=tls.server)
+    strangers = write_ca(trustme.CA(), tmp_path / "strangers.pem")
+    bad = await start_counts(distrusting, tls={**tls.server, "client_ca_file": strangers})
+    proxies = [f"127.0.0.1:{good.port}", f"127.0.0.1:{bad.port}"]
+    cache = await make_cache("distrusted", proxies=proxies, tls=tls.client, tls_server_name=NAME)
+    with pytest.raises(MetricUnavailable, match=rf"127\.0\.0\.1:{bad.port} refused the count stream: UNAVAILABLE"):
+        await value(cache)
+    await asyncio.sleep(1.0)  # past stale_after: still refused, still an error, never the 2 of the other replica
+    with pytest.raises(MetricUnavailable, match="refused the count stream"):
+        await value(cache)
+
+
+async def test_a_replica_answering_garbage_fails_the_metric(make_cache: MakeCache, start_counts: StartCounts) -> None:
+    """Bytes that are no counts come from a live replica: an error, not a replica to leave out of the sum."""
+    honest = Routes("web")
+    honest.add("web", held=4)
+    good = await start_counts(honest)
+    server, port = await start_garbage_replica()
+    try:
+        cache = await make_cache("garbled", proxies=[f"127.0.0.1:{good.port}", f"127.0.0.1:{port}"])
+        await asyncio.sleep(1.0)  # past stale_after: still no sum without it
+        with pytest.raises(MetricUnavailable, match=rf"127\.0\.0\.1:{port} sent a message that is not a CountsUpdate"):
+            await value(cache)
+    finally:
+        await server.stop(None)
