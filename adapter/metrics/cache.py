@@ -205,6 +205,7 @@ class MetricCache:
     async def _query(self, series: _Series) -> None:
         source_name = series.query.metric.source
         started = self._clock()
+        asked_at = time.time()  # a value's timestamp is when the source was read, not when the answer came
         try:
             samples = await asyncio.wait_for(series.source.query(series.query), self._config.query_timeout)
             if not samples:
@@ -224,7 +225,7 @@ class MetricCache:
                 metric=series.query.metric.name,
                 value=sum((sample.value for sample in samples), Decimal(0)),
                 labels=series.labels,
-                timestamp=time.time(),
+                timestamp=min(asked_at if sample.read_at is None else sample.read_at for sample in samples),
             )
             series.read_at = self._clock()
             series.error = None

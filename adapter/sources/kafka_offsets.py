@@ -111,7 +111,7 @@ class Coordinators:
             if response.error_code not in _COORDINATOR_BUSY or attempt == _COORDINATOR_ATTEMPTS - 1:
                 break
             await asyncio.sleep(_COORDINATOR_BACKOFF)
-        raise SourceError(f"no coordinator for group {group!r}: {for_code(response.error_code).__name__}")
+        raise SourceError(f"no coordinator for the group: {for_code(response.error_code).__name__}")
 
     def forget(self, group: str) -> None:
         self._known.pop(group, None)
@@ -135,16 +135,14 @@ async def committed_offsets(conn: KafkaConnection, coordinators: Coordinators, g
         if error != 0:
             conn.counted_error("OffsetFetch")
             coordinators.forget(group)
-            raise SourceError(f"reading the offsets of group {group!r} failed: {for_code(error).__name__}")
+            raise SourceError(f"OffsetFetch answered {for_code(error).__name__}")
         break
     offsets: dict[TopicPartition, int] = {}
     for topic, partitions in response.topics:
         for partition, offset, _metadata, error in partitions:
             if error != 0:
                 conn.counted_error("OffsetFetch")
-                raise SourceError(
-                    f"reading the offset of group {group!r} on {topic}-{partition} failed: {for_code(error).__name__}"
-                )
+                raise SourceError(f"OffsetFetch answered {for_code(error).__name__} for {topic}-{partition}")
             if offset >= 0:
                 offsets[TopicPartition(topic, partition)] = offset
     return offsets

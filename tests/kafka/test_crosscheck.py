@@ -25,14 +25,21 @@ async def test_partition_lag_matches_kafka_consumer_groups(
         commits |= {(topic, p): p % 3 for p in range(partitions)}
     await kafka.commit(name, commits)
 
-    total = await read_lag(lag_source, lag_metric(lag_source.name, allow_idle_consumers=True), f"group={name}")
+    metric = lag_metric(lag_source.name, allow_idle_consumers=True)
+    total = await read_lag(lag_source, metric, f"group={name}")
     theirs = await asyncio.to_thread(describe_groups, broker.bootstrap, [name])
 
     assert set(theirs) == {(name, topic, p) for topic, count in topics.items() for p in range(count)}
     ours = {
         key: REGISTRY.get_sample_value(
             "zeroscale_kafka_partition_lag_messages",
-            {"source": lag_source.name, "group": name, "topic": key[1], "partition": str(key[2])},
+            {
+                "source": lag_source.name,
+                "metric": metric.name,
+                "group": name,
+                "topic": key[1],
+                "partition": str(key[2]),
+            },
         )
         for key in theirs
     }
