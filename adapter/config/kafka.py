@@ -34,6 +34,9 @@ class KafkaSource(SourceBase):
     # One read of a group's offsets serves every series of that group for this long: one read per
     # group per refresh interval (the default is cache.interval's).
     offsets_max_age: Duration = 5.0
+    # While series read a group, its offsets are read this often in one round with every other watched
+    # group, and a change wakes the group's series at once: the lag shows within about this long.
+    poll_interval: Duration = Field(default=0.5, gt=0)
     # Bound on the per-partition lag series this source exports to Prometheus.
     partition_lag_series_limit: int = Field(default=1000, ge=0)
 

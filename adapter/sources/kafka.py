@@ -9,6 +9,9 @@ partitions, and only its own errors, each naming the group and topics it is abou
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import re
 from decimal import Decimal
 
@@ -21,6 +24,8 @@ from adapter.sources.kafka_lag import PersistentLag, group_lags, served_lag
 
 _PARTITIONS = re.compile(r"^(\d+)(?:-(\d+))?$")
 
+log = logging.getLogger(__name__)
+
 
 class KafkaLag(Source):
     def __init__(self, config: KafkaSource) -> None:
@@ -32,6 +37,9 @@ class KafkaLag(Source):
             self._conn, config.metadata_max_age, config.offsets_max_age, self._export.read, self._export.forget
         )
         self._persistent = PersistentLag()
+        self._poll_interval = config.poll_interval
+        self._watched: dict[str, set[SourceQuery]] = {}  # group -> the series kept warm that read it
+        self._poller: asyncio.Task[None] | None = None
 
     async def query(self, query: SourceQuery) -> list[Sample]:
         metric = query.metric
@@ -60,13 +68,82 @@ class KafkaLag(Source):
             )
         ]
 
+    # --- push: watched groups are read every poll_interval; a change wakes their series at once ---
+
+    def watch(self, query: SourceQuery) -> None:
+        groups = query.params.get("group", ())
+        if len(groups) != 1:
+            return  # a selector without one group is refused by query()
+        self._watched.setdefault(groups[0], set()).add(query)
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll(), name=f"kafka poll {self.name}")
+
+    def unwatch(self, query: SourceQuery) -> None:
+        groups = query.params.get("group", ())
+        watched = self._watched.get(groups[0]) if len(groups) == 1 else None
+        if watched is None:
+            return
+        group = groups[0]
+        watched.discard(query)
+        if not any(q.metric.name == query.metric.name for q in watched):
+            self._export.forget_lag(query.metric.name, group)
+        if not watched:
+            del self._watched[group]
+            self._groups.forget(group)
+
+    async def _poll(self) -> None:
+        """One round for every watched group per poll_interval (sleeping the rest of the interval)."""
+        loop = asyncio.get_running_loop()
+        previous: dict[str, GroupOffsets] = {}
+        while self._watched:
+            started = loop.time()
+            wanted = {
+                group: frozenset(t for q in queries for t in q.params.get("topic", ()))
+                for group, queries in self._watched.items()
+            }
+            results = await asyncio.gather(
+                *(self._groups.read_now(group, topics) for group, topics in wanted.items()), return_exceptions=True
+            )
+            for group, result in zip(wanted, results, strict=True):
+                if isinstance(result, asyncio.CancelledError):
+                    raise result
+                if isinstance(result, BaseException):
+                    # The series see the error on their own refresh, once the last read is too old.
+                    if not isinstance(result, SourceError):
+                        log.error("polling kafka group %r failed unexpectedly", group, exc_info=result)
+                    continue
+                if _same_facts(previous.get(group), result):
+                    continue
+                previous[group] = result
+                for query in list(self._watched.get(group, ())):
+                    # exclude_persistent_lag compares commits between its reads: woken on every produce it
+                    # would see a consumer that commits every few seconds as stuck. It keeps its interval.
+                    if isinstance(query.metric, KafkaMetric) and not query.metric.exclude_persistent_lag:
+                        self.changed(query)
+            for group in previous.keys() - self._watched.keys():
+                del previous[group]
+            await asyncio.sleep(max(0.0, self._poll_interval - (loop.time() - started)))
+        self._poller = None
+
     async def check(self) -> None:
         await self._conn.client()  # bootstrapping reads the cluster's metadata
 
     async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
         self._export.clear()
         await self._groups.close()
         await self._conn.close()
+
+
+def _same_facts(before: GroupOffsets | None, after: GroupOffsets) -> bool:
+    return before is not None and (before.topics, before.missing, before.unread) == (
+        after.topics,
+        after.missing,
+        after.unread,
+    )
 
 
 def _topics(offsets: GroupOffsets, named: frozenset[str]) -> list[str]:

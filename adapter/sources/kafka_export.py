@@ -67,6 +67,13 @@ class ReadExport:
             if key in self._children:
                 owned.add(key)
 
+    def forget_lag(self, metric: str, group: str) -> None:
+        """No series of `metric` reads the group any more."""
+        owned = self._groups.get(group, set())
+        for key in [k for k in owned if k[0] is telemetry.PARTITION_LAG and k[1][0] == metric]:
+            owned.discard(key)
+            self._remove(key)
+
     def forget(self, group: str) -> None:
         """Nobody reads the group any more."""
         for key in self._groups.pop(group, set()):

@@ -102,10 +102,19 @@ class GroupReader:
         latest = self._latest.get(group)
         if latest is not None and self._clock() - latest.read_at < self._max_age and topics <= latest.asked:
             return latest
+        return await self.read_now(group, topics)
+
+    async def read_now(self, group: str, topics: frozenset[str]) -> GroupOffsets:
+        """A new read of the group (joining one in flight that covers `topics`), whatever its age."""
         in_flight = self._in_flight.get(group)
         if in_flight is not None and topics <= in_flight[0]:
             return await asyncio.shield(in_flight[1])
         return await asyncio.shield(self._join(group, topics))
+
+    def forget(self, group: str) -> None:
+        """Nobody reads the group any more."""
+        if self._latest.pop(group, None) is not None:
+            self._on_forget(group)
 
     def _join(self, group: str, topics: frozenset[str]) -> asyncio.Future[GroupOffsets]:
         if self._next is None:
@@ -149,8 +158,7 @@ class GroupReader:
             telemetry.GROUP_READ_SECONDS.labels(self._conn.source_name).observe(self._clock() - started)
         # Groups nobody has read for a while are forgotten, so the map stays as small as the series.
         for group in [g for g, offsets in self._latest.items() if started - offsets.read_at > _FORGET_AFTER]:
-            del self._latest[group]
-            self._on_forget(group)
+            self.forget(group)
         for group, future in round_.results.items():
             if self._in_flight.get(group, (None, None))[1] is future:
                 del self._in_flight[group]
