@@ -2,8 +2,9 @@
 
 A series asks for a group (and the topics its selector names). Every group asked for in the same
 event-loop turn joins one round: one metadata read (itself shared for `metadata_max_age`), one
-OffsetFetch per group, then two ListOffsets per leader broker (log end and log start, sent together)
-for all the groups' partitions. A group's result then serves every series for `offsets_max_age`.
+OffsetFetch per coordinator (v8; one per group on brokers without it), then two ListOffsets per
+leader broker (log end and log start, sent together) for all the groups' partitions. A group's
+result then serves every series for `offsets_max_age`.
 
 A round's result is a set of facts (offsets, missing topics, partitions that could not be read),
 never one error for the whole group: a topic one series names and the cluster lacks is that series'
@@ -26,9 +27,9 @@ from adapter.sources.kafka_connection import KafkaConnection
 from adapter.sources.kafka_offsets import (
     EARLIEST,
     LATEST,
+    CommittedReader,
     Coordinators,
     MetadataReader,
-    committed_offsets,
     log_offsets,
 )
 from adapter.telemetry import kafka as telemetry
@@ -88,7 +89,7 @@ class GroupReader:
         self._on_read = on_read
         self._on_forget = on_forget
         self._metadata = MetadataReader(conn, metadata_max_age, clock)
-        self._coordinators = Coordinators(conn)
+        self._committed = CommittedReader(conn, Coordinators(conn))
         self._max_age = offsets_max_age
         self._clock = clock
         self._latest: dict[str, GroupOffsets] = {}
@@ -172,16 +173,11 @@ class GroupReader:
 
     async def _read_round(self, wanted: Mapping[str, set[str]], read: int) -> dict[str, GroupOffsets | SourceError]:
         wall = self._wall_clock()
-        committed_list = await asyncio.gather(
-            *(committed_offsets(self._conn, self._coordinators, group) for group in wanted), return_exceptions=True
-        )
         outcomes: dict[str, GroupOffsets | SourceError] = {}
         committed: dict[str, dict[TopicPartition, int]] = {}
-        for group, result in zip(wanted, committed_list, strict=True):
+        for group, result in (await self._committed.read(list(wanted))).items():
             if isinstance(result, SourceError):
                 outcomes[group] = result
-            elif isinstance(result, BaseException):
-                raise result
             else:
                 committed[group] = result
         asked = {group: {tp.topic for tp in offsets} | wanted[group] for group, offsets in committed.items()}

@@ -204,10 +204,20 @@ async def test_groups_read_together_share_list_offsets(kafka: KafkaDriver, broke
         assert values == [8 - 4 * (i % 3) for i in range(5)]
         after = requests(source.name)
         sent = {api: after.get(api, 0) - before.get(api, 0) for api in after}
-        # One OffsetFetch per group; for all of them one ListOffsets per leader for the log end and one
-        # for the log start; metadata still fresh.
-        assert sent["OffsetFetch"] == 5
+        # One OffsetFetch (v8) per coordinator for all the groups; one ListOffsets per leader for the log
+        # end and one for the log start; metadata still fresh.
+        assert sent["OffsetFetch"] == 1
         assert sent["ListOffsets"] == 2
+        assert sent.get("FindCoordinator", 0) == len(groups) - 1  # each new group's coordinator, once
+        # A broker whose ApiVersions stops below OffsetFetch v8 (before Kafka 3.0) is asked group by group.
+        # Stand-in: the real connections' negotiated versions, lowered as an old broker would answer.
+        client = await source._conn.client()
+        for conn in client._conns.values():
+            conn._versions[9] = (1, 7)
+        older = requests(source.name)["OffsetFetch"]
+        values = await asyncio.gather(*(read_lag(source, metric, f"group={group}") for group in groups))
+        assert values == [8 - 4 * (i % 3) for i in range(5)]
+        assert requests(source.name)["OffsetFetch"] - older == 5
         assert sent["Metadata"] == 0
     finally:
         await source.close()
