@@ -30,6 +30,7 @@ class ReadExport:
         self._children: dict[_Key, Gauge] = {}
         self._groups: dict[str, set[_Key]] = {}  # group -> its series (committed, invalid, lag)
         self._logs: dict[tuple[str, int], set[str]] = {}  # topic partition -> groups whose read holds it
+        self._held: dict[str, set[tuple[str, int]]] = {}  # group -> the partitions its last read holds
 
     def read(self, offsets: GroupOffsets) -> None:
         """A group was read: set its facts, drop its series of partitions no longer in the read."""
@@ -57,7 +58,8 @@ class ReadExport:
             owned.discard(key)
             self._remove(key)
         owned.update(key for key in keep if key in self._children)
-        self._release(group, {tp for tp, groups in self._logs.items() if group in groups} - held)
+        self._release(group, self._held.get(group, set()) - held)
+        self._held[group] = held
 
     def lag(self, metric: str, group: str, lags: Iterable[PartitionLag]) -> None:
         """A metric's lag per partition of a group (before persistent-lag exclusion)."""
@@ -78,7 +80,7 @@ class ReadExport:
         """Nobody reads the group any more."""
         for key in self._groups.pop(group, set()):
             self._remove(key)
-        self._release(group, {tp for tp, groups in self._logs.items() if group in groups})
+        self._release(group, self._held.pop(group, set()))
 
     def clear(self) -> None:
         for group in list(self._groups):

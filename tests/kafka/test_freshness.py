@@ -12,8 +12,7 @@ from adapter.metrics.cache import MetricCache, Reading
 from adapter.metrics.catalogue import Catalogue
 from adapter.sources.kafka import KafkaLag
 from tests.kafka.broker import KafkaBroker
-from tests.kafka.helpers import KafkaDriver, lag_metric, source_config
-from tests.kafka.test_isolation import exported
+from tests.kafka.helpers import KafkaDriver, exported, lag_metric, source_config
 
 pytestmark = pytest.mark.kafka
 

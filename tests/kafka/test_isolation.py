@@ -104,35 +104,6 @@ async def test_a_commit_below_the_log_start_is_an_invalid_offset(
     assert await read_lag(lag_source, zero, f"group={name},topic={name}") == 0
 
 
-async def test_series_of_a_deleted_topic_leave_metrics(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
-    await kafka.topic(name, 2)
-    await kafka.produce(name, {0: 3, 1: 3})
-    await kafka.commit(name, {(name, 0): 1, (name, 1): 1})
-    metric = lag_metric(lag_source.name)
-    assert await read_lag(lag_source, metric, f"group={name},topic={name}") == 4
-    assert exported(lag_source, name) == {"committed", "start", "end", "lag"}
-    await kafka.admin.delete_topics([name])
-    with pytest.raises(SourceError, match="does not exist"):
-        await read_lag(lag_source, metric, f"group={name},topic={name}")
-    assert exported(lag_source, name) == set()
-
-
-def exported(source: KafkaLag, topic: str) -> set[str]:
-    """Which per-partition series of `topic` the source has on /metrics."""
-    families = {
-        "zeroscale_kafka_committed_offset": "committed",
-        "zeroscale_kafka_log_start_offset": "start",
-        "zeroscale_kafka_log_end_offset": "end",
-        "zeroscale_kafka_partition_lag_messages": "lag",
-    }
-    return {
-        families[sample.name]
-        for family in REGISTRY.collect()
-        for sample in family.samples
-        if sample.name in families and sample.labels["source"] == source.name and sample.labels["topic"] == topic
-    }
-
-
 async def test_a_value_is_stamped_with_the_time_of_its_read(kafka: KafkaDriver, broker: KafkaBroker, name: str) -> None:
     await kafka.topic(name, 1)
     await kafka.produce(name, {0: 2})

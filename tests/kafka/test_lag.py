@@ -15,7 +15,7 @@ from adapter.metrics.catalogue import Catalogue, SeriesKey
 from adapter.sources.base import SourceError, SourceQuery
 from adapter.sources.kafka import KafkaLag
 from tests.kafka.broker import KafkaBroker
-from tests.kafka.helpers import KafkaDriver, lag_metric, read_lag, source_config
+from tests.kafka.helpers import KafkaDriver, exported, exported_count, lag_metric, read_lag, source_config
 
 pytestmark = pytest.mark.kafka
 
@@ -158,9 +158,11 @@ async def test_deleted_topic_is_an_error_not_zero(kafka: KafkaDriver, lag_source
     await kafka.commit(name, {(name, 0): 2})
     metric = lag_metric(lag_source.name)
     assert await read_lag(lag_source, metric, f"group={name},topic={name}") == 0
+    assert exported(lag_source, name) == {"committed", "start", "end", "lag"}
     await kafka.admin.delete_topics([name])
     with pytest.raises(SourceError, match="does not exist"):
         await read_lag(lag_source, metric, f"group={name},topic={name}")
+    assert exported(lag_source, name) == set()  # the topic's series leave /metrics
 
 
 async def test_unknown_group_is_an_error_not_zero(lag_source: KafkaLag, name: str) -> None:
@@ -244,26 +246,14 @@ async def test_partition_series_are_capped(kafka: KafkaDriver, broker: KafkaBrok
     try:
         assert await read_lag(source, lag_metric(source.name), f"group={name}") == 3 + 2 + 1
         # Per partition: committed, log start, log end and the metric's lag; per group: 3 invalid counts.
-        assert exported(source.name) == 5
+        assert exported_count(source.name) == 5
         dropped = REGISTRY.get_sample_value(
             "zeroscale_kafka_partition_lag_series_dropped_total", {"source": source.name}
         )
         assert dropped == 4 * 4 + 3 - 5
     finally:
         await source.close()
-    assert exported(source.name) == 0  # closing removes the source's series
-
-
-def exported(source: str) -> int:
-    """How many per-partition series the source has on /metrics."""
-    families = ("committed_offset", "log_start_offset", "log_end_offset", "invalid_offset_partitions")
-    names = {f"zeroscale_kafka_{family}" for family in families} | {"zeroscale_kafka_partition_lag_messages"}
-    return sum(
-        1
-        for family in REGISTRY.collect()
-        for sample in family.samples
-        if sample.name in names and sample.labels.get("source") == source
-    )
+    assert exported_count(source.name) == 0  # closing removes the source's series
 
 
 async def test_lag_reads_through_a_rebalance(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
