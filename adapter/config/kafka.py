@@ -39,8 +39,9 @@ class KafkaSource(SourceBase):
     # reuses the metadata (metadata_max_age), so it costs one OffsetFetch per coordinator and two
     # ListOffsets per leader: at 0.8s that is no more than one full refresh's requests per second.
     poll_interval: Duration = Field(default=0.8, gt=0)
-    # Bound on the per-partition lag series this source exports to Prometheus.
-    partition_lag_series_limit: int = Field(default=1000, ge=0)
+    # Bound on the per-partition series this source exports to Prometheus: per partition read, its
+    # committed offset, log start and log end, plus the lag per metric reading it.
+    partition_lag_series_limit: int = Field(default=10_000, ge=0)
 
 
 # The selector labels a consumer_lag metric understands.

@@ -227,7 +227,8 @@ class MetricCache:
                 labels=series.labels,
                 timestamp=min(asked_at if sample.read_at is None else sample.read_at for sample in samples),
             )
-            series.read_at = self._clock()
+            # Its age counts from the source's read (staleness, value-age metric), not from this answer.
+            series.read_at = self._clock() - max(0.0, time.time() - series.reading.timestamp)
             series.error = None
             telemetry.LAST_REFRESH.labels(series.key.metric).set(series.reading.timestamp)
             key = series.key

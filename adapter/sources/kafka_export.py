@@ -26,8 +26,10 @@ class ReadExport:
     def __init__(self, source: str, limit: int) -> None:
         self._source = source
         self._limit = limit
-        # Kept, since looking a child up by labels is slow.
-        self._children: dict[_Key, Gauge] = {}
+        # Kept, since looking a child up by labels is slow; with the value last set, since a partition's
+        # facts are the same for every group reading its topic and mostly the same from one read to the next.
+        self._children: dict[_Key, tuple[Gauge, float]] = {}
+        self._dropped = telemetry.PARTITION_LAG_DROPPED.labels(source)
         self._groups: dict[str, set[_Key]] = {}  # group -> its series (committed, invalid, lag)
         self._logs: dict[tuple[str, int], set[str]] = {}  # topic partition -> groups whose read holds it
         self._held: dict[str, set[tuple[str, int]]] = {}  # group -> the partitions its last read holds
@@ -99,13 +101,18 @@ class ReadExport:
 
     def _set(self, family: Gauge, labels: tuple[str, ...], value: float) -> _Key:
         key = (family, labels)
-        child = self._children.get(key)
-        if child is None:
+        known = self._children.get(key)
+        if known is None:
             if len(self._children) >= self._limit:
-                telemetry.PARTITION_LAG_DROPPED.labels(self._source).inc()
+                self._dropped.inc()
                 return key
-            child = self._children[key] = family.labels(self._source, *labels)
+            child = family.labels(self._source, *labels)
+        elif known[1] == value:
+            return key
+        else:
+            child = known[0]
         child.set(value)
+        self._children[key] = (child, value)
         return key
 
     def _remove(self, key: _Key) -> None:
