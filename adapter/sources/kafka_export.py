@@ -10,11 +10,11 @@ that is gone or no longer read are removed. At most `partition_lag_series_limit`
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import Gauge
 
-from adapter.sources.kafka_groups import NO_COMMIT, GroupOffsets
+from adapter.sources.kafka_groups import NO_COMMIT, GroupOffsets, PartitionOffsets
 from adapter.sources.kafka_lag import INVALID_REASONS, PartitionLag, invalid_reason
 from adapter.telemetry import kafka as telemetry
 
@@ -33,10 +33,14 @@ class ReadExport:
         self._groups: dict[str, set[_Key]] = {}  # group -> its series (committed, invalid, lag)
         self._logs: dict[tuple[str, int], set[str]] = {}  # topic partition -> groups whose read holds it
         self._held: dict[str, set[tuple[str, int]]] = {}  # group -> the partitions its last read holds
+        self._last: dict[str, Mapping[str, Mapping[int, PartitionOffsets]]] = {}  # group -> its last facts
 
     def read(self, offsets: GroupOffsets) -> None:
         """A group was read: set its facts, drop its series of partitions no longer in the read."""
         group = offsets.group
+        if self._last.get(group) == offsets.topics:
+            return  # most reads of most groups change nothing: their series are already set
+        self._last[group] = offsets.topics
         keep: set[_Key] = set()
         held = {(topic, p) for topic, partitions in offsets.topics.items() for p in partitions}
         invalid: Counter[str] = Counter()
@@ -82,6 +86,7 @@ class ReadExport:
         """Nobody reads the group any more."""
         for key in self._groups.pop(group, set()):
             self._remove(key)
+        self._last.pop(group, None)
         self._release(group, self._held.pop(group, set()))
 
     def clear(self) -> None:
