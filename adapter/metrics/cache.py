@@ -236,6 +236,7 @@ class MetricCache:
     async def _query(self, series: _Series) -> None:
         source_name = series.query.metric.source
         started = self._clock()
+        asked_at = time.time()  # a value's timestamp is when the source was read, not when the answer came
         try:
             samples = await asyncio.wait_for(series.source.query(series.query), self._config.query_timeout)
             if not samples:
@@ -251,12 +252,16 @@ class MetricCache:
             log.exception("query of %s failed unexpectedly", series.key)
             self._failed(series, f"source {source_name}: internal error {type(err).__name__}: {err}")
         else:
-            self._store(series, samples)
+            self._store(series, samples, asked_at)
         finally:
             telemetry.SOURCE_QUERY_SECONDS.labels(source_name).observe(self._clock() - started)
 
-    def _store(self, series: _Series, samples: list[Sample]) -> None:
-        """A successful query's sum becomes the reading, unless the HPA could not read it as it is."""
+    def _store(self, series: _Series, samples: list[Sample], asked_at: float) -> None:
+        """A successful query's sum becomes the reading, unless the HPA could not read it as it is.
+
+        The reading's timestamp is when the source was read (the oldest of its samples' reads, or
+        `asked_at` for samples that do not say), and its age counts from then, not from this answer.
+        """
         try:
             value = sum((sample.value for sample in samples), Decimal(0))
         except ArithmeticError:  # a signalling NaN
@@ -274,9 +279,9 @@ class MetricCache:
             metric=series.query.metric.name,
             value=value,
             labels=series.labels,
-            timestamp=time.time(),
+            timestamp=min((asked_at if s.read_at is None else s.read_at for s in samples), default=asked_at),
         )
-        series.read_at = self._clock()
+        series.read_at = self._clock() - max(0.0, time.time() - series.reading.timestamp)
         series.answered = True
         series.error = None
         telemetry.LAST_REFRESH.labels(series.key.metric).set(series.reading.timestamp)
