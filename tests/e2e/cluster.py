@@ -1,13 +1,12 @@
-"""The real control plane of /work/shared/k8s (kube-apiserver + aggregator, kube-controller-manager), as tests use it.
+"""The real control plane scripts/k8s builds (kube-apiserver + aggregator, kube-controller-manager), as tests use it.
 
-`ControlPlane` starts it with the shared `up` script and stops it with `down`; `Kube` talks to it as the
+`ControlPlane` starts it with scripts/k8s/up and stops it with down; `Kube` talks to it as the
 cluster admin: `kubectl apply` for manifests, plain HTTPS (the admin's client certificate) for the many small
 reads a test polls with, so a poll costs milliseconds rather than a kubectl start.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import ssl
@@ -18,13 +17,12 @@ from http.client import HTTPSConnection
 from pathlib import Path
 from typing import Any, TypeVar
 
-# The control plane's scripts live beside the repository (../shared/k8s), read-only.
-SHARED_K8S = Path(os.environ.get("ZS_K8S_SCRIPTS", Path(__file__).resolve().parents[3] / "shared" / "k8s"))
+K8S_SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "k8s"
 HOME = Path(os.environ.get("ZS_K8S_HOME", Path.home() / ".cache" / "zeroscale-k8s"))
 API_PORT = int(os.environ.get("ZS_K8S_PORT", "16443"))
-# The versions this v1.20 control plane serves; v1.37 serves autoscaling/v2 and discovery.k8s.io/v1 instead.
-HPA_API = "autoscaling/v2beta2"
-ENDPOINTSLICE_API = "discovery.k8s.io/v1beta1"
+# What every supported release (v1.33+) serves.
+HPA_API = "autoscaling/v2"
+ENDPOINTSLICE_API = "discovery.k8s.io/v1"
 
 T = TypeVar("T")
 
@@ -55,16 +53,16 @@ class ControlPlane:
 
     def up(self) -> None:
         """Start it unless it runs already (then the one who started it stops it)."""
-        if not (self.home / "bin" / "kube-apiserver").exists():
-            raise RuntimeError(f"the control plane is not built: run {SHARED_K8S / 'build'} (or `make e2e`)")
         if self.running():
             return
-        subprocess.run([SHARED_K8S / "up"], check=True, capture_output=True, text=True, timeout=180)
+        done = subprocess.run([K8S_SCRIPTS / "up"], capture_output=True, text=True, timeout=180)
+        if done.returncode != 0:
+            raise RuntimeError(f"scripts/k8s/up failed (is it built? `make e2e` builds it): {done.stderr.strip()}")
         self.started_here = True
 
     def down(self) -> None:
         if self.started_here:
-            subprocess.run([SHARED_K8S / "down"], check=False, capture_output=True, timeout=60)
+            subprocess.run([K8S_SCRIPTS / "down"], check=False, capture_output=True, timeout=60)
             self.started_here = False
 
 
@@ -141,19 +139,19 @@ class Kube:
     def namespace(self, name: str) -> None:
         self.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}])
 
-    def service_account_token(self, namespace: str, name: str, timeout: float = 30.0) -> str:
-        """The token v1.20's token controller puts in the ServiceAccount's Secret (kubelet would mount it)."""
+    def service_account_token(self, namespace: str, name: str) -> str:
+        """A bound token for the ServiceAccount from the TokenRequest API, as kubelet mounts one (an hour)."""
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600},
+        }
+        path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"
+        return str(self.request("POST", path, request)["status"]["token"])
 
-        def token() -> str | None:
-            account = self.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}")
-            for ref in account.get("secrets") or []:
-                secret = self.get(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}")
-                value = (secret.get("data") or {}).get("token")
-                if value:
-                    return base64.b64decode(value).decode()
-            return None
-
-        return wait_for(token, timeout, f"a token for ServiceAccount {namespace}/{name}")
+    def server_minor(self) -> int:
+        """The apiserver's minor version (37 for v1.37.2)."""
+        return int(str(self.get("/version")["minor"]).rstrip("+"))
 
 
 def wait_for(condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:

@@ -4,8 +4,8 @@ The RBAC is deploy/base's own (adapter, proxy, HPA controller) and the APIServic
 the `caBundle` `zeroscale certs` made. What differs from a real cluster is only what a cluster without
 kubelet or kube-proxy forces: the adapter runs here as a process, so its Service is an ExternalName to
 `localhost` (the aggregator dials `localhost:PORT` but still checks the certificate against
-`zeroscale-adapter.zeroscale.svc`), its identity is its ServiceAccount's token read from the Secret
-v1.20 makes, and the test writes the EndpointSlice a kubelet and the EndpointSlice controller would.
+`zeroscale-adapter.zeroscale.svc`), its identity is a token of its ServiceAccount from the TokenRequest
+API (what kubelet mounts), and the test writes the EndpointSlice a kubelet and the EndpointSlice controller would.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def available(kube: Kube) -> dict[str, Any]:
 def wait_available(kube: Kube, timeout: float = 60.0) -> float:
     """Seconds until the aggregator reports the APIService Available=True and proxies discovery to it.
 
-    Both: v1.20 can report Available a moment before its proxy handler for the group is in place (404).
+    Both: the aggregator can report Available a moment before its proxy handler for the group is in place.
     """
     start = time.monotonic()
     wait_for(lambda: available(kube).get("status") == "True", timeout, f"APIService {APISERVICE} Available")

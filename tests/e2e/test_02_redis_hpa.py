@@ -49,7 +49,7 @@ def test_jobs_scale_up_drain_scales_to_zero_and_jobs_wake_from_zero(
     up = wait_replicas(kube, NAMESPACE, NAME, 3)
     wait_hpa_total(kube, NAMESPACE, NAME, 30, 10, "the HPA's status shows 30 jobs")
 
-    # `zeroscale explain` (v1.37 rules) reads the same cluster and agrees with the v1.20 controller.
+    # `zeroscale explain` (v1.37 rules) reads the same cluster and agrees with the real controller.
     explained = explain(plane, hpa, tmp_path)
     assert (explained["currentReplicas"], explained["desiredReplicas"]) == (3, 3), explained
 
