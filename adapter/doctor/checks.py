@@ -55,6 +55,8 @@ class _State:
 
     apiservice: dict[str, Any] = field(default_factory=dict)
     port_name: str | None = None
+    # The aggregator checks endpoints only for a ClusterIP Service (ExternalName: it dials the name).
+    has_endpoints: bool = True
     cert: Any = None
     metric_names: list[str] = field(default_factory=list)
 
@@ -209,6 +211,7 @@ class Doctor:
                 )
             ]
         self._state.port_name = str(match.get("name") or "")
+        self._state.has_endpoints = (service.get("spec") or {}).get("type", "ClusterIP") == "ClusterIP"
         shown = self._state.port_name or "(unnamed)"
         return [Finding("ok", check, f"port {port} is named {shown} and targets {match.get('targetPort', port)}")]
 
@@ -218,6 +221,10 @@ class Doctor:
         port_name = self._state.port_name
         if port_name is None:
             return [Finding("skip", check, "skipped: the Service check failed")]
+        if not self._state.has_endpoints:
+            return [
+                Finding("ok", check, f"{namespace}/{name} is not a ClusterIP Service: the aggregator dials its name")
+            ]
         try:
             _, by_name, _ = await list_slices(self._client, namespace, name)
         except KubeError as err:

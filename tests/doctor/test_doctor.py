@@ -100,6 +100,18 @@ async def test_endpoint_port_name_does_not_match(cluster: Cluster) -> None:
     assert "web" in problems["ready endpoints"]
 
 
+async def test_an_external_name_service_needs_no_endpoints(cluster: Cluster) -> None:
+    """The aggregator checks EndpointSlices only for a ClusterIP Service; for an ExternalName one it dials the
+    name (the e2e control plane registers the adapter so)."""
+    cluster.kube.delete(SLICES, "zeroscale-adapter-abcde")
+    assert "has no EndpointSlices" in failures(await run_doctor(cluster))["ready endpoints"]
+    cluster.update(SERVICES, "zeroscale-adapter", lambda obj: obj["spec"].update(type="ExternalName"))
+    findings = await run_doctor(cluster)
+    assert failures(findings) == {}
+    (endpoints,) = [f for f in findings if f.check == "ready endpoints"]
+    assert "not a ClusterIP Service" in endpoints.message
+
+
 async def test_no_ready_endpoint(cluster: Cluster) -> None:
     def not_ready(obj: dict[str, Any]) -> None:
         for endpoint in obj["endpoints"]:

@@ -251,12 +251,21 @@ def hpa_reads_metric(hpa: dict[str, Any]) -> bool:
 
 
 def start_at_zero(kube: Kube, hpa: dict[str, Any], what: str, *others: dict[str, Any]) -> None:
-    """Apply the Deployment `hpa` scales (at 0 replicas), `others` and `hpa`; return once the HPA reads its
-    metric (`what`, within 30 s) and the Deployment is at 0."""
+    """Apply the Deployment `hpa` scales (at 1 replica), `others` and `hpa`, with the metric at 0; return once
+    the HPA has scaled it to 0 itself (ScaledToZero=True) and reads its metric there (`what`, within 30 s).
+
+    At 1 first: v1.37 scales from zero only a workload its HPA took to zero; one found at zero it leaves alone
+    (ScalingActive=False, ScalingDisabled), as it does a workload a person scaled to zero.
+    """
     namespace, name = hpa["metadata"]["namespace"], hpa["metadata"]["name"]
-    kube.apply([deployment(namespace, name), *others, hpa])
-    wait_for(lambda: hpa_reads_metric(kube.hpa(namespace, name)), 30, what)
+    kube.apply([deployment(namespace, name, replicas=1), *others, hpa])
     wait_replicas(kube, namespace, name, 0)
+
+    def scaled_to_zero_and_reading() -> bool:
+        status = kube.hpa(namespace, name)
+        return hpa_condition(status, "ScaledToZero").get("status") == "True" and hpa_reads_metric(status)
+
+    wait_for(scaled_to_zero_and_reading, 30, what)
 
 
 def wait_hpa_total(kube: Kube, namespace: str, name: str, total: float, timeout: float, what: str) -> None:

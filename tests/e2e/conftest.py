@@ -231,7 +231,8 @@ def adapter(
         ],
     }
     (workdir / "adapter").mkdir()
-    server = Zeroscale("serve", workdir / "adapter", config, port).start()
+    # DEBUG: the access log of every request the aggregator and the HPA controller send (test_07 reads it).
+    server = Zeroscale("serve", workdir / "adapter", config, port, log_level="DEBUG").start()
     try:
         # A fresh registration, so Available is the aggregator's verdict on this adapter, not an old one.
         kube.delete(install.APISERVICE_PATH)

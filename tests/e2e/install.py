@@ -62,7 +62,10 @@ def apiservice(port: int, ca_pem: bytes) -> dict[str, Any]:
 
 
 def register(kube: Kube, port: int, certs: Path) -> None:
-    """Service, EndpointSlice, serving Secret and APIService for an adapter on 127.0.0.1:PORT."""
+    """Service, serving Secret and APIService for an adapter on 127.0.0.1:PORT.
+
+    No EndpointSlice: the aggregator dials an ExternalName Service's name, and v1.37 refuses loopback
+    addresses in EndpointSlices anyway."""
     service = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -73,7 +76,6 @@ def register(kube: Kube, port: int, certs: Path) -> None:
             "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
         },
     }
-    endpoints = endpoint_slice(NAMESPACE, f"{SERVICE}-local", SERVICE, "https", port)
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -84,17 +86,18 @@ def register(kube: Kube, port: int, certs: Path) -> None:
             "tls.key": base64.b64encode((certs / "tls.key").read_bytes()).decode(),
         },
     }
-    kube.apply([service, endpoints, secret, apiservice(port, (certs / "ca.crt").read_bytes())])
+    kube.apply([service, secret, apiservice(port, (certs / "ca.crt").read_bytes())])
 
 
-def endpoint_slice(namespace: str, name: str, service: str, port_name: str, port: int) -> dict[str, Any]:
-    """A ready endpoint on 127.0.0.1, as the EndpointSlice controller writes it once a pod is Ready."""
+def endpoint_slice(namespace: str, name: str, service: str, port_name: str, address: str, port: int) -> dict[str, Any]:
+    """A ready endpoint, as the EndpointSlice controller writes it once a pod is Ready (not on loopback:
+    the apiserver refuses 127.0.0.0/8 there)."""
     return {
         "apiVersion": ENDPOINTSLICE_API,
         "kind": "EndpointSlice",
         "metadata": {"name": name, "namespace": namespace, "labels": {"kubernetes.io/service-name": service}},
         "addressType": "IPv4",
-        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
+        "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
         "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
     }
 

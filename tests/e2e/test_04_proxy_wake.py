@@ -3,6 +3,7 @@ endpoint through its real EndpointSlice watch and forwards; an HPA on its pendin
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -33,13 +34,23 @@ HELD = 3
 PENDING_PER_REPLICA = 5
 
 
+def pod_address() -> str:
+    """This machine's address on its default route: an EndpointSlice may not name a loopback address."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # a UDP connect picks the route and sends nothing
+        except OSError:
+            pytest.skip("no non-loopback IPv4 address for the pod's EndpointSlice")
+        return str(probe.getsockname()[0])
+
+
 class Upstream(ThreadingHTTPServer):
-    """The workload's pod, on loopback: answers every GET and counts what arrived."""
+    """The workload's pod, on this machine's own address: answers every GET and counts what arrived."""
 
     daemon_threads = True
 
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__((pod_address(), 0), _Handler)
         self.paths: list[str] = []
         self.lock = threading.Lock()
 
@@ -137,7 +148,7 @@ def test_held_requests_wake_the_deployment_and_are_forwarded_once_an_endpoint_is
         assert upstream.paths == []
 
         # What kubelet and the EndpointSlice controller do once the pod is Ready.
-        kube.apply([endpoint_slice(NAMESPACE, f"{NAME}-pod", NAME, "http", upstream.server_address[1])])
+        kube.apply([endpoint_slice(NAMESPACE, f"{NAME}-pod", NAME, "http", *upstream.server_address[:2])])
         endpoint_at = time.monotonic() - sent
         results = [answer.result(timeout=60) for answer in answers]
 
