@@ -148,7 +148,8 @@ def test_held_requests_wake_the_deployment_and_are_forwarded_once_an_endpoint_is
         assert upstream.paths == []
 
         # What kubelet and the EndpointSlice controller do once the pod is Ready.
-        kube.apply([endpoint_slice(NAMESPACE, f"{NAME}-pod", NAME, "http", *upstream.server_address[:2])])
+        address, port = str(upstream.server_address[0]), int(upstream.server_address[1])
+        kube.apply([endpoint_slice(NAMESPACE, f"{NAME}-pod", NAME, "http", address, port)])
         endpoint_at = time.monotonic() - sent
         results = [answer.result(timeout=60) for answer in answers]
 
