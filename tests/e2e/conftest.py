@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import install
-from tests.e2e.cluster import ControlPlane, Kube
+from tests.e2e.cluster import HPA_API, ControlPlane, Kube
 from tests.e2e.processes import Zeroscale
 from tests.kafka.broker import KafkaBroker
 from tests.netutil import free_port
@@ -128,6 +128,19 @@ def plane(kafka_starting: BrokerStart) -> Iterator[ControlPlane]:
 @pytest.fixture(scope="session")
 def kube(plane: ControlPlane) -> Kube:
     return Kube(plane)
+
+
+@pytest.fixture(autouse=True)
+def no_hpa_outlives_its_scenario(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each scenario's HPAs are deleted after it: one left polling would meet the next scenario's breakages
+    (and its answers would be read as that scenario's)."""
+    yield
+    if "kube" not in request.fixturenames:
+        return
+    kube: Kube = request.getfixturevalue("kube")
+    for hpa in kube.get(f"/apis/{HPA_API}/horizontalpodautoscalers")["items"]:
+        meta = hpa["metadata"]
+        kube.delete(f"/apis/{HPA_API}/namespaces/{meta['namespace']}/horizontalpodautoscalers/{meta['name']}")
 
 
 @pytest.fixture(scope="session")
