@@ -63,7 +63,7 @@ def test_every_request_of_the_aggregator_and_the_hpa_is_answered_as_v1_37_answer
     assert merged["kind"] == "APIGroupDiscoveryList"
     (group,) = [item for item in merged["items"] if item["metadata"]["name"] == "external.metrics.k8s.io"]
     (version,) = group["versions"]
-    assert version["version"] == "v1beta1" and version.get("freshness", "Current") == "Current", version
+    assert (version["version"], version.get("freshness", "Current")) == ("v1beta1", "Current"), version
     assert {resource["resource"] for resource in version["resources"]} == METRICS
 
     requests = access_log(adapter.process.log_file)
