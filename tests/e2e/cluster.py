@@ -273,6 +273,16 @@ def wait_hpa_total(kube: Kube, namespace: str, name: str, total: float, timeout:
     wait_for(lambda: hpa_metric_total(kube.hpa(namespace, name)) == total, timeout, what)
 
 
+def wait_scaled_to_zero(kube: Kube, namespace: str, name: str, status: str) -> str:
+    """Wait (10 s) for the HPA's ScaledToZero condition to read `status` ("True"/"False"); returns its reason."""
+
+    def reason() -> str | None:
+        condition = hpa_condition(kube.hpa(namespace, name), "ScaledToZero")
+        return str(condition["reason"]) if condition.get("status") == status else None
+
+    return wait_for(reason, 10, f"{namespace}/{name}: ScaledToZero={status}")
+
+
 def hpa_condition(hpa: dict[str, Any], kind: str) -> dict[str, Any]:
     for condition in (hpa.get("status") or {}).get("conditions") or []:
         if condition.get("type") == kind:

@@ -11,8 +11,11 @@ decide the same. No kubelet runs here: pods exist but none is ever Ready, which 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -198,7 +201,11 @@ _ORDER = ("AbleToScale", "ScalingActive", "ScalingLimited", "ScaledToZero")
 def conditions_of(status: dict[str, Any]) -> Conditions:
     """(type, status, reason) of each condition, in one order (the status keeps them in insertion order)."""
     found = [(c["type"], c["status"], c["reason"]) for c in status.get("conditions") or []]
-    return tuple(sorted(found, key=lambda c: _ORDER.index(c[0]) if c[0] in _ORDER else len(_ORDER)))
+    return tuple(sorted(found, key=_rank))
+
+
+def _rank(condition: tuple[str, str, str]) -> int:
+    return _ORDER.index(condition[0]) if condition[0] in _ORDER else len(_ORDER)
 
 
 def hpa_path(name: str) -> str:
@@ -293,7 +300,7 @@ def ours(hpa: dict[str, Any], scenario: Scenario, listed: int) -> tuple[int, int
 
 
 def test_adapter_hpa_decides_as_the_real_controller(
-    adapter: Adapter, kube: Kube, redis_server: RedisProcess, timeline: Timeline
+    adapter: Adapter, kube: Kube, redis_server: RedisProcess, tmp_path: Path, timeline: Timeline
 ) -> None:
     version = kube.get("/version")["gitVersion"]
     if kube.server_minor() < 37:
@@ -335,3 +342,32 @@ def test_adapter_hpa_decides_as_the_real_controller(
     timeline.record(f"hpa table ({version}, {len(SCENARIOS)} scenarios, adapter/hpa agrees on each):")
     for row in rows:
         timeline.record(row)
+
+    # A Value target at zero, as `zeroscale explain` tells it: the same count, conditions and current value.
+    index = next(i for i, s in enumerate(SCENARIOS) if s.name == "Value target at 0 with ScaledToZero")
+    status, _ = caught[name_of(index)]
+    told = explain_what_if(hpas[index], SCENARIOS[index], tmp_path)
+    (metric,) = status["currentMetrics"]
+    real_current = metric["external"]["current"]["value"]
+    assert (told["desiredReplicas"], told["metrics"][0]["current"]) == (status["desiredReplicas"], real_current)
+    told_conditions = tuple(sorted(((c["type"], c["status"], c["reason"]) for c in told["conditions"]), key=_rank))
+    assert told_conditions == conditions_of(status)
+    timeline.record(
+        f"value target at 0: real controller 0 -> {status['desiredReplicas']} on {real_current} / target 10; "
+        f"`zeroscale explain --replicas 0 --scaled-to-zero` says {told['desiredReplicas']} "
+        f"({told['metrics'][0]['how']})"
+    )
+
+
+def explain_what_if(hpa: dict[str, Any], scenario: Scenario, directory: Path) -> dict[str, Any]:
+    """`zeroscale explain` on the scenario's manifest with its metric, replicas and prior condition given."""
+    path = directory / "hpa.json"
+    path.write_text(json.dumps(hpa), encoding="utf-8")
+    command = [sys.executable, "-m", "adapter", "explain", "-f", str(path), "-o", "json"]
+    command += ["--set", f"redis-jobs={scenario.jobs}", "--replicas", str(scenario.replicas)]
+    if scenario.scaled_to_zero:
+        command.append("--scaled-to-zero")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    (decision,) = json.loads(done.stdout)
+    return dict(decision)
