@@ -14,7 +14,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapter.doctor import certificates
+from adapter.doctor import certificates, scale_to_zero
 from adapter.doctor.findings import Finding
 from adapter.kube.client import KubeAPIError, KubeClient, KubeError
 from adapter.kube.endpointslices import list_slices
@@ -71,6 +71,7 @@ class Doctor:
     async def run(self) -> list[Finding]:
         findings: list[Finding] = []
         for check in (
+            self._check_scale_to_zero,
             self._check_apiservice,
             self._check_service,
             self._check_endpoints,
@@ -81,6 +82,9 @@ class Doctor:
         ):
             findings.extend(await check())
         return findings
+
+    async def _check_scale_to_zero(self) -> list[Finding]:
+        return await scale_to_zero.check(self._client, self._where.hpa_namespace)
 
     async def _get(self, path: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist; other errors propagate."""

@@ -52,6 +52,37 @@ async def test_a_healthy_installation_has_no_problems(cluster: Cluster) -> None:
     assert hpa_review["resourceAttributes"]["verb"] == "list"
 
 
+async def test_the_version_and_scale_to_zero_on_v1_37(cluster: Cluster) -> None:
+    findings = {f.check: f for f in await run_doctor(cluster)}
+    assert (findings["Kubernetes version"].level, findings["Kubernetes version"].message) == ("ok", "v1.37.2")
+    assert findings["HPA scale to zero"].level == "ok"
+    assert "records ScaledToZero" in findings["HPA scale to zero"].message
+    assert cluster.hpa_dry_runs == ["All"], "asked by a dry run: nothing is created"
+
+
+async def test_a_cluster_whose_hpa_cannot_scale_to_zero_says_what_is_lost(cluster: Cluster) -> None:
+    cluster.minor = 36
+    findings = {f.check: f for f in await run_doctor(cluster)}
+    found = findings["HPA scale to zero"]
+    assert found.level == "warn"
+    assert "not available on v1.36.2: an HPA with minReplicas: 0 is refused" in found.message
+    assert "nothing scales one back to 0" in found.message
+    assert "HPAScaleToZero=true" in found.hint
+
+
+async def test_the_alpha_gate_before_v1_37_lacks_the_scaled_to_zero_condition(cluster: Cluster) -> None:
+    cluster.minor, cluster.gate_on = 35, True
+    found = {f.check: f for f in await run_doctor(cluster)}["HPA scale to zero"]
+    assert found.level == "warn"
+    assert "available on v1.35.2 (minReplicas: 0 accepted), but before v1.37 the HPA records no" in found.message
+
+
+async def test_an_unsupported_release_fails(cluster: Cluster) -> None:
+    cluster.minor = 32
+    problems = failures(await run_doctor(cluster))
+    assert "older than v1.33" in problems["Kubernetes version"]
+
+
 async def test_no_apiservice(cluster: Cluster) -> None:
     cluster.kube.delete(APISERVICES, APISERVICE_NAME)
     problems = failures(await run_doctor(cluster))

@@ -55,6 +55,11 @@ def test_doctor_passes_a_working_installation_and_names_each_breakage(
     assert failures(findings) == [], findings
     assert status == 0
     assert any(f["check"] == "APIService Available" and f["level"] == "ok" for f in findings)
+    by_check = {f["check"]: f for f in findings}
+    version = kube.get("/version")["gitVersion"]
+    assert by_check["Kubernetes version"]["message"] == version
+    scale_to_zero = by_check["HPA scale to zero"]
+    assert scale_to_zero["level"] == ("ok" if kube.server_minor() >= 37 else "warn"), scale_to_zero
     seen: list[str] = []
 
     # 1. The APIService names a port the Service does not have.
@@ -102,4 +107,6 @@ def test_doctor_passes_a_working_installation_and_names_each_breakage(
 
     status, findings = doctor(plane)
     assert (status, failures(findings)) == (0, []), "repaired"
-    timeline.record("doctor: working install 0 problems; " + "; ".join(seen))
+    timeline.record(
+        f"doctor: {version}, HPA scale to zero {scale_to_zero['level']}; working install 0 problems; " + "; ".join(seen)
+    )
