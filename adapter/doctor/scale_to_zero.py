@@ -79,7 +79,7 @@ async def _probe(client: KubeClient, namespace: str, shown: str, minor: int | No
                 CHECK,
                 f"not available on {shown}: an HPA with minReplicas: 0 is refused (the HPAScaleToZero feature "
                 "gate is off). HPAs then keep at least 1 replica: Zeroscale's metrics still scale them, and the "
-                "proxy still wakes a workload from 0, but nothing scales one back to 0",
+                "proxy (wake: always) still wakes a workload from 0, but nothing scales one back to 0",
                 f"turn on HPAScaleToZero=true on kube-apiserver and kube-controller-manager, or upgrade to "
                 f"v1.{FULL_MINOR}, where it is on by default",
             )
@@ -97,7 +97,8 @@ async def _probe(client: KubeClient, namespace: str, shown: str, minor: int | No
             f"available on {shown} (minReplicas: 0 accepted), but before v1.{FULL_MINOR} the HPA records no "
             "ScaledToZero condition: it cannot tell a workload it scaled to zero from one a person stopped, and "
             "wakes both. Per-direction behavior.*.tolerance needs v1.35, or the HPAConfigurableTolerance gate",
-            f"upgrade to v1.{FULL_MINOR} for the ScaledToZero condition",
+            f"upgrade to v1.{FULL_MINOR} for the ScaledToZero condition; until then give the proxy's routes "
+            "wake: always (wake: scale answers 503 for any workload at 0 whose HPA has no ScaledToZero=True)",
         )
     return Finding(
         "ok",
