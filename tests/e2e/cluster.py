@@ -23,6 +23,7 @@ API_PORT = int(os.environ.get("ZS_K8S_PORT", "16443"))
 # What every supported release (v1.33+) serves.
 HPA_API = "autoscaling/v2"
 ENDPOINTSLICE_API = "discovery.k8s.io/v1"
+SCALED_TO_ZERO_MINOR = 37
 
 T = TypeVar("T")
 
@@ -80,6 +81,7 @@ class Kube:
         self.plane = plane
         self._tls = ssl.create_default_context(cafile=str(plane.pki / "ca.crt"))
         self._tls.load_cert_chain(str(plane.pki / "admin.crt"), str(plane.pki / "admin.key"))
+        self._minor: int | None = None
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "KUBECONFIG": str(self.plane.admin_kubeconfig)}
@@ -151,7 +153,14 @@ class Kube:
 
     def server_minor(self) -> int:
         """The apiserver's minor version (37 for v1.37.2)."""
-        return int(str(self.get("/version")["minor"]).rstrip("+"))
+        if self._minor is None:
+            self._minor = int(str(self.get("/version")["minor"]).rstrip("+"))
+        return self._minor
+
+    def records_scaled_to_zero(self) -> bool:
+        """v1.37+: the HPA records ScaledToZero and wakes only what it scaled to zero; before, with the alpha
+        gate on, it computes from zero whenever minReplicas is 0 (`make e2e K8S_VERSION=1.3x.y`)."""
+        return self.server_minor() >= SCALED_TO_ZERO_MINOR
 
 
 def wait_for(condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:
@@ -263,7 +272,8 @@ def start_at_zero(kube: Kube, hpa: dict[str, Any], what: str, *others: dict[str,
 
     def scaled_to_zero_and_reading() -> bool:
         status = kube.hpa(namespace, name)
-        return hpa_condition(status, "ScaledToZero").get("status") == "True" and hpa_reads_metric(status)
+        scaled = hpa_condition(status, "ScaledToZero").get("status") == "True" or not kube.records_scaled_to_zero()
+        return scaled and hpa_reads_metric(status)
 
     wait_for(scaled_to_zero_and_reading, 30, what)
 
@@ -274,7 +284,10 @@ def wait_hpa_total(kube: Kube, namespace: str, name: str, total: float, timeout:
 
 
 def wait_scaled_to_zero(kube: Kube, namespace: str, name: str, status: str) -> str:
-    """Wait (10 s) for the HPA's ScaledToZero condition to read `status` ("True"/"False"); returns its reason."""
+    """Wait (10 s) for the HPA's ScaledToZero condition to read `status` ("True"/"False"); returns its reason
+    (before v1.37, which has no such condition, says so at once)."""
+    if not kube.records_scaled_to_zero():
+        return "none before v1.37"
 
     def reason() -> str | None:
         condition = hpa_condition(kube.hpa(namespace, name), "ScaledToZero")

@@ -49,7 +49,7 @@ def test_jobs_scale_up_drain_scales_to_zero_and_jobs_wake_from_zero(
     # 10 jobs per replica (AverageValue), minReplicas 0.
     hpa = external_hpa(NAMESPACE, NAME, "redis-jobs", {"key": KEY}, 10, 5)
     start_at_zero(kube, hpa, "the HPA reads an empty queue")
-    slept0 = hpa_condition(kube.hpa(NAMESPACE, NAME), "ScaledToZero")["reason"]
+    slept0 = hpa_condition(kube.hpa(NAMESPACE, NAME), "ScaledToZero").get("reason", "none before v1.37")
 
     jobs.rpush(KEY, *range(30))
     up = wait_replicas(kube, NAMESPACE, NAME, 3)
@@ -67,6 +67,9 @@ def test_jobs_scale_up_drain_scales_to_zero_and_jobs_wake_from_zero(
     jobs.rpush(KEY, *range(5))
     again = wait_replicas(kube, NAMESPACE, NAME, 1)
 
+    if not kube.records_scaled_to_zero():
+        timeline.record(f"redis: 0->3 in {up:.1f} s, 3->0 in {down:.1f} s, 0->1 in {again:.1f} s (no ScaledToZero)")
+        return
     # A person stops the workload: the HPA did not put it at zero, so it leaves it there, work or not.
     kube.kubectl("scale", "-n", NAMESPACE, "deployment", NAME, "--replicas=0")
     wait_for(
