@@ -1,7 +1,7 @@
 """Session fixtures of the end-to-end tests: the real control plane, Redis, Kafka and `zeroscale serve`.
 
-These tests run only under `make e2e` (scripts/e2e.sh sets ZEROSCALE_E2E=1): the control plane listens on
-the shared scripts' fixed port and takes the whole machine's attention, so `make test` skips them.
+These tests run only under `make e2e` (scripts/e2e.sh sets ZEROSCALE_E2E=1): the control plane (scripts/k8s) listens
+on a fixed port (ZS_K8S_PORT, 16443) and takes the whole machine's attention, so `make test` skips them.
 The control plane is brought up once (unless it already runs) and brought down after the session, whatever
 happens; each scenario prints its timeline in the summary at the end.
 """
