@@ -12,7 +12,7 @@ import re
 import time
 from urllib.parse import parse_qs, unquote
 
-from adapter.api import documents
+from adapter.api import documents, negotiate
 from adapter.api.authn import Authenticator, Unauthenticated, User
 from adapter.api.authz import Attributes, Authorizer
 from adapter.api.http import Request, Response
@@ -23,6 +23,8 @@ from adapter.metrics.quantity import format_quantity
 from adapter.telemetry import api as telemetry
 
 log = logging.getLogger(__name__)
+# One line per request at DEBUG: what the aggregator and the HPA controller ask, and what they got.
+access_log = logging.getLogger("adapter.api.access")
 
 # A namespace name, as Kubernetes validates it (DNS-1123 label); checked after percent-decoding.
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -40,6 +42,7 @@ def _status(code: int, reason: str, message: str, details: dict[str, str] | None
 
 
 _OPENAPI_NOT_FOUND = _status(404, "NotFound", "this server does not publish an OpenAPI document")
+_NOT_ACCEPTABLE = Response(406, negotiate.NOT_ACCEPTABLE)
 
 
 class ExternalMetricsAPI:
@@ -63,6 +66,15 @@ class ExternalMetricsAPI:
         started = time.perf_counter()
         route, response = await self._answer(request)
         telemetry.observe_request(route, response.status, time.perf_counter() - started)
+        if access_log.isEnabledFor(logging.DEBUG):
+            access_log.debug(
+                "%s %r accept=%r user-agent=%r -> %d",
+                request.method,
+                request.target,
+                request.header("accept"),
+                request.header("user-agent"),
+                response.status,
+            )
         return response
 
     async def _answer(self, request: Request) -> tuple[str, Response]:
@@ -95,6 +107,8 @@ class ExternalMetricsAPI:
                 return route, refused
         if request.method not in ("GET", "HEAD"):
             return route, _status(405, "MethodNotAllowed", f"the server does not allow this method: {request.method}")
+        if route != "other" and not negotiate.accepts_json(request.header("accept")):
+            return route, _NOT_ACCEPTABLE
         if is_list:
             return route, await self._list(segments[5], segments[6], query)
         if path == _VERSION_PATH:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import time
@@ -15,6 +16,7 @@ from adapter.kube.client import KubeClient, KubeConfigError
 from adapter.proxy.admin import start_admin
 from adapter.proxy.client import ClientConnection
 from adapter.proxy.counts import CountsListener
+from adapter.proxy.intent import HPAIntent
 from adapter.proxy.readiness import EndpointSliceWatcher, probe_address
 from adapter.proxy.route import Route
 from adapter.proxy.routing import Router
@@ -44,6 +46,7 @@ class ProxyServer:
         self._admin: asyncio.Server | None = None
         self._watchers: list[EndpointSliceWatcher] = []
         self._wakers: list[Waker] = []
+        self.intents: dict[str, HPAIntent] = {}  # the HPA watches of wake: scale routes, by namespace
         self._sweeper: asyncio.Task[None] | None = None
         telemetry.CONNECTIONS.set_function(lambda: len(self.connections))
 
@@ -138,7 +141,7 @@ class ProxyServer:
 
     def _start_wake(self, route: Route) -> None:
         config = route.config
-        if config.wake != "scale" or config.target is None:
+        if config.wake not in ("scale", "always") or config.target is None:
             return
         if isinstance(config.target, LocalScaleTarget):  # development mode (`zeroscale demo`)
             waker = Waker.local(route, config.target, config.wake_replicas, config.wake_retry_interval)
@@ -147,11 +150,23 @@ class ProxyServer:
             if kube is None:
                 log.warning("route %s: no API access, cannot wake %s; counts only", route.name, config.target.name)
                 return
-            waker = Waker(kube, route, config.target, config.wake_replicas, config.wake_retry_interval)
+            refusal = None
+            if config.wake == "scale":
+                intent = self._intent(kube, config.target.namespace)
+                refusal = functools.partial(intent.refusal, config.target, config.wake_without_hpa)
+            waker = Waker(kube, route, config.target, config.wake_replicas, config.wake_retry_interval, refusal)
         route.on_cold = waker.request
         route.on_endpoints = waker.observe
         waker.observe()
         self._wakers.append(waker)
+
+    def _intent(self, kube: KubeClient, namespace: str) -> HPAIntent:
+        """The HPA watch of a routes' namespace (one per namespace)."""
+        intent = self.intents.get(namespace)
+        if intent is None:
+            intent = self.intents[namespace] = HPAIntent(kube, namespace)
+            intent.start()
+        return intent
 
     async def _drained(self, grace: float) -> None:
         """Wait until no route holds or forwards anything, or `grace` seconds."""
@@ -188,6 +203,8 @@ class ProxyServer:
             self._sweeper.cancel()
         for watcher in self._watchers:
             await watcher.close()
+        for intent in self.intents.values():
+            await intent.close()
         for waker in self._wakers:
             await waker.close()
         for route in self.routes.values():
