@@ -224,6 +224,14 @@ class Exchange:
         self._end()
         self.client.exchange_finished(self, reusable=self.body_done and self.keep_alive)
 
+    def tunnel_opened(self) -> None:
+        """The upgrade succeeded: the connection now belongs to the tunnel, and the request has ended."""
+        upstream, self.upstream = self.upstream, None
+        if upstream is not None:
+            upstream.exchange = None
+        if self.state != DONE:
+            self._end()
+
     # --- endings ---
 
     def hold_expired(self) -> None:
