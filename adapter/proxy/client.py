@@ -45,9 +45,10 @@ _PAUSE_BODY, _PAUSE_UPSTREAM, _PAUSE_PIPELINE = 1, 2, 4
 # Bytes a client may send after an upgrade request before the upstream has answered it.
 _MAX_EARLY_TUNNEL_BYTES = 64 * 1024
 _MAX_PIPELINED = 16
-# A read larger than this is parsed in slices of it, so parsing can stop at the end of the request being
+# A chunked body is parsed in slices of at most this, so parsing can stop soon after the request being
 # served: what follows is kept as bytes (bounded by max_pipelined_bytes), not as parsed requests.
 _SLICE = 16 * 1024
+_HEAD_END = b"\r\n\r\n"
 # RFC 3986 host (reg-name, IPv4 or IP-literal) with an optional port: what a Host header or an authority may be.
 _HOST_VALUE = re.compile(rb"(?:[A-Za-z0-9\-._~!$&'()*+,;=%]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]*)?")
 
@@ -108,6 +109,8 @@ class ClientConnection(asyncio.Protocol):
         # Bytes read past the request being answered, unparsed until it is (None: none kept).
         self._ahead: list[bytes] | None = None
         self._ahead_bytes = 0
+        # Bytes of the Content-Length body being parsed still to come (read stepwise: see _feed_stepwise).
+        self._body_left = 0
         # The proxy's answer to a refused pipelined request, written once the requests before it are answered.
         self._refusal: bytes | None = None
         # When a client that stopped reading its response is cut off (monotonic seconds, 0: it reads).
@@ -146,10 +149,14 @@ class ClientConnection(asyncio.Protocol):
             return
         if self._ahead is not None:
             self._keep_ahead(data)
-        elif len(data) <= _SLICE:
-            self._feed(data)
-        else:
-            self._feed_sliced(data)
+            return
+        if self._parsing is None:
+            end = data.find(_HEAD_END)
+            if end == -1 or end == len(data) - 4:
+                # The common case: one request without a body, or part of a head.
+                self._feed(data)
+                return
+        self._feed_stepwise(data)
 
     def _feed(self, data: bytes | memoryview) -> None:
         if self._parsing is None:
@@ -168,21 +175,30 @@ class ClientConnection(asyncio.Protocol):
             if self._head_bytes > self._max_head and self._parsing is None and not self._rejected:
                 self._refuse(431, f"the request head is larger than {self._config.max_header_bytes} bytes")
 
-    def _feed_sliced(self, data: bytes) -> None:
-        """A large read: parse it a slice at a time, and keep what lies past the request being answered unparsed."""
+    def _feed_stepwise(self, data: bytes) -> None:
+        """A read holding more than one head: parse it message by message (a head, then its body), and keep
+        what lies past the request being answered unparsed, so pipelining costs bytes, not parsed requests."""
         view = memoryview(data)
-        for start in range(0, len(data), _SLICE):
-            self._feed(view[start : start + _SLICE])
-            if self._closed or self._rejected:
-                return
-            rest = view[start + _SLICE :]
-            if not rest:
+        size = len(data)
+        at = 0
+        while at < size:
+            parsing = self._parsing
+            if parsing is None:
+                end = data.find(_HEAD_END, at)
+                stop = size if end == -1 else end + 4
+            elif parsing.chunked or self._body_left <= 0:
+                stop = min(size, at + _SLICE)
+            else:
+                stop = min(size, at + self._body_left)
+            self._feed(view[at:stop])
+            at = stop
+            if self._closed or self._rejected or at >= size:
                 return
             if self._early is not None:
-                self._keep_early(bytes(rest))
+                self._keep_early(bytes(view[at:]))
                 return
             if self._active is not None and (self._waiting or self._parsing is None):
-                self._keep_ahead(bytes(rest))
+                self._keep_ahead(bytes(view[at:]))
                 return
 
     def _keep_early(self, data: bytes) -> None:
@@ -278,6 +294,7 @@ class ClientConnection(asyncio.Protocol):
         self.deadline = 0.0  # _cancel_timer, inlined
         exchange = self._exchange()
         self._parsing = exchange
+        self._body_left = exchange.content_length or 0
         if self._active is None:
             self._start(exchange)
         else:
@@ -286,6 +303,7 @@ class ClientConnection(asyncio.Protocol):
                 self._pause(_PAUSE_PIPELINE)
 
     def on_body(self, body: bytes) -> None:
+        self._body_left -= len(body)
         exchange = self._parsing
         if exchange is not None:
             exchange.body_data(body)
