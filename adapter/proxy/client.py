@@ -49,6 +49,8 @@ _MAX_PIPELINED = 16
 # served: what follows is kept as bytes (bounded by max_pipelined_bytes), not as parsed requests.
 _SLICE = 16 * 1024
 _HEAD_END = b"\r\n\r\n"
+# How long a closing connection keeps reading (and dropping) what the client still sends.
+_LINGER = 2.0
 # RFC 3986 host (reg-name, IPv4 or IP-literal) with an optional port: what a Host header or an authority may be.
 _HOST_VALUE = re.compile(rb"(?:[A-Za-z0-9\-._~!$&'()*+,;=%]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]*)?")
 
@@ -637,6 +639,9 @@ class ClientConnection(asyncio.Protocol):
             active.upstream.check_deadline(now)
 
     def _timed_out(self) -> None:
+        if self._closed:
+            self.transport.abort()  # the lingering close is over
+            return
         active = self._active
         if self._in_headers and self._parsing is None:
             telemetry.ERRORS.labels("", "408").inc()
@@ -672,7 +677,20 @@ class ClientConnection(asyncio.Protocol):
             self.abort()
 
     def _close(self) -> None:
+        """Close after the last answer: a lingering close, so that answer is not lost to a reset.
+
+        Closing a socket with unread bytes (a refused body, pipelined requests) sends a reset that can
+        destroy the answer before the client reads it; so the write side is shut, and what still comes
+        is read and dropped until the client closes, for at most _LINGER seconds (then: abort).
+        """
         if not self._closed:
             self._closed = True
-            self._cancel_timer()
-            self.transport.close()
+            self.write_deadline = 0.0
+            transport = self.transport
+            if transport.is_closing() or not transport.can_write_eof():
+                transport.close()
+                return
+            self.deadline = monotonic() + _LINGER
+            transport.write_eof()
+            self._pauses = 0
+            transport.resume_reading()
