@@ -180,6 +180,8 @@ class ProxyConfig(Strict):
     admin_bind: str = "0.0.0.0"
     admin_port: int = Field(default=9090, ge=0, le=65535)
     max_connections: int = Field(default=10_000, ge=1)
+    # Connections at once on the admin port (metrics, probes); more are closed unanswered.
+    admin_max_connections: int = Field(default=64, ge=1)
     max_request_line_bytes: int = Field(default=8192, ge=64)
     max_header_bytes: int = Field(default=16_384, ge=256)
     max_headers: int = Field(default=100, ge=4)

@@ -89,7 +89,9 @@ class ProxyServer:
         self._server = await self.loop.create_server(
             lambda: ClientConnection(self), self.config.bind, self.config.port, backlog=_BACKLOG
         )
-        self._admin = await start_admin(self.config.admin_bind, self.config.admin_port, lambda: not self.draining)
+        self._admin = await start_admin(
+            self.config.admin_bind, self.config.admin_port, lambda: not self.draining, self.config.admin_max_connections
+        )
         self._sweeper = self.loop.create_task(self._sweep())
         log.info("proxy listening on %s:%d, admin on %d", self.config.bind, self.port, self.admin_port)
 

@@ -121,3 +121,25 @@ def test_a_port_in_use_is_one_line_and_exit_1() -> None:
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if "cannot listen" in line]
     assert len(errors) == 1, done.stderr
+
+
+async def test_the_admin_port_bounds_its_connections(upstream: Upstream) -> None:
+    async with running_proxy([route("admin", upstream.address)], admin_max_connections=2) as server:
+        idle = [await asyncio.open_connection("127.0.0.1", server.admin_port) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.admin_port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n")
+        try:
+            answer = await asyncio.wait_for(reader.read(), 5)
+        except ConnectionError:
+            answer = b""  # reset: closed unanswered too
+        writer.close()
+        assert answer == b"", "over the limit: closed unanswered"
+        for _, idle_writer in idle:
+            idle_writer.close()
+        # Once they are gone, the port answers again.
+        await asyncio.sleep(0.05)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.admin_port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert (await asyncio.wait_for(reader.read(), 5)).startswith(b"HTTP/1.1 200")
+        writer.close()
