@@ -113,8 +113,10 @@ class ClientConnection(asyncio.Protocol):
         self._ahead_bytes = 0
         # Bytes of the Content-Length body being parsed still to come (read stepwise: see _feed_stepwise).
         self._body_left = 0
+        # A chunk header was read and no data after it yet: the last chunk's trailers may be coming.
+        self._chunk_empty = False
         # The proxy's answer to a refused pipelined request, written once the requests before it are answered.
-        self._refusal: bytes | None = None
+        self._refusal: tuple[int, str] | None = None
         # When a client that stopped reading its response is cut off (monotonic seconds, 0: it reads).
         self.write_deadline = 0.0
         # A tunnel's activity (bumped on every read, both directions), as last seen by the sweeper, and until when
@@ -165,6 +167,9 @@ class ClientConnection(asyncio.Protocol):
             # Between bodies everything is head: httptools buffers a header until it ends, so the
             # limit is enforced on the bytes received, not only in on_header.
             self._head_bytes += len(data)
+        # The same for a chunked body's trailer section (httptools buffers trailer lines too): bytes fed
+        # while the last chunk header has been read and no data followed are counted as head.
+        in_chunk_head = self._chunk_empty
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -174,8 +179,13 @@ class ClientConnection(asyncio.Protocol):
             if not self._rejected:
                 self._bad_request(str(err))
         else:
-            if self._head_bytes > self._max_head and self._parsing is None and not self._rejected:
-                self._refuse(431, f"the request head is larger than {self._config.max_header_bytes} bytes")
+            if in_chunk_head and self._chunk_empty:
+                self._head_bytes += len(data)
+            if self._head_bytes > self._max_head and not self._rejected:
+                if self._parsing is None:
+                    self._refuse(431, f"the request head is larger than {self._config.max_header_bytes} bytes")
+                elif self._chunk_empty:
+                    self._refuse(431, f"the request trailers are larger than {self._config.max_header_bytes} bytes")
 
     def _feed_stepwise(self, data: bytes) -> None:
         """A read holding more than one head: parse it message by message (a head, then its body), and keep
@@ -304,13 +314,19 @@ class ClientConnection(asyncio.Protocol):
             if len(self._waiting) >= _MAX_PIPELINED:
                 self._pause(_PAUSE_PIPELINE)
 
+    def on_chunk_header(self) -> None:
+        self._chunk_empty = True
+        self._head_bytes = 0
+
     def on_body(self, body: bytes) -> None:
+        self._chunk_empty = False
         self._body_left -= len(body)
         exchange = self._parsing
         if exchange is not None:
             exchange.body_data(body)
 
     def on_message_complete(self) -> None:
+        self._chunk_empty = False
         exchange, self._parsing = self._parsing, None
         if exchange is self._active:
             self.deadline = 0.0  # the body is in: its deadline is over
@@ -496,14 +512,20 @@ class ClientConnection(asyncio.Protocol):
             self._close()
             return
         if self._waiting:
-            self._start(self._waiting.popleft())
+            following = self._waiting.popleft()
+            if self._refusal is not None and following is self._parsing:
+                # Its body was cut short by the refusal: the refusal is its answer.
+                self._parsing = None
+                self._active = following
+                following.fail(*self._refusal)
+                return
+            self._start(following)
             if self._waiting:
                 return
         if self._refusal is not None:
             # Every request before the refused one is answered: now its answer, in order.
             if self._active is None:
-                self.transport.write(self._refusal)
-                self._close()
+                self._write_refusal(*self._refusal)
             return
         if self._pauses:
             # Whatever paused reading belonged to the finished exchange.
@@ -582,21 +604,27 @@ class ClientConnection(asyncio.Protocol):
         raise _Rejected(message)
 
     def _refuse(self, code: int, message: str) -> None:
-        """Answer a request the proxy refuses before accepting it; nothing more is read from this client."""
-        if code != 404:
-            telemetry.ERRORS.labels("", str(code)).inc()
-        self._answer_refusal(error_response(code, message))
+        """Nothing more is read from this client; the answer goes out in order.
 
-    def _answer_refusal(self, answer: bytes) -> None:
-        """Nothing more is read from this client: answer now, or after the requests before this one."""
+        A request whose body this cuts short gets the answer itself: now if it is being served, else when
+        its turn comes. Otherwise the answer follows the requests before it (at once if there are none).
+        """
         self._rejected = True
         self._ahead = None
-        if self._active is None:
-            self.transport.write(answer)
-            self._close()
+        parsing = self._parsing
+        if parsing is not None and parsing.state != DONE and parsing is self._active:
+            parsing.fail(code, message)
+        elif self._active is None:
+            self._write_refusal(code, message)
         else:
-            self._refusal = answer
+            self._refusal = (code, message)
             self._pause(_PAUSE_PIPELINE)
+
+    def _write_refusal(self, code: int, message: str) -> None:
+        if code != 404:  # counted with its route where the route is known
+            telemetry.ERRORS.labels("", str(code)).inc()
+        self.transport.write(error_response(code, message))
+        self._close()
 
     def _bad_request(self, reason: str) -> None:
         exchange = self._parsing
@@ -604,8 +632,7 @@ class ClientConnection(asyncio.Protocol):
             # The body broke off mid-way: the request must not reach the upstream as if complete.
             exchange.fail(400, f"malformed request: {reason}")
             return
-        telemetry.ERRORS.labels("", "400").inc()
-        self._answer_refusal(error_response(400, f"malformed request: {reason}"))
+        self._refuse(400, f"malformed request: {reason}")
 
     def _pause(self, reason: int) -> None:
         if not self._pauses and not self._closed:
@@ -644,9 +671,8 @@ class ClientConnection(asyncio.Protocol):
             return
         active = self._active
         if self._in_headers and self._parsing is None:
-            telemetry.ERRORS.labels("", "408").inc()
             telemetry.LIMIT_HITS.labels("", "header_timeout").inc()
-            self._answer_refusal(error_response(408, "the request headers did not arrive in proxy.header_timeout"))
+            self._refuse(408, "the request headers did not arrive in proxy.header_timeout")
         elif active is not None and active is self._parsing and active.state != DONE:
             # The body stopped short: answered at once, so it stops counting as in flight now.
             limits = active.route.limits

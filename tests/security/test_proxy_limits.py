@@ -143,3 +143,25 @@ async def test_the_admin_port_bounds_its_connections(upstream: Upstream) -> None
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n")
         assert (await asyncio.wait_for(reader.read(), 5)).startswith(b"HTTP/1.1 200")
         writer.close()
+
+
+async def test_endless_trailers_are_431_not_buffered(upstream: Upstream) -> None:
+    async with running_proxy([route("trailers", upstream.address)], max_header_bytes=1024) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(
+            b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Trailer: "
+        )
+        answer = b""
+        for _ in range(256):
+            writer.write(b"a" * 1024)
+            try:
+                # Stop sending once the proxy answered.
+                answer = await asyncio.wait_for(reader.read(65536), 0.02)
+                break
+            except TimeoutError:
+                continue
+            except ConnectionError:
+                break
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 431")
+        assert server.routes["trailers"].counts.inflight == 0
