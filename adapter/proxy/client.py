@@ -151,10 +151,12 @@ class ClientConnection(asyncio.Protocol):
             return
         if self._closed or self._rejected:
             return
-        if self._ahead is not None:
+        parsing = self._parsing
+        if self._ahead is not None or (parsing is not None and parsing is not self._active):
+            # Past the request being answered (a waiting request's body included): kept as bytes.
             self._keep_ahead(data)
             return
-        if self._parsing is None:
+        if parsing is None:
             end = data.find(_HEAD_END)
             if end == -1 or end == len(data) - 4:
                 # The common case: one request without a body, or part of a head.

@@ -165,3 +165,21 @@ async def test_endless_trailers_are_431_not_buffered(upstream: Upstream) -> None
         writer.close()
         assert answer.startswith(b"HTTP/1.1 431")
         assert server.routes["trailers"].counts.inflight == 0
+
+
+async def test_a_pipelined_body_cut_by_the_limit_gets_the_refusal_in_its_place(upstream: Upstream) -> None:
+    async with running_proxy([route("cut", upstream.address)], max_pipelined_bytes=64 * 1024) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        body = b"b" * 200_000
+        # In three writes: the POST's head is parsed while the first request is served, its body is cut.
+        writer.write(get("/slow?s=0.3"))
+        await asyncio.sleep(0.05)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n" % len(body))
+        await asyncio.sleep(0.05)
+        writer.write(body)
+        responses = Responses(reader)
+        first, second = await responses.next(), await responses.next()
+        writer.close()
+        assert (first.status, second.status) == (200, 503)
+        assert b"proxy.max_pipelined_bytes" in second.body
+        assert [seen.path for seen in upstream.requests] == ["/slow?s=0.3"]
