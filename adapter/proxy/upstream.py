@@ -65,13 +65,13 @@ class _HeadResponse:
 
     def on_message_begin(self) -> None:
         if self.head_seen:
-            raise _BadResponse("sent a second response after the head of a HEAD response")
+            raise _BadResponse("sent a second response after the head of a HEAD response", "bytes_after_head")
 
     def on_body(self, _body: bytes) -> None:
-        raise _BadResponse("sent a body after the head of a HEAD response")
+        raise _BadResponse("sent a body after the head of a HEAD response", "bytes_after_head")
 
     def on_chunk_header(self) -> None:
-        raise _BadResponse("sent a body after the head of a HEAD response")
+        raise _BadResponse("sent a body after the head of a HEAD response", "bytes_after_head")
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -363,22 +363,25 @@ class UpstreamConnection(asyncio.Protocol):
             exchange.response_done(upstream_reusable=reusable)
 
     def _refused(self, bad: _BadResponse | None) -> None:
-        """A response that cannot be forwarded: 502 if nothing of it was sent yet, and never pool the connection."""
+        """A response that cannot be forwarded: 502 if nothing of it reached the client, else cut off; the
+        connection is closed, never pooled."""
         self._head_answer = None
+        reason = bad.args[0] if bad is not None else "sent a malformed response"
+        if bad is not None:
+            telemetry.REFUSED_MESSAGES.labels("response", bad.args[1]).inc()
         exchange = self.exchange
-        if bad is None:
-            self._flush()
-            self._lost("sent a malformed response")
-            return
-        telemetry.REFUSED_MESSAGES.labels("response", bad.args[1] if len(bad.args) > 1 else "framing").inc()
-        self._out = []  # a head not yet flushed is not sent: the client gets the 502 instead
-        self.exchange = None
-        self.close()
-        if exchange is not None:
+        if exchange is not None and (self._unsent_head or bad is not None):
+            # The upstream answered, badly: no retry. A head still here is replaced by the 502.
             if self._unsent_head:
-                exchange.response_started = False
+                self._out = []
                 self._unsent_head = False
-            exchange.fail(502, f"the upstream {bad.args[0]}")
+                exchange.response_started = False
+            self.exchange = None
+            self.close()
+            exchange.fail(502, f"the upstream {reason}")
+            return
+        self._flush()
+        self._lost(reason)
 
     def _lost(self, reason: str) -> None:
         exchange, self.exchange = self.exchange, None

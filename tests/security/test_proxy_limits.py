@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 from prometheus_client import REGISTRY
 
 from tests.netutil import free_port
@@ -76,9 +77,17 @@ async def test_bytes_after_a_head_response_are_502_and_the_connection_is_not_poo
         assert upstream.connections == 2
 
 
-async def test_a_second_response_after_a_head_answer_is_502() -> None:
-    two = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
-    stand_in = await H11Upstream(reply=lambda _r: two).start()
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\nnot a response",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    ],
+    ids=["second-response", "garbage", "chunked-body"],
+)
+async def test_anything_after_a_head_answer_is_502(reply: bytes) -> None:
+    stand_in = await H11Upstream(reply=lambda _r: reply).start()
     try:
         async with running_proxy([route("head", stand_in.address)]) as server:
             assert (await request(server.port, b"HEAD / HTTP/1.1\r\nHost: a\r\n\r\n")).status == 502
