@@ -42,6 +42,8 @@ class RouteLimits(Strict):
     # Idle keep-alive connections kept per endpoint.
     max_idle_connections: int = Field(default=128, ge=0)
     retry_after: int = Field(default=5, ge=0)
+    # An upstream's response head (interim answers included): larger is a 502 (httptools buffers it until it ends).
+    max_response_head_bytes: int = Field(default=64 * 1024, ge=1024)
     # Open upgraded (WebSocket) tunnels; one more upgrade request is answered 503 with Retry-After.
     max_tunnels: int = Field(default=1000, ge=1)
     # A tunnel with no byte in either direction for this long is closed.

@@ -103,6 +103,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._reads_seen = 0
         # The answer to a HEAD request whose head arrived in the read being parsed: finished after that read.
         self._head_answer: bool | None = None
+        # Bytes received for the response head (interim answers included) of the exchange.
+        self._head_bytes = 0
         # The response head is in _out, not yet written to the client (a refusal may still replace it).
         self._unsent_head = False
 
@@ -121,6 +123,10 @@ class UpstreamConnection(asyncio.Protocol):
             self.close()
             return
         self._reads += 1
+        exchange = self.exchange
+        if not exchange.response_started:
+            # httptools buffers a header line until it ends: the head's bound is on the bytes received.
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -134,6 +140,20 @@ class UpstreamConnection(asyncio.Protocol):
             self._finish_head_answer()
         elif self._out:
             self._flush()
+        elif (
+            not exchange.response_started
+            and self._head_bytes > exchange.route.limits.max_response_head_bytes
+            and self.exchange is exchange
+        ):
+            limit = exchange.route.limits.max_response_head_bytes
+            telemetry.LIMIT_HITS.labels(exchange.route.name, "max_response_head_bytes").inc()
+            self._refused(
+                _BadResponse(
+                    f"sent a response head larger than {limit} bytes (route {exchange.route.name}: "
+                    "limits.max_response_head_bytes)",
+                    "head_too_large",
+                )
+            )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -237,6 +257,7 @@ class UpstreamConnection(asyncio.Protocol):
     def use_for(self, exchange: Exchange) -> None:
         """Bind the connection to `exchange` before its request is written."""
         self.exchange = exchange
+        self._head_bytes = 0
         self._until_close = False
         self._client_chunked = False
         if exchange.is_head:

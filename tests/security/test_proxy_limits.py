@@ -192,3 +192,16 @@ async def test_a_pipelined_body_cut_by_the_limit_gets_the_refusal_in_its_place(u
         assert (first.status, second.status) == (200, 503)
         assert b"proxy.max_pipelined_bytes" in second.body
         assert [seen.path for seen in upstream.requests] == ["/slow?s=0.3"]
+
+
+async def test_an_endless_response_head_is_502_not_buffered() -> None:
+    endless = b"HTTP/1.1 200 OK\r\nX-Endless: " + b"a" * (512 * 1024)
+    stand_in = await H11Upstream(reply=lambda _r: endless).start()
+    try:
+        async with running_proxy([route("endless", stand_in.address)]) as server:
+            response = await request(server.port, get(), within=5)
+            assert response.status == 502
+            assert b"limits.max_response_head_bytes" in response.body
+            assert server.routes["endless"].counts.inflight == 0
+    finally:
+        await stand_in.stop()
