@@ -629,11 +629,8 @@ class ClientConnection(asyncio.Protocol):
         self._close()
 
     def _bad_request(self, reason: str) -> None:
-        exchange = self._parsing
-        if exchange is not None and exchange.state != DONE:
-            # The body broke off mid-way: the request must not reach the upstream as if complete.
-            exchange.fail(400, f"malformed request: {reason}")
-            return
+        # A body that broke off mid-way is failed with it, so it never reaches the upstream as if complete;
+        # a pipelined one gets its 400 in order, after the answers before it (an abort would lose those).
         self._refuse(400, f"malformed request: {reason}")
 
     def _pause(self, reason: int) -> None:

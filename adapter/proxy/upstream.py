@@ -408,7 +408,8 @@ class UpstreamConnection(asyncio.Protocol):
         exchange, self.exchange = self.exchange, None
         self.close()
         if exchange is not None:
-            exchange.upstream_lost(reason)
+            # A response byte came back (even a malformed one): the upstream acted on the request, no retry.
+            exchange.upstream_lost(reason, replied=self._head_bytes > 0)
 
     def _response_timeout(self) -> None:
         exchange, self.exchange = self.exchange, None

@@ -213,3 +213,107 @@ async def test_the_upstream_reads_what_the_client_sent(
     if not any(answers):
         # The proxy refused nothing: then it forwarded everything h11 read.
         assert len(forwarded) == len(expected)
+
+
+# --- the response side: what the client reads (with h11) is what the upstream sent, or the proxy's 502 ---
+
+_RESPONSE_HOSTILE = [
+    b"X-A: plain",
+    b"X-A:  padded ",
+    b"Connection: keep-alive",
+    b"Connection: x-a",
+    b"Connection: content-length",
+    b"Connection: transfer-encoding",
+    b"Keep-Alive: timeout=5",
+    b"Transfer-Encoding: gzip",
+    b"Content-Length: 3",
+    b"Trailer: X-T",
+    b"Upgrade: h2c",
+]
+
+
+@st.composite
+def _response(draw: st.DrawFn) -> bytes:
+    status = draw(st.sampled_from([200, 201, 204, 404, 500]))
+    body = b"" if status == 204 else draw(st.binary(max_size=40))
+    lines = draw(st.lists(st.sampled_from(_RESPONSE_HOSTILE), max_size=2))
+    if status != 204 and draw(st.booleans()):
+        lines.append(b"Transfer-Encoding: chunked")
+        payload = (b"%x\r\n%b\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
+    else:
+        lines.append(b"Content-Length: %d" % len(body))
+        payload = body
+    lines = draw(st.permutations(lines))
+    return b"HTTP/1.1 %d X\r\n%b\r\n%b" % (status, b"".join(line + b"\r\n" for line in lines), payload)
+
+
+def _as_h11_response(raw: bytes) -> tuple[int, bytes] | None:
+    """(status, body) as h11 reads `raw` in answer to a GET, or None if h11 cannot read it whole."""
+    connection = h11.Connection(h11.CLIENT)
+    connection.send(h11.Request(method="GET", target="/", headers=[("Host", "a")]))
+    connection.send(h11.EndOfMessage())
+    connection.receive_data(raw)
+    status, body = 0, b""
+    try:
+        while True:
+            event = connection.next_event()
+            if isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                return status, body
+            else:
+                return None
+    except h11.RemoteProtocolError:
+        return None
+
+
+@pytest.fixture
+async def scripted() -> AsyncIterator[tuple[ProxyServer, H11Upstream, list[bytes]]]:
+    replies: list[bytes] = []
+    upstream = await H11Upstream(reply=lambda _request: replies.pop(0)).start()
+    async with running_proxy([route("app", upstream.address)], header_timeout=1, idle_timeout=1) as server:
+        yield server, upstream, replies
+    await upstream.stop()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(responses=st.lists(_response(), min_size=1, max_size=5))
+async def test_the_client_reads_what_the_upstream_sent(
+    scripted: tuple[ProxyServer, H11Upstream, list[bytes]], responses: list[bytes]
+) -> None:
+    server, _upstream, replies = scripted
+    replies[:] = responses
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    client = h11.Connection(h11.CLIENT)
+    try:
+        for raw in responses:
+            expected = _as_h11_response(raw)
+            writer.write(client.send(h11.Request(method="GET", target="/", headers=[("Host", "app.example")])))
+            writer.write(client.send(h11.EndOfMessage()))
+            status, body, own = 0, b"", False
+            async with asyncio.timeout(5):
+                while True:
+                    event = client.next_event()
+                    if event is h11.NEED_DATA:
+                        client.receive_data(await reader.read(65536))
+                    elif isinstance(event, h11.Response):
+                        status = event.status_code
+                        own = any(name == b"x-zeroscale-proxy" for name, _ in event.headers)
+                    elif isinstance(event, h11.Data):
+                        body += event.data
+                    elif isinstance(event, h11.EndOfMessage):
+                        break
+                    else:
+                        raise AssertionError(f"unexpected {event!r}")
+            if own:
+                assert status == 502, "the proxy's own answer to a response it cannot forward"
+            else:
+                assert expected is not None, "the proxy forwarded a response h11 cannot read"
+                assert (status, body) == expected
+            if client.our_state is not h11.DONE or client.their_state is not h11.DONE:
+                break
+            client.start_next_cycle()
+    finally:
+        writer.close()

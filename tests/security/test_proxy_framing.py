@@ -251,3 +251,18 @@ async def test_values_the_proxy_reads_are_trimmed(proxy: ProxyServer, upstream: 
     writer.close()
     assert head.startswith(b"HTTP/1.1 101")
     assert upstream.requests[1].headers["upgrade"] == "websocket"
+
+
+async def test_a_malformed_response_is_502_and_not_retried() -> None:
+    # Bytes came back: the upstream acted on the request, so even an idempotent one is not sent again.
+    replies = iter([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nContent-Length: 0\r\n\r\n"])
+    upstream = await H11Upstream(
+        reply=lambda _r: next(replies, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    ).start()
+    try:
+        async with running_proxy([route("app", upstream.address)]) as server:
+            response = await request(server.port, get())
+            assert response.status == 502
+            assert len(upstream.requests) == 1
+    finally:
+        await upstream.stop()

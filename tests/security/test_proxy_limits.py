@@ -205,3 +205,16 @@ async def test_an_endless_response_head_is_502_not_buffered() -> None:
             assert server.routes["endless"].counts.inflight == 0
     finally:
         await stand_in.stop()
+
+
+async def test_a_malformed_pipelined_request_is_400_after_the_answer_before_it(upstream: Upstream) -> None:
+    async with running_proxy([route("bad", upstream.address)]) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        good = b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        bad = b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"
+        writer.write(good + bad)
+        responses = Responses(reader)
+        first, second = await responses.next(), await responses.next()
+        writer.close()
+        assert (first.status, first.body, second.status) == (200, b"hello", 400)
+        assert [seen.body for seen in upstream.requests] == [b"hello"]
