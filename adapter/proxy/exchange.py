@@ -194,12 +194,12 @@ class Exchange:
             return False
         return not self.written or self.replay is not None
 
-    def upstream_lost(self, reason: str) -> None:
-        """The upstream connection broke before the response was complete."""
+    def upstream_lost(self, reason: str, *, replied: bool) -> None:
+        """The upstream connection broke before the response was complete (`replied`: after some of it came)."""
         self.upstream = None
         if self.state == DONE:
             return
-        if self.retriable():
+        if not replied and self.retriable():
             telemetry.RETRIES.labels(self.route.name).inc()
             self.route.retry(self)
         elif self.response_started:
@@ -223,6 +223,14 @@ class Exchange:
             return
         self._end()
         self.client.exchange_finished(self, reusable=self.body_done and self.keep_alive)
+
+    def tunnel_opened(self) -> None:
+        """The upgrade succeeded: the connection now belongs to the tunnel, and the request has ended."""
+        upstream, self.upstream = self.upstream, None
+        if upstream is not None:
+            upstream.exchange = None
+        if self.state != DONE:
+            self._end()
 
     # --- endings ---
 

@@ -92,18 +92,29 @@ class ProxyServer:
         self._server = await self.loop.create_server(
             lambda: ClientConnection(self), self.config.bind, self.config.port, backlog=_BACKLOG
         )
-        self._admin = await start_admin(self.config.admin_bind, self.config.admin_port, lambda: not self.draining)
+        self._admin = await start_admin(
+            self.config.admin_bind, self.config.admin_port, lambda: not self.draining, self.config.admin_max_connections
+        )
         self._sweeper = self.loop.create_task(self._sweep())
         log.info("proxy listening on %s:%d, admin on %d", self.config.bind, self.port, self.admin_port)
 
     async def _sweep(self) -> None:
-        """Header, idle and response timeouts: deadlines are set on the hot path, checked here a few times a second.
+        """Every connection's deadlines (head, body, response, send, idle, tunnel idle): set on the hot path as
+        plain numbers, checked here a few times a second.
 
         The tick is a quarter of the shortest timeout (at most 1 s), so a timeout fires at most 25% late.
         """
         config = self.config
+        limits = [route.limits for route in self.routes.values()]
         shortest = min(
-            [config.header_timeout, config.idle_timeout, *(r.limits.response_timeout for r in self.routes.values())]
+            [
+                config.header_timeout,
+                config.idle_timeout,
+                config.send_timeout,
+                *(limit.response_timeout for limit in limits),
+                *(limit.body_timeout for limit in limits),
+                *(limit.tunnel_idle_timeout for limit in limits),
+            ]
         )
         tick = min(max(shortest / 4, _MIN_TICK), _MAX_TICK)
         while True:
@@ -216,10 +227,16 @@ class ProxyServer:
         log.info("proxy stopped")
 
 
-async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None) -> None:
-    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None) -> int:
+    """Run until SIGTERM or SIGINT, then shut down gracefully; 1 if a port cannot be listened on."""
     server = ProxyServer(config)
-    await server.start()
+    try:
+        await server.start()
+    except OSError as err:
+        # A port in use or a bad bind address: one line, as `serve` does, not a traceback.
+        log.error("cannot listen: %s", err)
+        await server.shutdown(grace=0)
+        return 1
     counts_server = None
     if counts is not None and counts.enabled:
         from adapter.rpc.counts import start_counts_server  # gRPC loads only when the count stream is on
@@ -233,6 +250,7 @@ async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None) -
     await server.shutdown()
     if counts_server is not None:
         await counts_server.stop()
+    return 0
 
 
 def run_proxy(config: ProxyConfig, counts: CountsServerConfig | None = None) -> int:
@@ -243,5 +261,4 @@ def run_proxy(config: ProxyConfig, counts: CountsServerConfig | None = None) -> 
         return 2
     # Each client connection takes a descriptor, and so does each pooled upstream connection.
     raise_open_files_limit(config.max_connections + _SPARE_DESCRIPTORS, f"max_connections={config.max_connections}")
-    uvloop.run(serve(config, counts))
-    return 0
+    return uvloop.run(serve(config, counts))
