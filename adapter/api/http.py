@@ -151,7 +151,7 @@ class Connection(asyncio.Protocol):
         self._head_fed = 0  # raw bytes fed since the current head began (approximately, to one piece)
         self._reading = True
         self._write_paused = False
-        self._stopped = False  # or failed: nothing more is parsed on this connection
+        self._stopped = False  # after an Upgrade or a refused request: nothing more is parsed
         self._failure: tuple[int, str] | None = None  # an error answer owed after the requests in progress
         self._closing = False
         self.peer_certificate: bytes | None = None
