@@ -126,13 +126,16 @@ async def test_equivalent_spellings_share_one_series() -> None:
     await cache.close()
 
 
-async def test_a_flood_of_selectors_in_one_namespace_leaves_other_namespaces_served() -> None:
+async def test_a_flood_of_selectors_in_one_namespace_leaves_other_namespaces_served(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The reported flood: 10,000 `queue>N` selectors filled cache.max_series and a new HPA got 503."""
     source = ScriptedSource()
     cache = _cache(source, max_series=1000, max_series_per_namespace=100)
     live = await cache.read("jobs", "prod", "queue=orders")
     refused = telemetry.SERIES_REFUSED.labels("max_series_per_namespace")._value.get()
     answered, refusals = 0, set()
+    caplog.set_level(logging.WARNING, logger="adapter.metrics.cache")
     for bound in range(10_000):
         try:
             await cache.read("jobs", "attacker", f"queue>{bound}")
@@ -145,6 +148,8 @@ async def test_a_flood_of_selectors_in_one_namespace_leaves_other_namespaces_ser
         "raise it or narrow the selectors used in this namespace"
     }
     assert telemetry.SERIES_REFUSED.labels("max_series_per_namespace")._value.get() == refused + 9_900
+    # Logged once (the clock stands still here), not 9,900 times.
+    assert [r.getMessage() for r in caplog.records] == [f"new series refused: {next(iter(refusals))}"]
     # The live series was not evicted, and a new HPA in another namespace is served.
     assert (await cache.read("jobs", "prod", "queue=orders")) is live
     assert (await cache.read("jobs", "staging", "queue=orders")).value == Decimal(7)
