@@ -70,6 +70,25 @@ def test_no_client_certificates_off_loopback_needs_allow_unauthenticated(server:
     assert not ZeroscaleConfig(grpc={server: {"enabled": True, "bind": "127.0.0.1"}}).grpc.unauthenticated()
 
 
+def test_serve_refuses_to_start_an_unauthenticated_scaler_off_loopback(tmp_path: Path) -> None:
+    config = {
+        "server": {"auth": {"enabled": False}, "bind": "127.0.0.1", "metrics_bind": "127.0.0.1"},
+        "grpc": {"scaler": {"enabled": True, "bind": "0.0.0.0", "allow_plaintext": True}},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [sys.executable, "-m", "adapter", "serve", "--config", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "grpc.scaler: without client certificates" in done.stdout + done.stderr
+    assert "allow_unauthenticated: true" in done.stdout + done.stderr
+
+
 def test_zeroscale_check_warns_about_an_unauthenticated_scaler(tmp_path: Path) -> None:
     config = {
         "server": {"auth": {"enabled": False}, "bind": "127.0.0.1", "metrics_bind": "127.0.0.1"},
