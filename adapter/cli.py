@@ -22,7 +22,7 @@ def _add_config_option(parser: argparse.ArgumentParser) -> None:
 
 def _load(args: argparse.Namespace) -> ZeroscaleConfig:
     try:
-        return load_config(args.config)
+        return load_config(args.config, read_files=True)
     except ConfigError as err:
         for problem in err.problems:
             print(f"config error: {problem}", file=sys.stderr)

@@ -174,7 +174,7 @@ class TokenReviewer:
         if cached is not None:
             return cached if isinstance(cached, User) else None
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
-        _, review = await self._client.request("POST", TOKENREVIEWS, body)
+        _, review = await self._client.request("POST", TOKENREVIEWS, body, secret=token)
         status = review.get("status") or {}
         user: User | None = None
         if status.get("authenticated"):

@@ -2,15 +2,20 @@
 
 No framework objects on the request path: a Request is a small slotted object, a Response a
 status, a body and a content type, written with one `transport.write`. Requests on a
-keep-alive connection are answered in order, one at a time. Every resource is bounded:
-connections (`max_connections`), request head size (`max_header_bytes`, answered 431),
-body size (answered 413), the time to send a request head (`header_timeout`) and the
-time a connection may sit idle between requests (`idle_timeout`).
+keep-alive connection are answered in order, one at a time.
+
+Every resource is bounded and every phase of a connection has a deadline (README, "Security
+model"): connections are counted from accept, before any TLS handshake (`max_connections`);
+the handshake and the request head get `header_timeout`, a body `body_timeout` (then 408),
+an answer `response_timeout`, and a connection between requests `idle_timeout`. A head is at
+most `max_header_bytes` (431), a body `max_body_bytes` (413), and requests read ahead of their
+answers at most `max_buffered_bytes` (reading pauses until answers catch up).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import ssl
 import types
@@ -18,26 +23,50 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import httptools
 
+from adapter.redact import redact
 from adapter.telemetry import api as telemetry
+from adapter.telemetry.throttle import LogThrottle, held_back
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 65_536
 # Pipelined requests buffered before the connection stops reading.
 _MAX_PENDING = 16
+# Bytes handed to the parser at once: a pipelined burst is parsed piecewise, so the requests parsed
+# ahead of their answers overshoot `max_buffered_bytes` by at most one piece.
+_FEED_STEP = 1024
+# Whitespace RFC 9110 5.5 lets a field value carry on either side (httptools keeps the trailing part).
+_OWS = b" \t"
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
 class Limits:
+    """The bounds of one listener; `connections_key` is the config key its connection limit comes from."""
+
     max_header_bytes: int
     max_connections: int
     header_timeout: float
     idle_timeout: float
+    body_timeout: float = 30.0
+    response_timeout: float = 60.0
+    max_body_bytes: int = 65_536
+    max_buffered_bytes: int = 65_536
+    connections_key: str = "server.max_connections"
+
+
+class Phase(enum.Enum):
+    """What a connection waits for; each phase has its own deadline."""
+
+    HANDSHAKE = "handshake"
+    HEAD = "head"
+    BODY = "body"
+    RESPONSE = "response"
+    IDLE = "idle"
 
 
 class Request:
@@ -47,7 +76,7 @@ class Request:
         self.connection = connection
         self.method = method
         self.target = target  # path and query, still percent-encoded
-        self.headers = headers  # (lower-cased name, value), in order, repeated names kept
+        self.headers = headers  # (lower-cased name, value without surrounding whitespace), in order, repeats kept
 
     def header(self, name: str) -> str | None:
         """The first value of a header (name in lower case)."""
@@ -73,7 +102,7 @@ _INTERNAL_ERROR = Response(500, b"internal error\n", "text/plain; charset=utf-8"
 
 
 @types.coroutine
-def _resume(coroutine: Coroutine[Any, Any, Response], suspended: Any) -> Generator[Any, Any, Response]:
+def _resume(coroutine: Coroutine[Any, Any, _T], suspended: Any) -> Generator[Any, Any, _T]:
     """Go on driving a coroutine that already ran its first step (what `yield from` would do)."""
     while True:
         try:
@@ -82,12 +111,12 @@ def _resume(coroutine: Coroutine[Any, Any, Response], suspended: Any) -> Generat
             try:
                 suspended = coroutine.throw(error)
             except StopIteration as done:
-                return cast(Response, done.value)
+                return cast(_T, done.value)
         else:
             try:
                 suspended = coroutine.send(sent)
             except StopIteration as done:
-                return cast(Response, done.value)
+                return cast(_T, done.value)
 
 
 class Connection(asyncio.Protocol):
@@ -95,6 +124,7 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, server: HTTPServer) -> None:
         self._server = server
+        self._limits = server.limits
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
@@ -102,13 +132,26 @@ class Connection(asyncio.Protocol):
         self._headers: list[tuple[str, str]] = []
         self._head_bytes = 0
         self._body_bytes = 0
-        self._pending: deque[tuple[Request, bool]] = deque()
+        self._pending: deque[tuple[Request, bool, int]] = deque()  # request, keep-alive, head bytes
+        self._pending_bytes = 0  # head bytes of the requests in _pending
+        self._held = b""  # bytes read but not parsed yet, while _pending is full
+        self._early: list[bytes] = []  # bytes that arrived while the TLS handshake was finishing
         self._worker: asyncio.Task[None] | None = None
+        self._handshake: asyncio.Task[None] | None = None
+        self._phase = Phase.IDLE
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._deadline: float | None = None
+        self._accepted_at = 0.0
+        self._message_started = 0.0
+        self._head_done_at = 0.0
+        self._in_message = False
+        self._parser_head_done = False
+        self._head_fed = 0  # raw bytes fed since the current head began (approximately, to one piece)
         self._reading = True
         self._write_paused = False
+        self._stopped = False  # or failed: nothing more is parsed on this connection
+        self._failure: tuple[int, str] | None = None  # an error answer owed after the requests in progress
         self._closing = False
         self.peer_certificate: bytes | None = None
         # Per-connection memo for the authenticator (keyed by what it depends on).
@@ -117,25 +160,83 @@ class Connection(asyncio.Protocol):
     # -- connection lifetime ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # Called at accept, before any TLS: the connection counts against max_connections from here.
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
+        self._accepted_at = self._loop.time()
         if not self._server.admit(self):
-            telemetry.CONNECTIONS_REFUSED.inc()
+            self._closing = True
             self._transport.abort()
             return
+        tls = self._server.tls
+        if tls is None:
+            self._ready(self._transport)
+            return
+        self._arm(Phase.HANDSHAKE, self._limits.header_timeout)
+        # start_tls's first step must run now, before this callback returns: uvloop starts reading right
+        # after connection_made, and the ClientHello must reach the TLS protocol, not this one.
+        handshake = self._loop.start_tls(
+            self._transport,
+            self,
+            tls,
+            server_side=True,
+            ssl_handshake_timeout=self._limits.header_timeout + 1.0,  # a backstop: our own deadline fires first
+            ssl_shutdown_timeout=self._limits.header_timeout,
+        )
+        try:
+            suspended = handshake.send(None)
+        except StopIteration as done:  # never in practice: the handshake needs the peer
+            self._secured(cast(asyncio.Transport, done.value))
+            return
+        self._handshake = self._loop.create_task(self._await_handshake(handshake, suspended))
+
+    async def _await_handshake(self, handshake: Coroutine[Any, Any, Any], suspended: Any) -> None:
+        raw, secured = self._transport, None
+        try:
+            secured = await _resume(handshake, suspended)
+        except Exception:  # a failed or timed-out handshake: the peer is closed below
+            pass
+        finally:
+            self._handshake = None
+            if secured is None and raw is not None:
+                # A failed handshake never reaches connection_lost: release here (cancellation included).
+                self._closing = True
+                raw.abort()
+                self._release()
+        if secured is not None:
+            self._secured(cast(asyncio.Transport, secured))
+
+    def _secured(self, secured: asyncio.Transport) -> None:
+        if self._closing:
+            secured.abort()
+            self._release()
+            return
+        self._ready(secured)
+        early, self._early = self._early, []
+        for data in early:
+            self.data_received(data)
+
+    def _ready(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
         ssl_object = transport.get_extra_info("ssl_object")
         if isinstance(ssl_object, ssl.SSLObject | ssl.SSLSocket):
             self.peer_certificate = ssl_object.getpeercert(binary_form=True)
-        self._set_deadline(self._server.limits.idle_timeout)
+        # The first request's head is due within header_timeout of the connection (as Go's ReadHeaderTimeout);
+        # idle_timeout is for the wait between requests on a connection that has made one.
+        self._arm(Phase.HEAD, self._limits.header_timeout, self._accepted_at)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
-        self._server.release(self)
-        self._clear_deadline()
-        if self._timer is not None:
-            self._timer.cancel()
+        self._release()
         if self._worker is not None:
             self._worker.cancel()
+
+    def _release(self) -> None:
+        self._deadline = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._server.release(self)
 
     def pause_writing(self) -> None:
         # A client that does not read its answers stops being read from.
@@ -144,52 +245,120 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        if len(self._pending) < _MAX_PENDING:
-            self._resume_reading()
+        if not self._busy() and not self._closing:
+            self._arm_waiting()
+        self._resume_reading()
 
     def data_received(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(400, "protocol upgrades are not supported")
-        except httptools.HttpParserError as err:
-            # httptools wraps what a callback raised; a size bound hit is one of those.
-            cause = err.__cause__ or err.__context__
-            if isinstance(cause, _RequestTooLarge):
-                self._fail(cause.status, str(cause))
-            else:
-                self._fail(400, "malformed HTTP request")
+        if self._handshake is not None:
+            # The TLS layer may hand over the first request before start_tls has returned to us.
+            self._early.append(data)
+            return
+        if self._closing or self._stopped:
+            return
+        if self._held:
+            data = self._held + data
+            self._held = b""
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        # One request in one read (the usual case) is fed as it is; a burst is fed piece by piece.
+        view: bytes | memoryview = data if len(data) <= _FEED_STEP else memoryview(data)
+        offset = 0
+        while offset < len(data):
+            if self._closing:
+                return
+            if self._full():
+                self._held = bytes(view[offset:])
+                self._pause_reading()
+                return
+            piece = view[offset : offset + _FEED_STEP]
+            offset += len(piece)
+            if not self._parser_head_done:
+                # httptools gathers a header value until its line ends, calling nothing: bound the raw bytes.
+                self._head_fed += len(piece)
+                if self._head_fed > self._limits.max_header_bytes + _FEED_STEP:
+                    self._fail(431, _head_too_large(self._limits))
+                    return
+            try:
+                self._parser.feed_data(piece)
+            except httptools.HttpParserUpgrade:
+                # We speak no other protocol: the request was answered (or will be) as a plain one, and the
+                # connection closes after it (its keep-alive was turned off in on_message_complete).
+                self._stopped = True
+                return
+            except httptools.HttpParserError as err:
+                # httptools wraps what a callback raised; a size bound hit is one of those.
+                cause = err.__cause__ or err.__context__
+                if isinstance(cause, _RequestTooLarge):
+                    self._fail(cause.status, str(cause))
+                else:
+                    self._fail(400, "malformed HTTP request")
+                return
+
+    def _full(self) -> bool:
+        return len(self._pending) >= _MAX_PENDING or self._pending_bytes >= self._limits.max_buffered_bytes
 
     def close(self) -> None:
         if self._transport is not None and not self._closing:
             self._closing = True
-            self._transport.close()
+            transport = self._transport
+            unflushed = not transport.is_closing() and transport.get_write_buffer_size() > 0
+            transport.close()
+            if unflushed:
+                # close() waits for the answer to be flushed: a peer that never reads gets response_timeout.
+                self._loop.call_later(self._limits.response_timeout, self._abort_unflushed, transport)
 
-    # -- timers ----------------------------------------------------------------------------
-    # One deadline per connection, moved by plain assignment on every request; a single timer
-    # follows it lazily, so the hot path creates and cancels no timer handles.
+    def _abort_unflushed(self, transport: asyncio.Transport) -> None:
+        if self._server.holds(self):
+            telemetry.TIMEOUTS.labels(self._server.name, Phase.RESPONSE.value).inc()
+            transport.abort()
 
-    def _set_deadline(self, seconds: float) -> None:
-        deadline = self._loop.time() + seconds
+    # -- deadlines ---------------------------------------------------------------------------
+    # One deadline per connection, moved by plain assignment; a single timer follows it lazily,
+    # so the hot path creates and cancels no timer handles.
+
+    def _arm(self, phase: Phase, seconds: float, since: float | None = None) -> None:
+        self._phase = phase
+        deadline = (self._loop.time() if since is None else since) + seconds
         self._deadline = deadline
+        if self._closing:
+            return
         if self._timer is None or deadline < self._timer_at:
             if self._timer is not None:
                 self._timer.cancel()
             self._timer_at = deadline
             self._timer = self._loop.call_at(deadline, self._on_timer)
 
-    def _clear_deadline(self) -> None:
-        self._deadline = None
-
     def _on_timer(self) -> None:
         self._timer = None
-        if self._deadline is None:
+        if self._deadline is None or self._closing:
             return
-        if self._loop.time() >= self._deadline:
-            self.close()
-        else:
+        if self._loop.time() < self._deadline:
             self._timer_at = self._deadline
             self._timer = self._loop.call_at(self._deadline, self._on_timer)
+            return
+        telemetry.TIMEOUTS.labels(self._server.name, self._phase.value).inc()
+        if self._phase in (Phase.HANDSHAKE, Phase.RESPONSE) and self._transport is not None:
+            # Nothing to say, or an answer the peer is not reading: a graceful close would wait for it.
+            self._closing = True
+            self._transport.abort()
+        elif self._phase is Phase.BODY:
+            self._fail(408, f"request body not received within {self._limits.body_timeout:g}s (server.body_timeout)")
+        else:
+            self.close()
+
+    def _arm_waiting(self) -> None:
+        """The deadline once nothing is being answered: the unfinished request's phase, or idle."""
+        if not self._in_message:
+            self._arm(Phase.IDLE, self._limits.idle_timeout)
+        elif self._parser_head_done:
+            self._arm(Phase.BODY, self._limits.body_timeout, self._head_done_at)
+        else:
+            self._arm(Phase.HEAD, self._limits.header_timeout, self._message_started)
+
+    def _busy(self) -> bool:
+        return self._worker is not None or bool(self._pending)
 
     # -- httptools callbacks -----------------------------------------------------------------
 
@@ -198,8 +367,11 @@ class Connection(asyncio.Protocol):
         self._headers = []
         self._head_bytes = 0
         self._body_bytes = 0
-        if not self._pending and self._worker is None:
-            self._set_deadline(self._server.limits.header_timeout)
+        self._in_message = True
+        self._parser_head_done = False
+        now = self._message_started = self._loop.time()
+        if not self._busy():
+            self._arm(Phase.HEAD, self._limits.header_timeout, now)
 
     def on_url(self, url: bytes) -> None:
         self._count_head(len(url))
@@ -207,33 +379,42 @@ class Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count_head(len(name) + len(value) + 4)
-        self._headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
+        self._headers.append((name.decode("latin-1").lower(), value.strip(_OWS).decode("latin-1")))
 
     def on_headers_complete(self) -> None:
-        self._clear_deadline()
+        self._parser_head_done = True
+        self._head_fed = 0
+        now = self._head_done_at = self._loop.time()
+        if not self._busy():
+            self._arm(Phase.BODY, self._limits.body_timeout, now)
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
-        if self._body_bytes > MAX_BODY_BYTES:
-            raise _RequestTooLarge(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+        if self._body_bytes > self._limits.max_body_bytes:
+            raise _RequestTooLarge(
+                413, f"request body larger than {self._limits.max_body_bytes} bytes (server.max_body_bytes)"
+            )
 
     def on_message_complete(self) -> None:
+        self._in_message = False
+        self._parser_head_done = False  # what follows is the next request's head
+        self._head_fed = 0
         if self._closing:
             return
         method = self._parser.get_method().decode("ascii", "replace")
         request = Request(self, method, self._url.decode("latin-1"), self._headers)
-        keep_alive = self._parser.should_keep_alive()
+        # An Upgrade is never taken: answer the request as a plain one, then close (one request, one answer).
+        keep_alive = self._parser.should_keep_alive() and not self._parser.should_upgrade()
         if self._worker is None:
             self._start(request, keep_alive)
             return
-        self._pending.append((request, keep_alive))
-        if len(self._pending) >= _MAX_PENDING:
-            self._pause_reading()
+        self._pending.append((request, keep_alive, self._head_bytes))
+        self._pending_bytes += self._head_bytes
 
     def _count_head(self, size: int) -> None:
         self._head_bytes += size
-        if self._head_bytes > self._server.limits.max_header_bytes:
-            raise _RequestTooLarge(431, f"request head larger than {self._server.limits.max_header_bytes} bytes")
+        if self._head_bytes > self._limits.max_header_bytes:
+            raise _RequestTooLarge(431, _head_too_large(self._limits))
 
     # -- answering ----------------------------------------------------------------------------
 
@@ -250,9 +431,10 @@ class Connection(asyncio.Protocol):
             self._answer(request, done.value, keep_alive)
             return
         except Exception:
-            log.exception("request %s %s failed", request.method, request.target)
+            log.exception("request %s %s failed", request.method, redact(request.target))
             self._answer(request, _INTERNAL_ERROR, keep_alive)
             return
+        self._arm(Phase.RESPONSE, self._limits.response_timeout)
         self._worker = self._loop.create_task(self._finish(coroutine, suspended, request, keep_alive))
 
     async def _finish(
@@ -263,23 +445,32 @@ class Connection(asyncio.Protocol):
             try:
                 response = await _resume(coroutine, suspended)
             except Exception:
-                log.exception("request %s %s failed", request.method, request.target)
+                log.exception("request %s %s failed", request.method, redact(request.target))
                 response = _INTERNAL_ERROR
             if not self._answer(request, response, keep_alive):
                 return
             while self._pending and not self._closing:
-                request, keep_alive = self._pending.popleft()
-                if not self._write_paused and len(self._pending) < _MAX_PENDING:
-                    self._resume_reading()
+                request, keep_alive, head_bytes = self._pending.popleft()
+                self._pending_bytes -= head_bytes
+                self._resume_reading()
+                self._arm(Phase.RESPONSE, self._limits.response_timeout)
                 try:
                     response = await self._server.handler(request)
                 except Exception:
-                    log.exception("request %s %s failed", request.method, request.target)
+                    log.exception("request %s %s failed", request.method, redact(request.target))
                     response = _INTERNAL_ERROR
                 if not self._answer(request, response, keep_alive):
                     return
         finally:
             self._worker = None
+        if self._closing:
+            return
+        if self._failure is not None:
+            self._fail(*self._failure)  # now that every earlier request has its answer
+            return
+        self._arm_waiting()
+        if self._held:
+            self._resume_reading()
 
     def _answer(self, request: Request, response: Response, keep_alive: bool) -> bool:
         """Write the answer; False when the connection closes after it."""
@@ -287,8 +478,11 @@ class Connection(asyncio.Protocol):
         if not keep_alive:
             self.close()
             return False
-        if not self._pending:
-            self._set_deadline(self._server.limits.idle_timeout)
+        if self._write_paused:
+            # The answer is not out until the client reads it: that is still the response phase.
+            self._arm(Phase.RESPONSE, self._limits.response_timeout)
+        elif not self._busy():
+            self._arm_waiting()
         return True
 
     def _write(self, response: Response, keep_alive: bool, head_only: bool = False) -> None:
@@ -303,18 +497,32 @@ class Connection(asyncio.Protocol):
         self._transport.write(head if head_only else head + response.body)
 
     def _fail(self, status: int, message: str) -> None:
-        """Answer a request that could not be parsed or was too large, then close."""
+        """Answer a request that could not be parsed, was too large or too slow, then close."""
+        if self._busy():
+            # Earlier requests are owed their answers first (in order): this one is written after them.
+            self._failure = (status, message)
+            self._held = b""
+            self._stopped = True  # read nothing more
+            self._pause_reading()
+            return
         telemetry.observe_request("invalid", status, 0.0)
         self._write(Response(status, f"{message}\n".encode(), "text/plain; charset=utf-8"), keep_alive=False)
         self.close()
 
     def _pause_reading(self) -> None:
-        if self._reading and self._transport is not None:
+        if self._reading and self._transport is not None and not self._closing:
             self._reading = False
             self._transport.pause_reading()
 
     def _resume_reading(self) -> None:
-        if not self._reading and self._transport is not None and not self._closing:
+        if self._reading or self._write_paused or self._closing or self._stopped or self._full():
+            return
+        if self._held:
+            held, self._held = self._held, b""
+            self._feed(held)
+            if self._held or self._closing:
+                return
+        if self._transport is not None:
             self._reading = True
             self._transport.resume_reading()
 
@@ -335,6 +543,10 @@ def _head(status: int, content_type: str, length: int, keep_alive: bool) -> byte
     ).encode("latin-1")
 
 
+def _head_too_large(limits: Limits) -> str:
+    return f"request head larger than {limits.max_header_bytes} bytes (server.max_header_bytes)"
+
+
 class _RequestTooLarge(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -342,39 +554,53 @@ class _RequestTooLarge(Exception):
 
 
 class HTTPServer:
-    """Serves `handler` on one address; plain HTTP or TLS (an SSLContext)."""
+    """Serves `handler` on one address; plain HTTP or TLS (an SSLContext). `name` labels its metrics."""
 
-    def __init__(self, handler: Handler, limits: Limits) -> None:
+    def __init__(self, handler: Handler, limits: Limits, name: str = "api") -> None:
         self.handler = handler
         self.limits = limits
+        self.name = name
+        self.tls: ssl.SSLContext | None = None
         self._connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
+        self._open = telemetry.CONNECTIONS.labels(name)
+        self._refused = telemetry.CONNECTIONS_REFUSED.labels(name)
+        self._refusals = LogThrottle(60.0)  # one line a minute, however many are refused
 
     def admit(self, connection: Connection) -> bool:
         if len(self._connections) >= self.limits.max_connections:
+            self._refused.inc()
+            suppressed = self._refusals.allow(None)
+            if suppressed is not None:
+                log.warning(
+                    "%s listener: %d connections open, refusing more; raise %s if they are legitimate%s",
+                    self.name,
+                    len(self._connections),
+                    self.limits.connections_key,
+                    held_back(suppressed),
+                )
             return False
         self._connections.add(connection)
-        telemetry.CONNECTIONS.inc()
+        self._open.inc()
         return True
+
+    def holds(self, connection: Connection) -> bool:
+        return connection in self._connections
 
     def release(self, connection: Connection) -> None:
         if connection in self._connections:
             self._connections.remove(connection)
-            telemetry.CONNECTIONS.dec()
+            self._open.dec()
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None) -> int:
-        """Listen; return the port (useful when `port` is 0)."""
+        """Listen; return the port (useful when `port` is 0).
+
+        TLS is started by each connection (loop.start_tls) rather than by the listener, so that a
+        connection counts, and has a deadline, from accept on, not only once its handshake is done.
+        """
+        self.tls = tls
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: Connection(self),
-            host,
-            port,
-            ssl=tls,
-            # A peer gets header_timeout for the TLS handshake and for answering our close_notify.
-            ssl_handshake_timeout=self.limits.header_timeout if tls else None,
-            ssl_shutdown_timeout=self.limits.header_timeout if tls else None,
-            backlog=1024,
-        )
+        self._server = await loop.create_server(lambda: Connection(self), host, port, backlog=1024)
         bound: int = self._server.sockets[0].getsockname()[1]
         return bound
 

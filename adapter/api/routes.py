@@ -8,10 +8,11 @@ and then routed: discovery documents, the list call, or a 404 Status.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from urllib.parse import parse_qs, unquote
 
-from adapter.api import documents
+from adapter.api import documents, negotiate
 from adapter.api.authn import Authenticator, Unauthenticated, User
 from adapter.api.authz import Attributes, Authorizer
 from adapter.api.http import Request, Response
@@ -22,7 +23,11 @@ from adapter.metrics.quantity import format_quantity
 from adapter.telemetry import api as telemetry
 
 log = logging.getLogger(__name__)
+# One line per request at DEBUG: what the aggregator and the HPA controller ask, and what they got.
+access_log = logging.getLogger("adapter.api.access")
 
+# A namespace name, as Kubernetes validates it (DNS-1123 label); checked after percent-decoding.
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 HEALTH_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
 _OK = Response(200, b"ok", "text/plain; charset=utf-8")
 _GROUP_PATH = f"/apis/{documents.GROUP}"
@@ -37,6 +42,7 @@ def _status(code: int, reason: str, message: str, details: dict[str, str] | None
 
 
 _OPENAPI_NOT_FOUND = _status(404, "NotFound", "this server does not publish an OpenAPI document")
+_NOT_ACCEPTABLE = Response(406, negotiate.NOT_ACCEPTABLE)
 
 
 class ExternalMetricsAPI:
@@ -60,6 +66,15 @@ class ExternalMetricsAPI:
         started = time.perf_counter()
         route, response = await self._answer(request)
         telemetry.observe_request(route, response.status, time.perf_counter() - started)
+        if access_log.isEnabledFor(logging.DEBUG):
+            access_log.debug(
+                "%s %r accept=%r user-agent=%r -> %d",
+                request.method,
+                request.target,
+                request.header("accept"),
+                request.header("user-agent"),
+                response.status,
+            )
         return response
 
     async def _answer(self, request: Request) -> tuple[str, Response]:
@@ -74,6 +89,14 @@ class ExternalMetricsAPI:
         if "%" in path:
             segments = [unquote(segment) for segment in segments]
         is_list = len(segments) == 7 and path.startswith(_VERSION_PATH + "/namespaces/")
+        if is_list and not _NAMESPACE.fullmatch(segments[5]):
+            # Before any review: a name Kubernetes cannot have costs no TokenReview or SubjectAccessReview.
+            return "list", _status(
+                400,
+                "BadRequest",
+                f"invalid namespace {segments[5]!r}: a namespace is a DNS-1123 label (lower-case letters, digits "
+                "and '-', starting and ending with a letter or digit, at most 63 characters)",
+            )
         route = "list" if is_list else "discovery" if path in _DISCOVERY or path == _VERSION_PATH else "other"
         if self._authenticator is not None:
             attributes = (
@@ -84,6 +107,8 @@ class ExternalMetricsAPI:
                 return route, refused
         if request.method not in ("GET", "HEAD"):
             return route, _status(405, "MethodNotAllowed", f"the server does not allow this method: {request.method}")
+        if route != "other" and not negotiate.accepts_json(request.header("accept")):
+            return route, _NOT_ACCEPTABLE
         if is_list:
             return route, await self._list(segments[5], segments[6], query)
         if path == _VERSION_PATH:

@@ -19,6 +19,8 @@ from adapter.api.tls import ServingTLS, TLSError
 from adapter.api.trust import TrustWatcher
 from adapter.config import ZeroscaleConfig
 from adapter.config.base import is_loopback
+from adapter.config.server import ServerConfig
+from adapter.fdlimit import raise_open_files_limit
 from adapter.kube.client import KubeClient, KubeConfigError
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
@@ -28,6 +30,8 @@ from adapter.sources import build_source
 
 log = logging.getLogger(__name__)
 
+# Descriptors beyond the two listeners' caps: connections to sources and Kubernetes, the gRPC scaler, files.
+_SPARE_DESCRIPTORS = 1024
 _NOT_FOUND = Response(404, b"not found\n", "text/plain; charset=utf-8")
 _OK = Response(200, b"ok", "text/plain; charset=utf-8")
 
@@ -46,6 +50,22 @@ def unsafe_without_auth(config: ZeroscaleConfig) -> str | None:
     return (
         "server.auth.enabled is false, which is allowed only when every listener binds to loopback "
         f"(127.0.0.1, ::1 or localhost); got {exposed}"
+    )
+
+
+def listener_limits(server: ServerConfig, listener: str) -> Limits:
+    """The bounds of the HTTPS API (`api`) or the plain metrics port (`metrics`), from `server:`."""
+    metrics_port = listener == "metrics"
+    return Limits(
+        max_header_bytes=server.max_header_bytes,
+        max_connections=server.metrics_max_connections if metrics_port else server.max_connections,
+        header_timeout=server.header_timeout,
+        idle_timeout=server.idle_timeout,
+        body_timeout=server.body_timeout,
+        response_timeout=server.response_timeout,
+        max_body_bytes=server.max_body_bytes,
+        max_buffered_bytes=server.max_buffered_bytes,
+        connections_key="server.metrics_max_connections" if metrics_port else "server.max_connections",
     )
 
 
@@ -111,9 +131,8 @@ async def serve(config: ZeroscaleConfig, stop: asyncio.Event) -> int:
 
     sources = {source.name: build_source(source) for source in config.sources}
     cache = MetricCache(Catalogue(config.metrics), sources, config.cache)
-    limits = Limits(server.max_header_bytes, server.max_connections, server.header_timeout, server.idle_timeout)
-    api = HTTPServer(ExternalMetricsAPI(cache, authenticator, authorizer), limits)
-    metrics = HTTPServer(_metrics_endpoint, limits)
+    api = HTTPServer(ExternalMetricsAPI(cache, authenticator, authorizer), listener_limits(server, "api"), "api")
+    metrics = HTTPServer(_metrics_endpoint, listener_limits(server, "metrics"), "metrics")
     code = 0
     scaler: RunningServer | None = None
     try:
@@ -162,4 +181,10 @@ def run_adapter(config: ZeroscaleConfig) -> int:
     if problem is not None:
         log.error("refusing to start: %s", problem)
         return 2
+    server = config.server
+    raise_open_files_limit(
+        server.max_connections + server.metrics_max_connections + _SPARE_DESCRIPTORS,
+        f"server.max_connections + server.metrics_max_connections ({server.max_connections} + "
+        f"{server.metrics_max_connections}) and connections to sources",
+    )
     return uvloop.run(_main(config))

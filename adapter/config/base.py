@@ -6,6 +6,7 @@ import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
@@ -49,6 +50,28 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+# Query parameters that carry a credential in the URL forms our clients accept (redis-py reads
+# ?password= and ?username=; tokens and keys by other names are refused too).
+_CREDENTIAL_PARAMETERS = frozenset(
+    {"password", "passwd", "pass", "pwd", "secret", "token", "access_token", "auth", "apikey", "api_key", "api-key"}
+)
+
+
+def credential_in_url(url: str) -> str | None:
+    """Where `url` carries a credential (its user-info password, a query parameter or fragment), or None.
+
+    A secret in the config file is printed wherever the config is; credentials come from files.
+    """
+    parts = urlsplit(url)
+    if parts.password is not None:
+        return "a password in the user-info (user:password@)"
+    for part, text in (("query", parts.query), ("fragment", parts.fragment)):
+        for name, _ in parse_qsl(text, keep_blank_values=True):
+            if name.strip().lower() in _CREDENTIAL_PARAMETERS:
+                return f"a {name!r} parameter in the {part}"
+    return None
 
 
 class Strict(BaseModel):

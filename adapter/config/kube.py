@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adapter.config.base import Duration, Strict
+from pydantic import field_validator
+
+from adapter.config.base import Duration, Strict, credential_in_url
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -19,3 +21,11 @@ class KubeAPIConfig(Strict):
     client_cert_file: Path | None = None
     client_key_file: Path | None = None
     timeout: Duration = 10.0
+
+    @field_validator("url")
+    @classmethod
+    def _no_credential(cls, url: str | None) -> str | None:
+        found = credential_in_url(url) if url is not None else None
+        if found is not None:
+            raise ValueError(f"url must not hold a credential ({found}): use token_file or client_cert_file")
+        return url

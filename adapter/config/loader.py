@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from adapter.config.base import SecretFile, TLSClientFiles
+from adapter.config.kube import KubeAPIConfig
 from adapter.config.model import ZeroscaleConfig
+from adapter.redact import redact
 
 CONFIG_ENV = "ZEROSCALE_CONFIG"
 
@@ -48,7 +51,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError([f"{path}: not valid YAML: {err}"]) from err
+        # The error quotes the line it stopped at: a credential written there by mistake is not repeated.
+        raise ConfigError([f"{path}: not valid YAML: {redact(str(err))}"]) from err
     if document is None:
         return {}
     if not isinstance(document, dict):
@@ -79,8 +83,46 @@ def _cross_references(config: ZeroscaleConfig, origin: str) -> list[str]:
     return problems
 
 
-def load_config(path: Path | str | None = None) -> ZeroscaleConfig:
-    """Load `path` (or $ZEROSCALE_CONFIG, or nothing) with environment overrides; raise ConfigError."""
+# Files that hold credentials or trust, wherever they appear: a missing one is a configuration error at
+# load, named by its key, not a connection failure much later ("cannot reach redis ... No such file").
+_CREDENTIAL_FILES: dict[type[BaseModel], tuple[str, ...]] = {
+    SecretFile: ("file",),
+    TLSClientFiles: ("ca_file", "cert_file", "key_file"),
+    KubeAPIConfig: ("kubeconfig", "ca_file", "token_file", "client_cert_file", "client_key_file"),
+}
+
+
+def _unreadable_files(node: object, where: str) -> Iterator[str]:
+    """`key.path: why` for every credential file under `node` that cannot be read now."""
+    if isinstance(node, BaseModel):
+        for name in _CREDENTIAL_FILES.get(type(node), ()):
+            file = getattr(node, name)
+            if file is not None:
+                problem = _unreadable(Path(file))
+                if problem is not None:
+                    yield f"{where}.{name}: {problem}" if where else f"{name}: {problem}"
+        for name in type(node).model_fields:
+            yield from _unreadable_files(getattr(node, name), f"{where}.{name}" if where else name)
+    elif isinstance(node, list | tuple):
+        for index, item in enumerate(node):
+            yield from _unreadable_files(item, f"{where}[{index}]")
+
+
+def _unreadable(path: Path) -> str | None:
+    try:
+        with path.open("rb") as opened:
+            opened.read(1)
+    except OSError as err:
+        return f"cannot read {path}: {err.strerror or err} (the file must exist and be readable when Zeroscale starts)"
+    return None
+
+
+def load_config(path: Path | str | None = None, *, read_files: bool = False) -> ZeroscaleConfig:
+    """Load `path` (or $ZEROSCALE_CONFIG, or nothing) with environment overrides; raise ConfigError.
+
+    `read_files`: also refuse credential files (`{file: ...}` secrets, TLS and Kubernetes credential
+    files) that cannot be read now, as the commands that run or check a config do.
+    """
     chosen = path if path is not None else os.environ.get(CONFIG_ENV)
     document = _read_yaml(Path(chosen)) if chosen else {}
     origin = str(chosen) if chosen else "(environment)"
@@ -89,6 +131,8 @@ def load_config(path: Path | str | None = None) -> ZeroscaleConfig:
     except ValidationError as err:
         raise ConfigError([f"{origin}: {_key_path(e['loc'], document)}: {e['msg']}" for e in err.errors()]) from None
     problems = _cross_references(config, origin)
+    if read_files:
+        problems += [f"{origin}: {problem}" for problem in _unreadable_files(config, "")]
     if problems:
         raise ConfigError(problems)
     return config

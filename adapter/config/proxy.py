@@ -107,8 +107,11 @@ class RouteConfig(Strict):
     upstream: ServiceUpstream | AddressUpstream
     # kind Local: development mode (`zeroscale demo`), see LocalScaleTarget.
     target: ScaleTarget | LocalScaleTarget | None = None
-    # scale: patch the scale subresource while it is 0; hpa: only report counts (the HPA wakes it); none: neither.
-    wake: Literal["scale", "hpa", "none"] = "scale"
+    # scale: patch the scale subresource while it is 0, if the target's HPA scaled it there itself (ScaledToZero,
+    # Kubernetes v1.37+); always: whenever it is 0; hpa: only report counts (the HPA wakes it); none: neither.
+    wake: Literal["scale", "always", "hpa", "none"] = "scale"
+    # wake: scale, for a target no HPA scales: wake it (true) or answer 503 as for one stopped by hand (false).
+    wake_without_hpa: bool = True
     wake_replicas: int = Field(default=1, ge=1)
     # While requests are held and the target still reads 0, wake again this often.
     wake_retry_interval: Duration = 5.0
@@ -135,8 +138,10 @@ class RouteConfig(Strict):
 
     @model_validator(mode="after")
     def _wake_needs_target(self) -> RouteConfig:
-        if self.wake == "scale" and self.target is None:
-            raise ValueError("wake: scale needs a target (namespace, kind, name); use wake: hpa or none without one")
+        if self.wake in ("scale", "always") and self.target is None:
+            raise ValueError(
+                f"wake: {self.wake} needs a target (namespace, kind, name); use wake: hpa or none without one"
+            )
         if self.readiness == "endpointslice" and not isinstance(self.upstream, ServiceUpstream):
             raise ValueError("readiness: endpointslice needs a Service upstream")
         return self

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from string import Template
 from typing import Literal
-from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
-from adapter.config.base import Duration, MetricBase, SecretFile, SourceBase, Strict, TLSClientFiles, split_address
+from adapter.config.base import (
+    Duration,
+    MetricBase,
+    SecretFile,
+    SourceBase,
+    Strict,
+    TLSClientFiles,
+    credential_in_url,
+    split_address,
+)
 
 
 def _check_addresses(addresses: list[str], where: str) -> None:
@@ -64,9 +72,11 @@ class RedisSource(SourceBase):
             raise ValueError(f"set exactly one of url (standalone), sentinel, cluster_nodes (given: {named})")
         if self.url is not None and not self.url.startswith(("redis://", "rediss://")):
             raise ValueError("url must start with redis:// or rediss://")
-        if self.url is not None and urlsplit(self.url).password is not None:
-            # A secret in the config file would be printed wherever the config is.
-            raise ValueError("url must not hold a password: use password: {file: ...} (and username: {file: ...})")
+        found = credential_in_url(self.url) if self.url is not None else None
+        if found is not None:
+            raise ValueError(
+                f"url must not hold a password ({found}): use password: {{file: ...}} (and username: {{file: ...}})"
+            )
         if self.cluster_nodes:
             _check_addresses(self.cluster_nodes, "cluster_nodes")
             if self.db != 0:

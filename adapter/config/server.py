@@ -62,9 +62,20 @@ class ServerConfig(Strict):
     tls: ServingTLSConfig = Field(default_factory=ServingTLSConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     max_header_bytes: int = Field(default=16_384, ge=1024)
+    # No route takes a body; one is read (and dropped) up to this size, within body_timeout (408 after).
+    max_body_bytes: int = Field(default=65_536, ge=0)
+    # Requests read ahead of their answers (pipelining), per connection: reading pauses beyond it.
+    max_buffered_bytes: int = Field(default=65_536, ge=1024)
+    # Counted from accept, TLS handshakes included.
     max_connections: int = Field(default=4096, ge=1)
-    header_timeout: Duration = 10.0
-    idle_timeout: Duration = 120.0
+    # The plain metrics port (health and /metrics) has its own, smaller budget.
+    metrics_max_connections: int = Field(default=256, ge=1)
+    # The TLS handshake, then each request head.
+    header_timeout: Duration = Field(default=10.0, gt=0)
+    body_timeout: Duration = Field(default=30.0, gt=0, le=60)
+    # From a complete request to its answer handed to the socket.
+    response_timeout: Duration = Field(default=60.0, gt=0)
+    idle_timeout: Duration = Field(default=120.0, gt=0)
 
 
 class CacheConfig(Strict):
@@ -75,3 +86,5 @@ class CacheConfig(Strict):
     idle_ttl: Duration = 600.0
     query_timeout: Duration = 10.0
     max_series: int = Field(default=10_000, ge=1)
+    # One namespace's share of max_series: a caller who may read one namespace cannot fill the table.
+    max_series_per_namespace: int = Field(default=1_000, ge=1)

@@ -14,7 +14,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapter.doctor import certificates
+from adapter.doctor import certificates, scale_to_zero
 from adapter.doctor.findings import Finding
 from adapter.doctor.grpc import check_grpc_authentication
 from adapter.kube.client import KubeAPIError, KubeClient, KubeError
@@ -57,6 +57,8 @@ class _State:
 
     apiservice: dict[str, Any] = field(default_factory=dict)
     port_name: str | None = None
+    # The aggregator checks endpoints only for a ClusterIP Service (ExternalName: it dials the name).
+    has_endpoints: bool = True
     cert: Any = None
     metric_names: list[str] = field(default_factory=list)
 
@@ -71,6 +73,7 @@ class Doctor:
     async def run(self) -> list[Finding]:
         findings: list[Finding] = []
         for check in (
+            self._check_scale_to_zero,
             self._check_apiservice,
             self._check_service,
             self._check_endpoints,
@@ -82,6 +85,9 @@ class Doctor:
         ):
             findings.extend(await check())
         return findings
+
+    async def _check_scale_to_zero(self) -> list[Finding]:
+        return await scale_to_zero.check(self._client, self._where.hpa_namespace)
 
     async def _get(self, path: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist; other errors propagate."""
@@ -212,6 +218,7 @@ class Doctor:
                 )
             ]
         self._state.port_name = str(match.get("name") or "")
+        self._state.has_endpoints = (service.get("spec") or {}).get("type", "ClusterIP") == "ClusterIP"
         shown = self._state.port_name or "(unnamed)"
         return [Finding("ok", check, f"port {port} is named {shown} and targets {match.get('targetPort', port)}")]
 
@@ -221,6 +228,10 @@ class Doctor:
         port_name = self._state.port_name
         if port_name is None:
             return [Finding("skip", check, "skipped: the Service check failed")]
+        if not self._state.has_endpoints:
+            return [
+                Finding("ok", check, f"{namespace}/{name} is not a ClusterIP Service: the aggregator dials its name")
+            ]
         try:
             _, by_name, _ = await list_slices(self._client, namespace, name)
         except KubeError as err:

@@ -94,10 +94,18 @@ class HorizontalController:
         down, up = behavior.scale_down.tolerance, behavior.scale_up.tolerance
         return Tolerances(self.tolerance if down is None else down, self.tolerance if up is None else up)
 
+    def _wakes_on_metrics(self) -> bool:
+        """hasObjectOrExternalMetrics: only these can read a demand while no pod runs."""
+        return any(isinstance(metric, ExternalMetric | ObjectMetric) for metric in self.spec.metrics)
+
     def _may_compute_from_zero(self) -> bool:
-        if self.spec.min_replicas != 0:
+        """shouldComputeMetricsForZeroReplicas: at 0, metrics are read only if the HPA itself scaled the target
+        there (ScaledToZero=True) and either has a metric to wake on or had minReplicas raised since."""
+        if not self.scaled_to_zero_condition:
+            return self.spec.min_replicas == 0
+        if not self.conditions.is_true(SCALED_TO_ZERO):
             return False
-        return self.conditions.is_true(SCALED_TO_ZERO) or not self.scaled_to_zero_condition
+        return self.spec.min_replicas != 0 or self._wakes_on_metrics()
 
     def sync(
         self,
@@ -135,7 +143,7 @@ class HorizontalController:
         if current > spec.max_replicas:
             desired, reason = spec.max_replicas, "Current number of replicas above Spec.MaxReplicas"
             shown = reason
-        elif current < spec.min_replicas:
+        elif 0 < current < spec.min_replicas:  # at 0 (woken from ScaledToZero) the metrics decide, see below
             desired, reason = spec.min_replicas, "Current number of replicas below Spec.MinReplicas"
             shown = reason
         else:
@@ -152,6 +160,8 @@ class HorizontalController:
                 shown = f"{computed.metric.display} above target"
             stabilized, limited = self._normalize(now, current, desired)
             desired = limited.result
+            if current == 0 and desired < spec.min_replicas:  # woken with minReplicas raised since
+                desired = spec.min_replicas
         rescale = desired != current
         why = self._why(current, desired, shown, proposal, stabilized, limited)
         if rescale:
@@ -195,17 +205,16 @@ class HorizontalController:
         )
 
     def _track_zero(self, now: float, current: int, desired: int, rescale: bool) -> None:
-        """ScaledToZero (SPEC 5.5): True once the HPA itself scaled to 0, False while it keeps replicas."""
-        if not self.scaled_to_zero_condition:
+        """ScaledToZero (SPEC 5.5), set on every rescale and only then, as v1.37 does: True when the HPA took
+        the target from some replicas to 0 (minReplicas 0, a metric to wake on), False on any other rescale."""
+        if not rescale or not self.scaled_to_zero_condition:
             return
-        if self.spec.min_replicas != 0 and self.conditions.get(SCALED_TO_ZERO) is None:
-            return
-        if rescale and desired == 0:
+        if current > 0 and desired == 0 and self.spec.min_replicas == 0 and self._wakes_on_metrics():
             self.conditions.set(
-                SCALED_TO_ZERO, True, "ScaledToZero", "the HPA controller scaled the target to zero", now
+                SCALED_TO_ZERO, True, "ScaledToZero", "the HPA controller scaled the workload to zero", now
             )
-        elif desired > 0:
-            message = "the target has replicas" + (" again" if current == 0 else "")
+        else:
+            message = "the HPA controller did not scale the workload to zero"
             self.conditions.set(SCALED_TO_ZERO, False, "NotScaledToZero", message, now)
 
     def _disabled_why(self) -> str:

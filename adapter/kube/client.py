@@ -35,6 +35,7 @@ import yaml
 
 from adapter import __version__
 from adapter.config.kube import SERVICE_ACCOUNT_DIR, KubeAPIConfig
+from adapter.redact import redact
 
 TOKEN_REREAD_SECONDS = 60.0
 _POOL_SIZE = 8
@@ -117,7 +118,7 @@ def _tls_context(
 def _split_url(url: str) -> tuple[str, str, int]:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise KubeConfigError(f"the Kubernetes API URL {url!r} must be http(s)://host[:port]")
+        raise KubeConfigError(f"the Kubernetes API URL {redact(url)!r} must be http(s)://host[:port]")
     port = parts.port or (443 if parts.scheme == "https" else 80)
     return parts.scheme, parts.hostname, port
 
@@ -126,7 +127,8 @@ def _from_kubeconfig(config: KubeAPIConfig, path: Path) -> Endpoint:
     try:
         document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as err:
-        raise KubeConfigError(f"{path}: cannot read the kubeconfig: {err}") from None
+        # A YAML error quotes the line it stopped at, which may hold a token.
+        raise KubeConfigError(f"{path}: cannot read the kubeconfig: {redact(str(err))}") from None
 
     def named(section: str, name: str) -> dict[str, Any]:
         for entry in document.get(section) or []:
@@ -307,14 +309,17 @@ class _ClosedBeforeAnswer(Exception):
         self.received = received
 
 
-def _api_error(status: int, body: bytes) -> KubeAPIError:
+def _api_error(status: int, body: bytes, secrets: tuple[str | None, ...]) -> KubeAPIError:
+    """The error an answer >= 400 means. Its text may echo the request (a TokenReview's token, our
+    Authorization header): it is redacted here, before any caller can log it."""
     try:
         document = json.loads(body)
     except ValueError:
         document = None
     if isinstance(document, dict) and document.get("kind") == "Status":
-        return KubeAPIError(status, str(document.get("reason", "")), str(document.get("message", "")))
-    text = body[:_MAX_ERROR_TEXT].decode("utf-8", "replace").strip()
+        message = redact(str(document.get("message", "")), secrets)
+        return KubeAPIError(status, redact(str(document.get("reason", "")), secrets), message)
+    text = redact(body[:_MAX_ERROR_TEXT].decode("utf-8", "replace").strip(), secrets)
     return KubeAPIError(status, "", text or "no message")
 
 
@@ -341,14 +346,20 @@ class KubeClient:
         path: str,
         json_body: object = None,
         content_type: str = "application/json",
+        secret: str | None = None,
     ) -> tuple[int, dict[str, Any]]:
-        """Make one call; return (status, decoded JSON) for 2xx, raise KubeAPIError for >= 400."""
+        """Make one call; return (status, decoded JSON) for 2xx, raise KubeAPIError for >= 400.
+
+        `secret` is a credential the body carries (a TokenReview's token): never in an error message.
+        """
         # A task of its own: asyncio.timeout needs one, and the API server runs a handler's first
         # step outside any task (adapter/api/http.py). Cancelling the caller cancels this task.
-        return await asyncio.get_running_loop().create_task(self._request(method, path, json_body, content_type))
+        return await asyncio.get_running_loop().create_task(
+            self._request(method, path, json_body, content_type, secret)
+        )
 
     async def _request(
-        self, method: str, path: str, json_body: object, content_type: str
+        self, method: str, path: str, json_body: object, content_type: str, secret: str | None
     ) -> tuple[int, dict[str, Any]]:
         body = b"" if json_body is None else json.dumps(json_body).encode()
         try:
@@ -359,7 +370,7 @@ class KubeClient:
                 f"{method} {path}: no answer from the Kubernetes API within {self._timeout:g}s"
             ) from None
         if status >= 400:
-            raise _api_error(status, data)
+            raise _api_error(status, data, (secret, self._token.get()))
         try:
             decoded = json.loads(data) if data else {}
         except ValueError:
@@ -388,7 +399,7 @@ class KubeClient:
                     self._send(connection, "GET", full_path, b"", "application/json")
                     status = await exchange.read_headers()
                     if status != 200:
-                        raise _api_error(status, await exchange.read_body())
+                        raise _api_error(status, await exchange.read_body(), (self._token.get(),))
             except TimeoutError:
                 raise KubeConnectionError(f"watch {path}: no answer within {self._timeout:g}s") from None
             except (OSError, _ClosedBeforeAnswer) as err:
@@ -482,5 +493,6 @@ def _watch_event(line: bytes) -> dict[str, Any]:
         raise KubeConnectionError("the Kubernetes API sent a watch event without a type")
     if event["type"] == "ERROR":
         status = event.get("object") or {}
-        raise KubeAPIError(int(status.get("code", 500)), str(status.get("reason", "")), str(status.get("message", "")))
+        message = redact(str(status.get("message", "")))
+        raise KubeAPIError(int(status.get("code", 500)), redact(str(status.get("reason", ""))), message)
     return event

@@ -4,7 +4,14 @@ A series (metric, namespace, selector) is born on its first read, refreshed in t
 background every `interval` for as long as someone reads it, and dropped after `idle_ttl`
 without reads. A failed refresh keeps the last good value until it is older than
 `max_staleness`; after that the read fails with 503. No path produces a zero that the
-source did not report (DESIGN rule 1).
+source did not report (DESIGN rule 1), nor a value the HPA would misread (a Quantity whose
+milli-value overflows int64, NaN, infinity): those are errors of the series.
+
+The table is shared by every caller, so no caller can take it from another: a full table
+refuses NEW series (503 naming `cache.max_series`) and never evicts a live one, and one
+namespace holds at most `cache.max_series_per_namespace` of it (503 naming that key). A series
+that never answered is dropped after its first failure instead of being refreshed in the
+background, and a failing series logs one line per minute with a count of the lines held back.
 """
 
 from __future__ import annotations
@@ -20,13 +27,17 @@ from decimal import Decimal
 from adapter.config.server import CacheConfig
 from adapter.metrics.catalogue import Catalogue, SeriesKey
 from adapter.metrics.errors import MetricUnavailable
-from adapter.sources.base import Source, SourceError, SourceQuery
+from adapter.metrics.quantity import unservable
+from adapter.sources.base import Sample, Source, SourceError, SourceQuery
 from adapter.telemetry import cache as telemetry
+from adapter.telemetry.throttle import LogThrottle, held_back
 
 log = logging.getLogger(__name__)
 
 # Spellings of one series' selector remembered for the fast path ("a=1,b=2" and "b=2,a=1" are one series).
 _REQUEST_FORMS_PER_SERIES = 4
+# A failing series logs at most one warning per this many seconds.
+_WARNING_INTERVAL = 60.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,7 @@ class _Series:
         self.max_staleness = metric.max_staleness if metric.max_staleness is not None else config.max_staleness
         self.reading: Reading | None = None
         self.read_at = 0.0  # monotonic time of `reading`
+        self.answered = False  # whether any refresh ever succeeded
         self.error: str | None = None
         self.failed_at = 0.0
         self.last_access = 0.0
@@ -84,6 +96,8 @@ class MetricCache:
         # validating the selector again, the largest cost of the API's hot path. Bounded per series.
         self._by_request: dict[tuple[str, str, str], _Series] = {}
         self._listeners: dict[SeriesKey, list[ReadingListener]] = {}
+        self._per_namespace: dict[str, int] = {}
+        self._warnings = LogThrottle(_WARNING_INTERVAL, clock)
         for source in sources.values():
             source.set_change_listener(self._on_change)
 
@@ -144,12 +158,21 @@ class MetricCache:
         )
 
     def _create(self, key: SeriesKey, query: SourceQuery) -> _Series:
+        # New series are refused, live ones never evicted: what one caller asks must not fail another's answer.
         if len(self._series) >= self._config.max_series:
-            telemetry.SERIES_REFUSED.inc()
+            telemetry.SERIES_REFUSED.labels("max_series").inc()
             raise MetricUnavailable(
                 f"the cache already holds {len(self._series)} series (cache.max_series); "
                 "raise cache.max_series or narrow the HPAs' selectors"
             )
+        in_namespace = self._per_namespace.get(key.namespace, 0)
+        if in_namespace >= self._config.max_series_per_namespace:
+            telemetry.SERIES_REFUSED.labels("max_series_per_namespace").inc()
+            raise MetricUnavailable(
+                f"namespace {key.namespace} already has {in_namespace} series in the cache "
+                "(cache.max_series_per_namespace); raise it or narrow the selectors used in this namespace"
+            )
+        self._per_namespace[key.namespace] = in_namespace + 1
         source = self._sources[query.metric.source]
         series = _Series(key, query, source, self._config)
         self._series[key] = series
@@ -167,7 +190,10 @@ class MetricCache:
     def _drop(self, series: _Series) -> None:
         for request in series.requests:
             self._by_request.pop(request, None)
-        self._series.pop(series.key, None)
+        if self._series.pop(series.key, None) is not None:
+            left = self._per_namespace.pop(series.key.namespace) - 1
+            if left:
+                self._per_namespace[series.key.namespace] = left
         self._by_query.pop(series.query, None)
         telemetry.SERIES.labels(series.key.metric).dec()
         with contextlib.suppress(KeyError):  # never read successfully: no value series was made
@@ -188,6 +214,11 @@ class MetricCache:
                 if self._clock() - series.last_access > self._config.idle_ttl:
                     self._drop(series)
                     return
+                if not series.answered and series.error is not None:
+                    # Never answered and failed: no background queries for it. A read recreates it (one
+                    # query per read at most, and none within `interval` of the failure, see read()).
+                    self._drop(series)
+                    return
                 await self._refresh(series)
         except asyncio.CancelledError:
             raise
@@ -205,6 +236,7 @@ class MetricCache:
     async def _query(self, series: _Series) -> None:
         source_name = series.query.metric.source
         started = self._clock()
+        asked_at = time.time()  # a value's timestamp is when the source was read, not when the answer came
         try:
             samples = await asyncio.wait_for(series.source.query(series.query), self._config.query_timeout)
             if not samples:
@@ -220,27 +252,51 @@ class MetricCache:
             log.exception("query of %s failed unexpectedly", series.key)
             self._failed(series, f"source {source_name}: internal error {type(err).__name__}: {err}")
         else:
-            series.reading = Reading(
-                metric=series.query.metric.name,
-                value=sum((sample.value for sample in samples), Decimal(0)),
-                labels=series.labels,
-                timestamp=time.time(),
-            )
-            series.read_at = self._clock()
-            series.error = None
-            telemetry.LAST_REFRESH.labels(series.key.metric).set(series.reading.timestamp)
-            key = series.key
-            telemetry.SERIES_VALUE.labels(key.metric, key.namespace, key.selector).set(float(series.reading.value))
-            for listener in list(self._listeners.get(series.key, ())):
-                listener(series.reading)
+            self._store(series, samples, asked_at)
         finally:
             telemetry.SOURCE_QUERY_SECONDS.labels(source_name).observe(self._clock() - started)
+
+    def _store(self, series: _Series, samples: list[Sample], asked_at: float) -> None:
+        """A successful query's sum becomes the reading, unless the HPA could not read it as it is.
+
+        The reading's timestamp is when the source was read (the oldest of its samples' reads, or
+        `asked_at` for samples that do not say), and its age counts from then, not from this answer.
+        """
+        try:
+            value = sum((sample.value for sample in samples), Decimal(0))
+        except ArithmeticError:  # a signalling NaN
+            value = Decimal("NaN")
+        problem = unservable(value)
+        if problem is not None:
+            telemetry.VALUES_REFUSED.labels(series.key.metric).inc()
+            # The last good value is no longer what the source says: it is not served either.
+            series.reading = None
+            with contextlib.suppress(KeyError):
+                telemetry.SERIES_VALUE.remove(series.key.metric, series.key.namespace, series.key.selector)
+            self._failed(series, f"source {series.query.metric.source} returned {value}, which {problem}")
+            return
+        series.reading = Reading(
+            metric=series.query.metric.name,
+            value=value,
+            labels=series.labels,
+            timestamp=min((asked_at if s.read_at is None else s.read_at for s in samples), default=asked_at),
+        )
+        series.read_at = self._clock() - max(0.0, time.time() - series.reading.timestamp)
+        series.answered = True
+        series.error = None
+        telemetry.LAST_REFRESH.labels(series.key.metric).set(series.reading.timestamp)
+        key = series.key
+        telemetry.SERIES_VALUE.labels(key.metric, key.namespace, key.selector).set(float(series.reading.value))
+        for listener in list(self._listeners.get(series.key, ())):
+            listener(series.reading)
 
     def _failed(self, series: _Series, message: str) -> None:
         series.error = message
         series.failed_at = self._clock()
         telemetry.SOURCE_ERRORS.labels(series.query.metric.source, series.key.metric).inc()
-        log.warning("refresh of %s failed: %s", series.key, message)
+        suppressed = self._warnings.allow(series.key)
+        if suppressed is not None:
+            log.warning("refresh of %s failed: %s%s", series.key, message, held_back(suppressed))
 
     async def close(self) -> None:
         tasks = [t for s in self._series.values() for t in (s.loop_task, s.in_flight) if t is not None]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from adapter.config.base import MetricBase
 from adapter.metrics.errors import BadSelector, MetricNotFound
-from adapter.metrics.selector import Operator, Selector, SelectorError, parse_selector
+from adapter.metrics.selector import Selector, SelectorError, parse_selector
 from adapter.sources.base import SourceQuery
 
 
@@ -59,8 +59,7 @@ def _check_labels(metric: MetricBase, selector: Selector) -> None:
                 f"label {requirement.key!r} is not a selector label of metric {metric.name} "
                 f"(its labels: {names}); declare it under metrics[].labels to allow it"
             )
-        if requirement.operator in (Operator.GREATER_THAN, Operator.LESS_THAN):
-            continue  # an integer bound, not a value of the label
+        # Every operand, a `>`/`<` bound included, is a value the label may take: each distinct one is a series.
         for value in requirement.values:
             if not allowed.allows(value):
                 raise BadSelector(

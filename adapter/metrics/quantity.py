@@ -53,3 +53,17 @@ def milli_value(value: Decimal | int | float | str) -> int:
     """What the HPA reads (`MilliValue()`): the value times 1000, rounded up away from zero."""
     scaled = to_decimal(value) * 1000
     return int(scaled.to_integral_value(rounding=ROUND_UP))
+
+
+# Kubernetes' Quantity.MilliValue() is an int64: a larger value wraps around (2**63 reads as a negative
+# number), so the HPA would act on a wrong number. Values outside this range are not served.
+_MILLI_RANGE = range(-(2**63), 2**63)
+
+
+def unservable(value: Decimal) -> str | None:
+    """Why the HPA could not read `value` correctly (NaN, infinite, milli-value beyond int64), or None."""
+    if not value.is_finite():
+        return "is not a finite number"
+    if milli_value(value) not in _MILLI_RANGE:
+        return "is too large for a Kubernetes Quantity (its milli-value must fit in 64 bits: |value| < 9.2e15)"
+    return None

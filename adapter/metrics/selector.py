@@ -1,7 +1,11 @@
 """The Kubernetes label-selector grammar (k8s.io/apimachinery labels.Parse), as the HPA sends it.
 
 `k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k` (exists), `!k` (does not exist),
-and `k>n` / `k<n` (integer comparisons), comma-separated.
+and `k>n` / `k<n` (integer comparisons, n an int64), comma-separated; requirements are ANDed.
+
+A parsed selector is normal: the requirements on one key are combined into the fewest that
+select the same label sets (`k in (a,b),k=b` is `k=b`), so equivalent spellings are one series
+in the cache, and a selector that can match nothing is refused (`k in (a,b),k=c`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _KEY = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME}$")
 _VALUE = re.compile(rf"^({_NAME})?$")
 _SPECIAL = "!=(),<>"
+_INTEGER = re.compile(r"[+-]?\d+")
+_INT64 = range(-(2**63), 2**63)
 
 
 class SelectorError(ValueError):
@@ -51,7 +57,7 @@ class Requirement:
             case Operator.DOES_NOT_EXIST:
                 return not present
             case Operator.GREATER_THAN | Operator.LESS_THAN:
-                if not present or not re.fullmatch(r"-?\d+", value):
+                if not present or not _INTEGER.fullmatch(value):
                     return False
                 bound = int(self.values[0])
                 return int(value) > bound if self.operator is Operator.GREATER_THAN else int(value) < bound
@@ -83,7 +89,7 @@ class Selector:
         return None
 
     def __str__(self) -> str:
-        """Canonical form, as Go's `Selector.String()`: requirements sorted by key."""
+        """Canonical form, as Go's `Selector.String()`: requirements sorted by key (a stable sort)."""
         return ",".join(str(r) for r in sorted(self.requirements, key=lambda r: r.key))
 
 
@@ -152,10 +158,11 @@ class _Parser:
             return Requirement(key, Operator.NOT_EQUALS, (self.single_value(),))
         if operator in (">", "<"):
             bound = self.take()
-            if not re.fullmatch(r"-?\d+", bound):
-                raise self.error(f"for {operator!r}, the value must be an integer, not {bound!r}")
+            # As Kubernetes (strconv.ParseInt, base 10, 64 bits); written back in one spelling ("+05" is "5").
+            if not _INTEGER.fullmatch(bound) or int(bound) not in _INT64:
+                raise self.error(f"for {operator!r}, the value must be a 64-bit integer, not {bound!r}")
             kind = Operator.GREATER_THAN if operator == ">" else Operator.LESS_THAN
-            return Requirement(key, kind, (bound,))
+            return Requirement(key, kind, (str(int(bound)),))
         if operator in ("in", "notin"):
             kind = Operator.IN if operator == "in" else Operator.NOT_IN
             return Requirement(key, kind, self.value_set())
@@ -199,9 +206,74 @@ class _Parser:
                 raise self.error(f"expected ',' between requirements, found {token!r}")
             if self.peek() is None:
                 raise self.error("a selector must not end with ','")
-        return Selector(tuple(sorted(requirements, key=lambda r: (r.key, r.operator.value, r.values))))
+        by_key: dict[str, list[Requirement]] = {}
+        for requirement in requirements:
+            by_key.setdefault(requirement.key, []).append(requirement)
+        combined = [normal for key in sorted(by_key) for normal in self.combine(key, by_key[key])]
+        return Selector(tuple(combined))
+
+    def combine(self, key: str, requirements: list[Requirement]) -> list[Requirement]:
+        """The fewest requirements on `key` that select what all of `requirements` together select."""
+        allowed: set[str] | None = None  # from = and in: the intersection
+        excluded: set[str] = set()  # from != and notin
+        exists = absent = False
+        above: int | None = None  # the value must be > above
+        below: int | None = None  # the value must be < below
+        for requirement in requirements:
+            match requirement.operator:
+                case Operator.EQUALS | Operator.IN:
+                    values = set(requirement.values)
+                    allowed = values if allowed is None else allowed & values
+                case Operator.NOT_EQUALS | Operator.NOT_IN:
+                    excluded.update(requirement.values)
+                case Operator.EXISTS:
+                    exists = True
+                case Operator.DOES_NOT_EXIST:
+                    absent = True
+                case Operator.GREATER_THAN:
+                    bound = int(requirement.values[0])
+                    above = bound if above is None else max(above, bound)
+                case Operator.LESS_THAN:
+                    bound = int(requirement.values[0])
+                    below = bound if below is None else min(below, bound)
+        clauses = ", ".join(str(requirement) for requirement in requirements)
+        never = self.error(f"the requirements on {key!r} ({clauses}) can never all hold: the selector matches nothing")
+        compared = above is not None or below is not None
+        if absent:
+            if allowed is not None or exists or compared:
+                raise never
+            return [Requirement(key, Operator.DOES_NOT_EXIST)]
+        if allowed is not None:
+            kept = sorted(
+                value
+                for value in allowed - excluded
+                if not compared
+                or (
+                    _INTEGER.fullmatch(value)
+                    and (above is None or int(value) > above)
+                    and (below is None or int(value) < below)
+                )
+            )
+            if not kept:
+                raise never
+            if len(kept) == 1:
+                return [Requirement(key, Operator.EQUALS, (kept[0],))]
+            return [Requirement(key, Operator.IN, tuple(kept))]
+        if above is not None and below is not None and below - above <= 1:
+            raise never
+        combined: list[Requirement] = []
+        if excluded:
+            kind = Operator.NOT_EQUALS if len(excluded) == 1 else Operator.NOT_IN
+            combined.append(Requirement(key, kind, tuple(sorted(excluded))))
+        if exists and not compared:  # a comparison already needs the label
+            combined.append(Requirement(key, Operator.EXISTS))
+        if above is not None:
+            combined.append(Requirement(key, Operator.GREATER_THAN, (str(above),)))
+        if below is not None:
+            combined.append(Requirement(key, Operator.LESS_THAN, (str(below),)))
+        return combined
 
 
 def parse_selector(text: str) -> Selector:
-    """Parse a selector; the empty string selects everything."""
+    """Parse a selector into its normal form; the empty string selects everything."""
     return _Parser(text).parse()

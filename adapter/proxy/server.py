@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import resource
 import signal
 import time
 from collections.abc import Callable
 
 from adapter.config.grpc import CountsServerConfig
 from adapter.config.proxy import LocalScaleTarget, ProxyConfig, RouteConfig, ServiceUpstream
+from adapter.fdlimit import raise_open_files_limit
 from adapter.kube.client import KubeClient, KubeConfigError
 from adapter.proxy.admin import start_admin
 from adapter.proxy.client import ClientConnection
 from adapter.proxy.counts import CountsListener
+from adapter.proxy.intent import HPAIntent
 from adapter.proxy.readiness import EndpointSliceWatcher, probe_address
 from adapter.proxy.route import Route
 from adapter.proxy.routing import Router
@@ -44,6 +46,7 @@ class ProxyServer:
         self._admin: asyncio.Server | None = None
         self._watchers: list[EndpointSliceWatcher] = []
         self._wakers: list[Waker] = []
+        self.intents: dict[str, HPAIntent] = {}  # the HPA watches of wake: scale routes, by namespace
         self._sweeper: asyncio.Task[None] | None = None
         telemetry.CONNECTIONS.set_function(lambda: len(self.connections))
 
@@ -138,7 +141,7 @@ class ProxyServer:
 
     def _start_wake(self, route: Route) -> None:
         config = route.config
-        if config.wake != "scale" or config.target is None:
+        if config.wake not in ("scale", "always") or config.target is None:
             return
         if isinstance(config.target, LocalScaleTarget):  # development mode (`zeroscale demo`)
             waker = Waker.local(route, config.target, config.wake_replicas, config.wake_retry_interval)
@@ -147,11 +150,23 @@ class ProxyServer:
             if kube is None:
                 log.warning("route %s: no API access, cannot wake %s; counts only", route.name, config.target.name)
                 return
-            waker = Waker(kube, route, config.target, config.wake_replicas, config.wake_retry_interval)
+            refusal = None
+            if config.wake == "scale":
+                intent = self._intent(kube, config.target.namespace)
+                refusal = functools.partial(intent.refusal, config.target, config.wake_without_hpa)
+            waker = Waker(kube, route, config.target, config.wake_replicas, config.wake_retry_interval, refusal)
         route.on_cold = waker.request
         route.on_endpoints = waker.observe
         waker.observe()
         self._wakers.append(waker)
+
+    def _intent(self, kube: KubeClient, namespace: str) -> HPAIntent:
+        """The HPA watch of a routes' namespace (one per namespace)."""
+        intent = self.intents.get(namespace)
+        if intent is None:
+            intent = self.intents[namespace] = HPAIntent(kube, namespace)
+            intent.start()
+        return intent
 
     async def _drained(self, grace: float) -> None:
         """Wait until no route holds or forwards anything, or `grace` seconds."""
@@ -188,6 +203,8 @@ class ProxyServer:
             self._sweeper.cancel()
         for watcher in self._watchers:
             await watcher.close()
+        for intent in self.intents.values():
+            await intent.close()
         for waker in self._wakers:
             await waker.close()
         for route in self.routes.values():
@@ -218,23 +235,13 @@ async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None) -
         await counts_server.stop()
 
 
-def _raise_file_limit(connections: int) -> None:
-    """Each client connection takes a descriptor, and so does each pooled upstream connection: ask for enough."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = connections + _SPARE_DESCRIPTORS
-    if soft < wanted:
-        limit = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
-        if limit < wanted:
-            log.warning("open files limited to %d: fewer than max_connections=%d can be served", limit, connections)
-
-
 def run_proxy(config: ProxyConfig, counts: CountsServerConfig | None = None) -> int:
     import uvloop
 
     if not config.effective_routes():
         log.error("no routes: set proxy.routes, or proxy.sidecar.upstream (ZEROSCALE_PROXY__SIDECAR__UPSTREAM)")
         return 2
-    _raise_file_limit(config.max_connections)
+    # Each client connection takes a descriptor, and so does each pooled upstream connection.
+    raise_open_files_limit(config.max_connections + _SPARE_DESCRIPTORS, f"max_connections={config.max_connections}")
     uvloop.run(serve(config, counts))
     return 0

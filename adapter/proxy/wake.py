@@ -2,7 +2,9 @@
 
 Only a Scale that reads 0 is patched, with its resourceVersion as a precondition, so the proxy never
 overrides a size the HPA chose; a conflict means someone changed it meanwhile: read again and decide again.
-While requests stay held and nothing is ready, the check repeats every `retry_interval`.
+While requests stay held and nothing is ready, the check repeats every `retry_interval`. With a `refusal`
+(route `wake: scale`, see intent.py), a target at 0 that its HPA did not put there is not woken: the held
+requests are answered at once with the refusal's words.
 
 Development mode: a `Local` target (`zeroscale demo`) is woken the same way, through a client of the
 demo's loopback scaler, which answers the scale subresource calls for its local processes.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from adapter.config.kube import KubeAPIConfig
 from adapter.config.proxy import LocalScaleTarget, ScaleTarget
@@ -29,9 +32,16 @@ LOCAL_NAMESPACE = "local"
 
 class Waker:
     def __init__(
-        self, kube: KubeClient, route: Route, target: ScaleTarget, replicas: int, retry_interval: float
+        self,
+        kube: KubeClient,
+        route: Route,
+        target: ScaleTarget,
+        replicas: int,
+        retry_interval: float,
+        refusal: Callable[[], str | None] | None = None,
     ) -> None:
         self._kube = kube
+        self._refusal = refusal
         self._route = route
         self._target = target
         self._replicas = replicas
@@ -92,6 +102,12 @@ class Waker:
                 self._replicas_gauge.set(scale.replicas)
                 if scale.replicas > 0:
                     result = "already_awake"
+                    break
+                refused = self._refusal() if self._refusal is not None else None
+                if refused is not None:
+                    result = "refused"
+                    log.info("route %s: not waking %s: %s", self._route.name, target.name, refused)
+                    self._route.fail_held(503, refused)
                     break
                 self._route.wake_sent_at = time.monotonic()
                 woken = await set_replicas(

@@ -29,10 +29,17 @@ class SourceError(Exception):
 
 @dataclass(frozen=True)
 class Sample:
-    """One number read from a source. The value served to the HPA is the sum of a query's samples."""
+    """One number read from a source. The value served to the HPA is the sum of a query's samples.
+
+    `read_at` is the wall-clock time the source was asked, for a source that answers from a read
+    made before the query (a read shared between series); everything acknowledged before it is in
+    the value. None means "read during this query": the cache stamps the time the query started.
+    The value's timestamp is the oldest of its samples'.
+    """
 
     value: Decimal
     labels: Mapping[str, str] = field(default_factory=dict)
+    read_at: float | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -100,12 +100,15 @@ class KafkaConnection:
     async def send(self, node_id: int, request: Any, api: str) -> Any:
         """Send one request to one broker; raise SourceError naming the API, the broker and the cause."""
         client = await self.client()
-        telemetry.REQUESTS.labels(self.source_name, api).inc()
+        # Counted once tried: a request the connection refuses to build (a version the broker lacks) is not.
         try:
-            return await client.send(node_id, request)
+            response = await client.send(node_id, request)
         except (KafkaError, OSError) as err:
+            telemetry.REQUESTS.labels(self.source_name, api).inc()
             telemetry.REQUEST_ERRORS.labels(self.source_name, api).inc()
             raise SourceError(f"{api} request to broker {node_id} failed: {await self._cause(err, node_id)}") from err
+        telemetry.REQUESTS.labels(self.source_name, api).inc()
+        return response
 
     def any_broker(self) -> int:
         """A broker for cluster-wide requests (Metadata, FindCoordinator)."""

@@ -2,8 +2,13 @@
 
 A series asks for a group (and the topics its selector names). Every group asked for in the same
 event-loop turn joins one round: one metadata read (itself shared for `metadata_max_age`), one
-OffsetFetch per group, then one ListOffsets per leader broker for all the groups' partitions
-together. A group's result then serves every series for `offsets_max_age`.
+OffsetFetch per coordinator (v8; one per group on brokers without it), then two ListOffsets per
+leader broker (log end and log start, sent together) for all the groups' partitions. A group's
+result then serves every series for `offsets_max_age`.
+
+A round's result is a set of facts (offsets, missing topics, partitions that could not be read),
+never one error for the whole group: a topic one series names and the cluster lacks is that series'
+error, not the error of every series of the group.
 """
 
 from __future__ import annotations
@@ -22,10 +27,9 @@ from adapter.sources.kafka_connection import KafkaConnection
 from adapter.sources.kafka_offsets import (
     EARLIEST,
     LATEST,
-    ClusterMetadata,
+    CommittedReader,
     Coordinators,
     MetadataReader,
-    committed_offsets,
     log_offsets,
 )
 from adapter.telemetry import kafka as telemetry
@@ -42,7 +46,7 @@ _FORGET_AFTER = 600.0  # seconds
 class PartitionOffsets:
     committed: int  # NO_COMMIT when absent
     end: int  # log-end offset (high watermark)
-    start: int | None  # log-start offset, read only where the commit is absent or beyond the end
+    start: int  # log-start offset: below it retention (or DeleteRecords) removed the records
 
 
 @dataclass(frozen=True)
@@ -50,8 +54,17 @@ class GroupOffsets:
     group: str
     read: int  # increases with every round: tells two reads apart for persistent-lag detection
     read_at: float  # monotonic
+    read_wall: float  # wall-clock time the round started: every answer of the brokers is at least this new
     committed_topics: frozenset[str]
-    topics: Mapping[str, Mapping[int, PartitionOffsets]]
+    asked: frozenset[str]  # every topic this read covers (committed or named), whether it exists or not
+    topics: Mapping[str, Mapping[int, PartitionOffsets]]  # the asked topics that exist, without `unread`
+    missing: frozenset[str]  # the asked topics the cluster does not have
+    unread: Mapping[tuple[str, int], str]  # partitions whose log offsets could not be read, and why
+
+
+# Told of every group read, and of every group forgotten (nobody read it for _FORGET_AFTER).
+ReadListener = Callable[[GroupOffsets], None]
+ForgetListener = Callable[[str], None]
 
 
 @dataclass
@@ -66,11 +79,17 @@ class GroupReader:
         conn: KafkaConnection,
         metadata_max_age: float,
         offsets_max_age: float,
+        on_read: ReadListener,
+        on_forget: ForgetListener,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._conn = conn
+        self._wall_clock = wall_clock
+        self._on_read = on_read
+        self._on_forget = on_forget
         self._metadata = MetadataReader(conn, metadata_max_age, clock)
-        self._coordinators = Coordinators(conn)
+        self._committed = CommittedReader(conn, Coordinators(conn))
         self._max_age = offsets_max_age
         self._clock = clock
         self._latest: dict[str, GroupOffsets] = {}
@@ -82,12 +101,21 @@ class GroupReader:
     async def read(self, group: str, topics: frozenset[str]) -> GroupOffsets:
         """The group's offsets for its committed topics and `topics`, at most offsets_max_age old."""
         latest = self._latest.get(group)
-        if latest is not None and self._clock() - latest.read_at < self._max_age and topics <= latest.topics.keys():
+        if latest is not None and self._clock() - latest.read_at < self._max_age and topics <= latest.asked:
             return latest
+        return await self.read_now(group, topics)
+
+    async def read_now(self, group: str, topics: frozenset[str]) -> GroupOffsets:
+        """A new read of the group (joining one in flight that covers `topics`), whatever its age."""
         in_flight = self._in_flight.get(group)
         if in_flight is not None and topics <= in_flight[0]:
             return await asyncio.shield(in_flight[1])
         return await asyncio.shield(self._join(group, topics))
+
+    def forget(self, group: str) -> None:
+        """Nobody reads the group any more."""
+        if self._latest.pop(group, None) is not None:
+            self._on_forget(group)
 
     def _join(self, group: str, topics: frozenset[str]) -> asyncio.Future[GroupOffsets]:
         if self._next is None:
@@ -131,100 +159,65 @@ class GroupReader:
             telemetry.GROUP_READ_SECONDS.labels(self._conn.source_name).observe(self._clock() - started)
         # Groups nobody has read for a while are forgotten, so the map stays as small as the series.
         for group in [g for g, offsets in self._latest.items() if started - offsets.read_at > _FORGET_AFTER]:
-            del self._latest[group]
+            self.forget(group)
         for group, future in round_.results.items():
             if self._in_flight.get(group, (None, None))[1] is future:
                 del self._in_flight[group]
             outcome = outcomes[group]
             if isinstance(outcome, GroupOffsets):
                 self._latest[group] = outcome
+                self._on_read(outcome)
                 future.set_result(outcome)
             else:
                 future.set_exception(outcome)
 
     async def _read_round(self, wanted: Mapping[str, set[str]], read: int) -> dict[str, GroupOffsets | SourceError]:
-        committed_list = await asyncio.gather(
-            *(committed_offsets(self._conn, self._coordinators, group) for group in wanted), return_exceptions=True
-        )
+        wall = self._wall_clock()
         outcomes: dict[str, GroupOffsets | SourceError] = {}
         committed: dict[str, dict[TopicPartition, int]] = {}
-        for group, result in zip(wanted, committed_list, strict=True):
+        for group, result in (await self._committed.read(list(wanted))).items():
             if isinstance(result, SourceError):
                 outcomes[group] = result
-            elif isinstance(result, BaseException):
-                raise result
             else:
                 committed[group] = result
-        topics = {group: {tp.topic for tp in offsets} | wanted[group] for group, offsets in committed.items()}
-        metadata = await self._metadata.leaders(set().union(*topics.values()))
-        partitions: dict[str, list[TopicPartition]] = {}
-        for group, names in topics.items():
-            problem = _missing(group, names, wanted[group], metadata)
-            if problem is not None:
-                outcomes[group] = problem
-                continue
-            partitions[group] = [TopicPartition(t, p) for t in sorted(names) for p in sorted(metadata.leaders[t])]
+        asked = {group: {tp.topic for tp in offsets} | wanted[group] for group, offsets in committed.items()}
+        metadata = await self._metadata.leaders(set().union(*asked.values()))
+        partitions = {
+            group: [TopicPartition(t, p) for t in sorted(names & metadata.leaders.keys()) for p in metadata.leaders[t]]
+            for group, names in asked.items()
+        }
         every = {tp for tps in partitions.values() for tp in tps}
-        no_commit = {tp for group, tps in partitions.items() for tp in tps if tp not in committed[group]}
+        # The start is needed for every partition: a commit below it points at records retention removed.
         ends, starts = await asyncio.gather(
             log_offsets(self._conn, metadata, every, LATEST),
-            log_offsets(self._conn, metadata, no_commit, EARLIEST),
+            log_offsets(self._conn, metadata, every, EARLIEST),
         )
-        # A commit beyond the log end (topic recreated, log truncated) is invalid too; its reset needs the start.
-        beyond = {
-            tp
-            for group, tps in partitions.items()
-            for tp in tps
-            if tp in ends.offsets and committed[group].get(tp, NO_COMMIT) > ends.offsets[tp]
-        }
-        if beyond:
-            more = await log_offsets(self._conn, metadata, beyond, EARLIEST)
-            starts.offsets.update(more.offsets)
-            starts.errors.update(more.errors)
         if ends.errors or starts.errors:
             self._metadata.invalidate()  # most likely a leader moved
         now = self._clock()
         for group, tps in partitions.items():
-            failed = next((tp for tp in tps if tp in ends.errors or tp in starts.errors), None)
-            if failed is not None:
-                cause = ends.errors.get(failed) or starts.errors[failed]
-                outcomes[group] = SourceError(f"reading the log offsets of {failed.topic}-{failed.partition}: {cause}")
-                continue
-            by_topic: dict[str, dict[int, PartitionOffsets]] = {}
+            by_topic: dict[str, dict[int, PartitionOffsets]] = {t: {} for t in asked[group] if t in metadata.leaders}
+            unread: dict[tuple[str, int], str] = {}
             for tp in tps:
-                by_topic.setdefault(tp.topic, {})[tp.partition] = PartitionOffsets(
-                    committed=committed[group].get(tp, NO_COMMIT),
-                    end=ends.offsets[tp],
-                    start=starts.offsets.get(tp),
+                cause = ends.errors.get(tp) or starts.errors.get(tp)
+                if cause is not None:
+                    unread[(tp.topic, tp.partition)] = cause
+                    continue
+                by_topic[tp.topic][tp.partition] = PartitionOffsets(
+                    committed=committed[group].get(tp, NO_COMMIT), end=ends.offsets[tp], start=starts.offsets[tp]
                 )
             outcomes[group] = GroupOffsets(
                 group=group,
                 read=read,
                 read_at=now,
+                read_wall=wall,
                 committed_topics=frozenset(tp.topic for tp in committed[group]),
+                asked=frozenset(asked[group]),
                 topics=by_topic,
+                missing=frozenset(asked[group] - metadata.leaders.keys()),
+                unread=unread,
             )
         return outcomes
-
-
-def _missing(
-    group: str,
-    topics: set[str],
-    named: set[str],
-    metadata: ClusterMetadata,
-) -> SourceError | None:
-    """Why a group cannot be read, never a silent zero: a topic or the whole group is gone."""
-    if not topics:
-        return SourceError(
-            f"group {group!r} has no committed offsets: it does not exist (deleted?) or never committed; "
-            "to count the lag of a group that has not started yet, give its topic in the selector"
-        )
-    for topic in sorted(topics):
-        if topic not in metadata.leaders:
-            if topic in named:
-                return SourceError(f"topic {topic!r} does not exist")
-            return SourceError(f"group {group!r} has offsets for topic {topic!r}, which no longer exists")
-    return None
 
 
 def _consume_exception(future: asyncio.Future[GroupOffsets]) -> None:

@@ -4,11 +4,13 @@ Pure functions and one small piece of state (the commits seen at the previous re
 `exclude_persistent_lag`), so every rule can be tested without a broker.
 
 Where this differs from KEDA, on purpose:
-- An invalid offset (no commit, or a commit beyond the log end) is handled the same way under both
-  policies: the consumer would restart at the log start (`earliest`: lag = end - start, so messages
-  removed by retention are not lag) or at the log end (`latest`: lag 1, which lets one consumer start
-  and commit). `scale_to_zero_on_invalid_offset` makes either 0. It then goes through persistent-lag
-  detection like any other offset (KEDA returned early and skipped it).
+- An invalid offset (no commit, a commit below the log start: its records were removed by retention,
+  or a commit beyond the log end) is handled the same way under both policies: the consumer would
+  restart at the log start (`earliest`: lag = end - start, so messages removed by retention are not
+  lag) or at the log end (`latest`: lag 1, which lets one consumer start and commit). KEDA counted a
+  commit below the log start as end - commit, records that no longer exist.
+  `scale_to_zero_on_invalid_offset` makes either 0. It then goes through persistent-lag detection
+  like any other offset (KEDA returned early and skipped it).
 - A partition missing from the log-offset answer is an error upstream, never a lag of 0.
 - `ensure_even_distribution_of_partitions` leaves a total of 0 at 0 (KEDA rounded it up to one
   consumer's worth, so a group with nothing to do never scaled to zero).
@@ -33,19 +35,28 @@ class PartitionLag:
     lag_with_persistent: int  # the same before persistent-lag exclusion (KEDA's activity input)
 
 
-def is_invalid(offsets: PartitionOffsets) -> bool:
-    return offsets.committed == NO_COMMIT or offsets.committed > offsets.end
+INVALID_REASONS = ("no_commit", "below_log_start", "beyond_log_end")
+
+
+def invalid_reason(offsets: PartitionOffsets) -> str | None:
+    """Why the consumer would reset its position (None: the commit is valid); the metric's label."""
+    if offsets.committed == NO_COMMIT:
+        return "no_commit"
+    if offsets.committed < offsets.start:
+        return "below_log_start"
+    if offsets.committed > offsets.end:
+        return "beyond_log_end"
+    return None
 
 
 def partition_lag(offsets: PartitionOffsets, metric: KafkaMetric) -> int:
     """Lag of one partition before persistent-lag exclusion."""
-    if not is_invalid(offsets):
+    if invalid_reason(offsets) is None:
         return offsets.end - offsets.committed
     if metric.scale_to_zero_on_invalid_offset:
         return 0
     if metric.offset_reset_policy == "latest":
         return 1
-    assert offsets.start is not None, "the log start is read for every invalid offset"
     return offsets.end - offsets.start
 
 

@@ -1,5 +1,6 @@
-"""The three reads lag needs, as low-level Kafka requests: cluster metadata, a group's committed
-offsets (OffsetFetch) and partitions' log offsets (ListOffsets, one request per leader broker).
+"""The three reads lag needs, as low-level Kafka requests: cluster metadata, groups' committed
+offsets (OffsetFetch: v8, every group of one coordinator in one request, where the broker has it;
+else one request per group) and partitions' log offsets (ListOffsets, one request per leader broker).
 
 aiokafka's admin client would open its own connections and ask once per group and partition set;
 sending the requests through the source's one client keeps the count per refresh fixed.
@@ -10,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka.errors import for_code
 from aiokafka.protocol.commit import OffsetFetchRequest
@@ -22,6 +24,7 @@ from aiokafka.structs import TopicPartition
 
 from adapter.sources.base import SourceError
 from adapter.sources.kafka_connection import KafkaConnection
+from adapter.sources.kafka_protocol import MultiGroupUnsupported, OffsetFetchGroups
 
 # ListOffsets timestamps with a special meaning.
 LATEST = -1
@@ -111,43 +114,124 @@ class Coordinators:
             if response.error_code not in _COORDINATOR_BUSY or attempt == _COORDINATOR_ATTEMPTS - 1:
                 break
             await asyncio.sleep(_COORDINATOR_BACKOFF)
-        raise SourceError(f"no coordinator for group {group!r}: {for_code(response.error_code).__name__}")
+        raise SourceError(f"no coordinator for the group: {for_code(response.error_code).__name__}")
 
     def forget(self, group: str) -> None:
         self._known.pop(group, None)
 
 
-async def committed_offsets(conn: KafkaConnection, coordinators: Coordinators, group: str) -> dict[TopicPartition, int]:
-    """Every offset the group has committed (OffsetFetch with no topic list); retries once if the
-    coordinator moved. Partitions without a commit are absent."""
-    for attempt in (1, 2):
-        node = await coordinators.of(group)
-        try:
-            response = await conn.send(node, OffsetFetchRequest(group, None), "OffsetFetch")
-        except SourceError:
-            coordinators.forget(group)
-            raise
-        error = getattr(response, "error_code", 0)
-        if error in _COORDINATOR_MOVED and attempt == 1:
-            conn.counted_error("OffsetFetch")
-            coordinators.forget(group)
-            continue
-        if error != 0:
-            conn.counted_error("OffsetFetch")
-            coordinators.forget(group)
-            raise SourceError(f"reading the offsets of group {group!r} failed: {for_code(error).__name__}")
-        break
-    offsets: dict[TopicPartition, int] = {}
-    for topic, partitions in response.topics:
-        for partition, offset, _metadata, error in partitions:
+Committed = dict[TopicPartition, int]  # partitions without a commit are absent
+
+
+class CommittedReader:
+    """Every offset each group has committed, one OffsetFetch v8 per coordinator for all its groups.
+
+    Brokers without v8 (before Kafka 3.0) are asked group by group; that is learnt once per broker.
+    """
+
+    def __init__(self, conn: KafkaConnection, coordinators: Coordinators) -> None:
+        self._conn = conn
+        self._coordinators = coordinators
+        self._single: set[int] = set()  # brokers known to lack OffsetFetch v8
+
+    async def read(self, groups: Collection[str], retry: bool = True) -> dict[str, Committed | SourceError]:
+        """Each group's offsets or why they could not be read; groups whose coordinator moved are
+        asked again once (`retry`) where it went."""
+        nodes = await asyncio.gather(*(self._coordinators.of(group) for group in groups), return_exceptions=True)
+        result: dict[str, Committed | SourceError] = {}
+        by_node: dict[int, list[str]] = defaultdict(list)
+        for group, node in zip(groups, nodes, strict=True):
+            if isinstance(node, SourceError):
+                result[group] = node
+            elif isinstance(node, BaseException):
+                raise node
+            else:
+                by_node[node].append(group)
+        answers = await asyncio.gather(*(self._ask(node, names, retry) for node, names in by_node.items()))
+        for answer in answers:
+            result |= answer
+        return result
+
+    async def _ask(self, node: int, groups: list[str], retry: bool) -> dict[str, Committed | SourceError]:
+        if node not in self._single:
+            try:
+                response = await self._conn.send(node, OffsetFetchGroups(groups), "OffsetFetch")
+            except MultiGroupUnsupported:
+                self._single.add(node)
+            except SourceError as err:
+                for group in groups:
+                    self._coordinators.forget(group)
+                return dict.fromkeys(groups, err)
+            else:
+                return await self._answers(groups, response, retry)
+        one_by_one = await asyncio.gather(*(self._one(group) for group in groups), return_exceptions=True)
+        return {group: _source_error(answer) for group, answer in zip(groups, one_by_one, strict=True)}
+
+    async def _answers(self, groups: list[str], response: Any, retry: bool) -> dict[str, Committed | SourceError]:
+        result: dict[str, Committed | SourceError] = {}
+        moved: list[str] = []
+        for group, topics, error, _tags in response.groups:
+            if error in _COORDINATOR_MOVED and retry:
+                self._conn.counted_error("OffsetFetch")
+                self._coordinators.forget(group)
+                moved.append(group)
+            elif error != 0:
+                self._conn.counted_error("OffsetFetch")
+                self._coordinators.forget(group)
+                result[group] = SourceError(f"OffsetFetch answered {for_code(error).__name__}")
+            else:
+                entries = ((topic, [(p[0], p[1], p[4]) for p in partitions]) for topic, partitions, _ in topics)
+                try:
+                    result[group] = _committed(self._conn, entries)
+                except SourceError as err:
+                    result[group] = err
+        for group in groups:
+            if group not in result and group not in moved:
+                result[group] = SourceError("the broker's OffsetFetch answer left the group out")
+        if moved:
+            result |= await self.read(moved, retry=False)
+        return result
+
+    async def _one(self, group: str) -> Committed:
+        """One group's offsets (OffsetFetch v1-v3); retries once if the coordinator moved."""
+        for attempt in (1, 2):
+            node = await self._coordinators.of(group)
+            try:
+                response = await self._conn.send(node, OffsetFetchRequest(group, None), "OffsetFetch")
+            except SourceError:
+                self._coordinators.forget(group)
+                raise
+            error = getattr(response, "error_code", 0)
+            if error in _COORDINATOR_MOVED and attempt == 1:
+                self._conn.counted_error("OffsetFetch")
+                self._coordinators.forget(group)
+                continue
+            if error != 0:
+                self._conn.counted_error("OffsetFetch")
+                self._coordinators.forget(group)
+                raise SourceError(f"OffsetFetch answered {for_code(error).__name__}")
+            break
+        entries = ((topic, [(p[0], p[1], p[3]) for p in partitions]) for topic, partitions in response.topics)
+        return _committed(self._conn, entries)
+
+
+def _committed(conn: KafkaConnection, topics: Iterable[tuple[str, list[tuple[int, int, int]]]]) -> Committed:
+    """(topic, [(partition, offset, error)]) -> the committed offsets; -1 means no commit."""
+    offsets: Committed = {}
+    for topic, partitions in topics:
+        for partition, offset, error in partitions:
             if error != 0:
                 conn.counted_error("OffsetFetch")
-                raise SourceError(
-                    f"reading the offset of group {group!r} on {topic}-{partition} failed: {for_code(error).__name__}"
-                )
+                raise SourceError(f"OffsetFetch answered {for_code(error).__name__} for {topic}-{partition}")
             if offset >= 0:
                 offsets[TopicPartition(topic, partition)] = offset
     return offsets
+
+
+def _source_error(answer: Committed | BaseException) -> Committed | SourceError:
+    if isinstance(answer, SourceError) or not isinstance(answer, BaseException):
+        return answer
+    raise answer
 
 
 @dataclass

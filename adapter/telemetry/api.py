@@ -15,10 +15,21 @@ REQUEST_SECONDS = Histogram(
     ["route", "code"],
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
-CONNECTIONS = Gauge("zeroscale_api_connections", "Open client connections of the external metrics API")
+CONNECTIONS = Gauge(
+    "zeroscale_api_connections",
+    "Open client connections, counted from accept (TLS handshakes included), by listener (api, metrics)",
+    ["listener"],
+)
 CONNECTIONS_REFUSED = Counter(
     "zeroscale_api_connections_refused_total",
-    "Connections closed at once because server.max_connections were already open",
+    "Connections closed at once because the listener's limit (server.max_connections or "
+    "server.metrics_max_connections) was reached, by listener",
+    ["listener"],
+)
+TIMEOUTS = Counter(
+    "zeroscale_api_timeouts_total",
+    "Connections closed because a phase (handshake, head, body, response, idle) overran its deadline",
+    ["listener", "phase"],
 )
 AUTHENTICATIONS = Counter(
     "zeroscale_api_authentications_total",

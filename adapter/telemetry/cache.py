@@ -5,7 +5,14 @@ from prometheus_client import Counter, Gauge, Histogram
 SERIES = Gauge("zeroscale_series", "Series (metric, namespace, selector) kept warm in the cache", ["metric"])
 SERIES_REFUSED = Counter(
     "zeroscale_series_refused_total",
-    "Reads refused because the cache already held cache.max_series series",
+    "Reads of a new series refused because the cache was full, by the limit reached "
+    "(max_series, max_series_per_namespace: keys of the cache section)",
+    ["limit"],
+)
+VALUES_REFUSED = Counter(
+    "zeroscale_values_refused_total",
+    "Source values not served because the HPA would misread them (NaN, infinite, milli-value beyond int64)",
+    ["metric"],
 )
 SOURCE_QUERY_SECONDS = Histogram(
     "zeroscale_source_query_duration_seconds",

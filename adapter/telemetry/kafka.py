@@ -20,11 +20,33 @@ GROUP_READ_SECONDS = Histogram(
 )
 PARTITION_LAG = Gauge(
     "zeroscale_kafka_partition_lag_messages",
-    "Lag of one partition of a consumer group, as counted for the metric (before persistent-lag exclusion)",
+    "Lag of one partition of a consumer group as the metric counts it (its offset_reset_policy and "
+    "scale_to_zero_on_invalid_offset; before persistent-lag exclusion)",
+    ["source", "metric", "group", "topic", "partition"],
+)
+COMMITTED_OFFSET = Gauge(
+    "zeroscale_kafka_committed_offset",
+    "The offset a consumer group committed for a partition, as last read (absent: no commit)",
     ["source", "group", "topic", "partition"],
+)
+LOG_START_OFFSET = Gauge(
+    "zeroscale_kafka_log_start_offset",
+    "First offset still in a partition's log (retention removed the records below it), as last read",
+    ["source", "topic", "partition"],
+)
+LOG_END_OFFSET = Gauge(
+    "zeroscale_kafka_log_end_offset",
+    "Offset of the next record produced to a partition (high watermark), as last read",
+    ["source", "topic", "partition"],
+)
+INVALID_OFFSETS = Gauge(
+    "zeroscale_kafka_invalid_offset_partitions",
+    "Partitions of a group, as last read, where the consumer would reset its position "
+    "(offset_reset_policy applies): no commit, a commit below the log start, or beyond the log end",
+    ["source", "group", "reason"],
 )
 PARTITION_LAG_DROPPED = Counter(
     "zeroscale_kafka_partition_lag_series_dropped_total",
-    "Per-partition lag values not exported because the source reached partition_lag_series_limit",
+    "Per-partition series (offsets, lag) not exported because the source reached partition_lag_series_limit",
     ["source"],
 )

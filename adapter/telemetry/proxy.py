@@ -49,7 +49,7 @@ READY_TO_FIRST_BYTE_SECONDS = Histogram(
 )
 WAKES = Counter(
     "zeroscale_proxy_wakes_total",
-    "Wake attempts on a scale target, by result (patched, already_awake, conflict, error)",
+    "Wake attempts on a scale target, by result (patched, already_awake, conflict, refused, error)",
     ["route", "result"],
 )
 ERRORS = Counter(

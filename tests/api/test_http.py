@@ -61,7 +61,7 @@ class Served:
             writer.close()
 
 
-LIMITS = Limits(max_header_bytes=2048, max_connections=8, header_timeout=0.5, idle_timeout=0.5)
+LIMITS = Limits(max_header_bytes=2048, max_connections=8, header_timeout=0.5, idle_timeout=0.5, body_timeout=0.5)
 
 
 @pytest.fixture
@@ -104,6 +104,39 @@ async def test_protobuf_accept_still_gets_json(served: Served) -> None:
     answer = await served.get(LIST, [("Accept", "application/vnd.kubernetes.protobuf, */*")])
     assert answer.status == 200
     assert answer.headers["content-type"] == "application/json"
+
+
+AGGREGATED_DISCOVERY = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+
+
+@pytest.mark.parametrize("path", ["/apis", "/apis/external.metrics.k8s.io", "/apis/external.metrics.k8s.io/v1beta1"])
+async def test_aggregated_discovery_is_not_acceptable_so_the_aggregator_falls_back(served: Served, path: str) -> None:
+    """The v1.37 aggregator asks /apis for an APIGroupDiscoveryList; a 406 (not a plain APIGroupList it
+    would have to second-guess) is what a server without aggregated discovery answers."""
+    refused = await served.get(path, [("Accept", AGGREGATED_DISCOVERY)])
+    assert refused.status == 406
+    status = refused.json()
+    assert (status["kind"], status["reason"], status["code"]) == ("Status", "NotAcceptable", 406)
+    assert status["message"] == "only the following media types are accepted: application/json"
+    # Its fallback, and kubectl's own list of choices, get the plain document.
+    for accept in ("application/json", f"{AGGREGATED_DISCOVERY},application/json", "*/*", ""):
+        answer = await served.get(path, [("Accept", accept)] if accept else None)
+        assert answer.status == 200, accept
+        assert answer.headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "application/json;as=Table;v=v1;g=meta.k8s.io",  # kubectl get's table
+        "application/json;stream=watch",
+        "application/json;q=0",
+        "application/vnd.kubernetes.protobuf",
+        "application/yaml",
+    ],
+)
+async def test_representations_it_cannot_write_are_not_acceptable(served: Served, accept: str) -> None:
+    assert (await served.get(LIST, [("Accept", accept)])).status == 406
 
 
 async def test_unknown_path_and_method(served: Served) -> None:
@@ -150,7 +183,7 @@ async def test_idle_and_slow_head_connections_are_closed(served: Served) -> None
 
 
 async def test_connections_beyond_the_limit_are_refused(served: Served) -> None:
-    refused_before = telemetry.CONNECTIONS_REFUSED._value.get()
+    refused_before = telemetry.CONNECTIONS_REFUSED.labels("api")._value.get()
     held = [await served.connect() for _ in range(LIMITS.max_connections)]
     for reader, writer in held:  # each is admitted and answered
         writer.write(request_bytes("/healthz"))
@@ -158,7 +191,7 @@ async def test_connections_beyond_the_limit_are_refused(served: Served) -> None:
     reader, writer = await served.connect()
     assert await asyncio.wait_for(reader.read(), 5) == b""
     writer.close()
-    assert telemetry.CONNECTIONS_REFUSED._value.get() == refused_before + 1
+    assert telemetry.CONNECTIONS_REFUSED.labels("api")._value.get() == refused_before + 1
     for _, held_writer in held:
         held_writer.close()
 

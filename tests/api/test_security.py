@@ -79,6 +79,19 @@ async def test_front_proxy_identity_is_reviewed_exactly(
     assert len(kube.access_reviews) == 1  # the allow was cached
 
 
+async def test_identity_headers_lose_surrounding_whitespace(
+    server: RunningServer, kube: KubeStandIn, front_proxy_cert: trustme.LeafCert
+) -> None:
+    """Issue 12 item 12: `X-Remote-User: hpa ` was reviewed as user "hpa "."""
+    padded = [(name, f"{value} \t") for name, value in AGGREGATOR_HEADERS]
+    answer = await fetch(server.port, LIST, padded, tls_client(cert=front_proxy_cert))
+    assert answer.status == 200, answer.body
+    (review,) = kube.access_reviews
+    assert review["spec"]["user"] == HPA
+    assert review["spec"]["groups"][:2] == ["system:serviceaccounts", "system:serviceaccounts:kube-system"]
+    assert review["spec"]["extra"] == {"authentication.kubernetes.io/pod-name": ["kcm-0"]}
+
+
 async def test_discovery_is_a_non_resource_review(
     server: RunningServer, kube: KubeStandIn, front_proxy_cert: trustme.LeafCert
 ) -> None:

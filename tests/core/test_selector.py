@@ -18,7 +18,9 @@ from adapter.metrics.selector import Operator, SelectorError, parse_selector
         ("b=2,a=1", "a=1,b=2"),
         ("env!=prod", "env!=prod"),
         ("queue in (b, a)", "queue in (a,b)"),
-        ("queue notin (x)", "queue notin (x)"),
+        ("queue notin (x)", "queue!=x"),  # one spelling per meaning: a one-value set is an equality
+        ("queue notin (y, x)", "queue notin (x,y)"),
+        ("queue in (x)", "queue=x"),
         ("queue", "queue"),
         ("!queue", "!queue"),
         ("  group = g1 ,  !legacy ", "group=g1,!legacy"),
@@ -77,4 +79,56 @@ def test_values_for_ignores_negative_requirements() -> None:
     selector = parse_selector("a!=1,b notin (2),c")
     assert selector.values_for("a") is None
     assert selector.values_for("b") is None
-    assert [r.operator for r in selector.requirements] == [Operator.NOT_EQUALS, Operator.NOT_IN, Operator.EXISTS]
+    assert [r.operator for r in selector.requirements] == [Operator.NOT_EQUALS, Operator.NOT_EQUALS, Operator.EXISTS]
+
+
+@pytest.mark.parametrize(
+    ("spellings", "canonical"),
+    [
+        (
+            ["queue=a,topic=b", "topic=b,queue=a", " topic == b , queue==a ", "queue in (a),topic in (b,b)"],
+            "queue=a,topic=b",
+        ),
+        (["queue in (a,b)", "queue in (b,a,b)", "queue in ( b , a )"], "queue in (a,b)"),
+        (["n>5", "n>+5", "n>05", "n>3,n>5"], "n>5"),
+        (["queue in (a,b),queue in (b,c)", "queue in (a,b,c),queue=b", "queue in (a,b),queue!=a"], "queue=b"),
+        (["queue,queue=a", "queue=a,queue!=b", "queue=a,queue=a"], "queue=a"),
+        (["n>1,n<5,n", "n<5,n>1"], "n>1,n<5"),
+        (["!queue,queue!=a", "!queue"], "!queue"),
+    ],
+)
+def test_equivalent_spellings_have_one_canonical_form(spellings: list[str], canonical: str) -> None:
+    """Issue 12 item 3: each spelling became its own cached series; equivalent ones now share one."""
+    assert {str(parse_selector(text)) for text in spellings} == {canonical}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "queue in (a,b),queue=c",  # issue 12 item 13: this read `c` alone
+        "queue=a,queue=b",
+        "queue=a,queue notin (a)",
+        "queue=a,!queue",
+        "queue,!queue",
+        "n>5,n<6",
+        "n>5,!n",
+        "n=x,n>1",
+        "n=3,n>5",
+    ],
+)
+def test_requirements_are_anded_and_an_unsatisfiable_selector_is_refused(text: str) -> None:
+    with pytest.raises(SelectorError, match="can never all hold: the selector matches nothing"):
+        parse_selector(text)
+
+
+def test_and_of_value_sets_is_their_intersection() -> None:
+    selector = parse_selector("queue in (a,b,c),queue in (b,c,d),queue!=c")
+    assert selector.values_for("queue") == ("b",)
+    assert selector.matches({"queue": "b"})
+    assert not selector.matches({"queue": "c"})
+
+
+@pytest.mark.parametrize("bound", ["9223372036854775808", "-9223372036854775809", "1e3", "0x10", "5.0"])
+def test_comparison_operands_are_64_bit_integers(bound: str) -> None:
+    with pytest.raises(SelectorError, match="must be a 64-bit integer"):
+        parse_selector(f"n>{bound}")

@@ -32,6 +32,8 @@ CALLS: dict[tuple[str, str], set[Call]] = {
     ("adapter/api/trust.py", "watch"): {("watch", "", "configmaps")},
     ("adapter/kube/endpointslices.py", "GET"): {("list", "discovery.k8s.io", "endpointslices")},
     ("adapter/kube/endpointslices.py", "watch"): {("watch", "discovery.k8s.io", "endpointslices")},
+    ("adapter/kube/hpas.py", "GET"): {("list", "autoscaling", "horizontalpodautoscalers")},
+    ("adapter/kube/hpas.py", "watch"): {("watch", "autoscaling", "horizontalpodautoscalers")},
     # ReplicaSet is accepted by the scale code but not granted: a Deployment owns its ReplicaSets and would
     # undo a patch of their scale. Someone scaling a bare ReplicaSet adds replicasets/scale to the ClusterRole.
     ("adapter/kube/scale.py", "GET"): {("get", "apps", "deployments/scale"), ("get", "apps", "statefulsets/scale")},

@@ -55,6 +55,9 @@ class Cluster:
     kubeconfig: Path
     discovery: Reply = field(default_factory=lambda: Reply(200, {}))
     denied: set[tuple[str, str]] = field(default_factory=set)  # (user, resource)
+    minor: int = 37  # the Kubernetes release /version reports; before 37 minReplicas: 0 is refused...
+    gate_on: bool = False  # ...unless HPAScaleToZero was turned on
+    hpa_dry_runs: list[str] = field(default_factory=list)  # the dryRun parameter of each HPA create
 
     def apiservice(self) -> dict[str, Any]:
         found = self.kube.get(APISERVICES, APISERVICE_NAME)
@@ -167,6 +170,24 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             return "deny" if (spec.get("user"), resource) in state.denied else "allow"
 
         kube.authorize = authorize
+
+        def version(_request: StandInRequest, _match: re.Match[str]) -> Reply:
+            return Reply(200, {"major": "1", "minor": str(state.minor), "gitVersion": f"v1.{state.minor}.2"})
+
+        def create_hpa(request: StandInRequest, _match: re.Match[str]) -> Reply:
+            """The real apiserver's validation of minReplicas with HPAScaleToZero off (before v1.37)."""
+            hpa = request.json()
+            state.hpa_dry_runs.append(request.param("dryRun") or "")
+            if state.minor < 37 and not state.gate_on and hpa["spec"].get("minReplicas") == 0:
+                message = (
+                    f'HorizontalPodAutoscaler.autoscaling "{hpa["metadata"]["name"]}" is invalid: '
+                    "spec.minReplicas: Invalid value: 0: must be greater than or equal to 1"
+                )
+                return Reply(422, status_body(422, "Invalid", message))
+            return Reply(201, hpa)
+
+        kube.add_route("GET", r"/version", version)
+        kube.add_route("POST", r"/apis/autoscaling/v2/namespaces/[^/]+/horizontalpodautoscalers", create_hpa)
         yield state
 
 

@@ -55,6 +55,37 @@ async def test_a_healthy_installation_has_no_problems(cluster: Cluster) -> None:
     assert hpa_review["resourceAttributes"]["verb"] == "list"
 
 
+async def test_the_version_and_scale_to_zero_on_v1_37(cluster: Cluster) -> None:
+    findings = {f.check: f for f in await run_doctor(cluster)}
+    assert (findings["Kubernetes version"].level, findings["Kubernetes version"].message) == ("ok", "v1.37.2")
+    assert findings["HPA scale to zero"].level == "ok"
+    assert "records ScaledToZero" in findings["HPA scale to zero"].message
+    assert cluster.hpa_dry_runs == ["All"], "asked by a dry run: nothing is created"
+
+
+async def test_a_cluster_whose_hpa_cannot_scale_to_zero_says_what_is_lost(cluster: Cluster) -> None:
+    cluster.minor = 36
+    findings = {f.check: f for f in await run_doctor(cluster)}
+    found = findings["HPA scale to zero"]
+    assert found.level == "warn"
+    assert "not available on v1.36.2: an HPA with minReplicas: 0 is refused" in found.message
+    assert "nothing scales one back to 0" in found.message
+    assert "HPAScaleToZero=true" in found.hint
+
+
+async def test_the_alpha_gate_before_v1_37_lacks_the_scaled_to_zero_condition(cluster: Cluster) -> None:
+    cluster.minor, cluster.gate_on = 35, True
+    found = {f.check: f for f in await run_doctor(cluster)}["HPA scale to zero"]
+    assert found.level == "warn"
+    assert "available on v1.35.2 (minReplicas: 0 accepted), but before v1.37 the HPA records no" in found.message
+
+
+async def test_an_unsupported_release_fails(cluster: Cluster) -> None:
+    cluster.minor = 32
+    problems = failures(await run_doctor(cluster))
+    assert "older than v1.33" in problems["Kubernetes version"]
+
+
 async def test_no_apiservice(cluster: Cluster) -> None:
     cluster.kube.delete(APISERVICES, APISERVICE_NAME)
     problems = failures(await run_doctor(cluster))
@@ -101,6 +132,18 @@ async def test_endpoint_port_name_does_not_match(cluster: Cluster) -> None:
     problems = failures(await run_doctor(cluster))
     assert "no EndpointSlice port is named https" in problems["ready endpoints"]
     assert "web" in problems["ready endpoints"]
+
+
+async def test_an_external_name_service_needs_no_endpoints(cluster: Cluster) -> None:
+    """The aggregator checks EndpointSlices only for a ClusterIP Service; for an ExternalName one it dials the
+    name (the e2e control plane registers the adapter so)."""
+    cluster.kube.delete(SLICES, "zeroscale-adapter-abcde")
+    assert "has no EndpointSlices" in failures(await run_doctor(cluster))["ready endpoints"]
+    cluster.update(SERVICES, "zeroscale-adapter", lambda obj: obj["spec"].update(type="ExternalName"))
+    findings = await run_doctor(cluster)
+    assert failures(findings) == {}
+    (endpoints,) = [f for f in findings if f.check == "ready endpoints"]
+    assert "not a ClusterIP Service" in endpoints.message
 
 
 async def test_no_ready_endpoint(cluster: Cluster) -> None:

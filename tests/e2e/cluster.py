@@ -1,13 +1,12 @@
-"""The real control plane of /work/shared/k8s (kube-apiserver + aggregator, kube-controller-manager), as tests use it.
+"""The real control plane scripts/k8s builds (kube-apiserver + aggregator, kube-controller-manager), as tests use it.
 
-`ControlPlane` starts it with the shared `up` script and stops it with `down`; `Kube` talks to it as the
+`ControlPlane` starts it with scripts/k8s/up and stops it with down; `Kube` talks to it as the
 cluster admin: `kubectl apply` for manifests, plain HTTPS (the admin's client certificate) for the many small
 reads a test polls with, so a poll costs milliseconds rather than a kubectl start.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import ssl
@@ -18,13 +17,13 @@ from http.client import HTTPSConnection
 from pathlib import Path
 from typing import Any, TypeVar
 
-# The control plane's scripts live beside the repository (../shared/k8s), read-only.
-SHARED_K8S = Path(os.environ.get("ZS_K8S_SCRIPTS", Path(__file__).resolve().parents[3] / "shared" / "k8s"))
+K8S_SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "k8s"
 HOME = Path(os.environ.get("ZS_K8S_HOME", Path.home() / ".cache" / "zeroscale-k8s"))
 API_PORT = int(os.environ.get("ZS_K8S_PORT", "16443"))
-# The versions this v1.20 control plane serves; v1.37 serves autoscaling/v2 and discovery.k8s.io/v1 instead.
-HPA_API = "autoscaling/v2beta2"
-ENDPOINTSLICE_API = "discovery.k8s.io/v1beta1"
+# What every supported release (v1.33+) serves.
+HPA_API = "autoscaling/v2"
+ENDPOINTSLICE_API = "discovery.k8s.io/v1"
+SCALED_TO_ZERO_MINOR = 37
 
 T = TypeVar("T")
 
@@ -55,16 +54,16 @@ class ControlPlane:
 
     def up(self) -> None:
         """Start it unless it runs already (then the one who started it stops it)."""
-        if not (self.home / "bin" / "kube-apiserver").exists():
-            raise RuntimeError(f"the control plane is not built: run {SHARED_K8S / 'build'} (or `make e2e`)")
         if self.running():
             return
-        subprocess.run([SHARED_K8S / "up"], check=True, capture_output=True, text=True, timeout=180)
+        done = subprocess.run([K8S_SCRIPTS / "up"], capture_output=True, text=True, timeout=180)
+        if done.returncode != 0:
+            raise RuntimeError(f"scripts/k8s/up failed (is it built? `make e2e` builds it): {done.stderr.strip()}")
         self.started_here = True
 
     def down(self) -> None:
         if self.started_here:
-            subprocess.run([SHARED_K8S / "down"], check=False, capture_output=True, timeout=60)
+            subprocess.run([K8S_SCRIPTS / "down"], check=False, capture_output=True, timeout=60)
             self.started_here = False
 
 
@@ -82,6 +81,7 @@ class Kube:
         self.plane = plane
         self._tls = ssl.create_default_context(cafile=str(plane.pki / "ca.crt"))
         self._tls.load_cert_chain(str(plane.pki / "admin.crt"), str(plane.pki / "admin.key"))
+        self._minor: int | None = None
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "KUBECONFIG": str(self.plane.admin_kubeconfig)}
@@ -141,19 +141,26 @@ class Kube:
     def namespace(self, name: str) -> None:
         self.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}])
 
-    def service_account_token(self, namespace: str, name: str, timeout: float = 30.0) -> str:
-        """The token v1.20's token controller puts in the ServiceAccount's Secret (kubelet would mount it)."""
+    def service_account_token(self, namespace: str, name: str) -> str:
+        """A bound token for the ServiceAccount from the TokenRequest API, as kubelet mounts one (an hour)."""
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600},
+        }
+        path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"
+        return str(self.request("POST", path, request)["status"]["token"])
 
-        def token() -> str | None:
-            account = self.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}")
-            for ref in account.get("secrets") or []:
-                secret = self.get(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}")
-                value = (secret.get("data") or {}).get("token")
-                if value:
-                    return base64.b64decode(value).decode()
-            return None
+    def server_minor(self) -> int:
+        """The apiserver's minor version (37 for v1.37.2)."""
+        if self._minor is None:
+            self._minor = int(str(self.get("/version")["minor"]).rstrip("+"))
+        return self._minor
 
-        return wait_for(token, timeout, f"a token for ServiceAccount {namespace}/{name}")
+    def records_scaled_to_zero(self) -> bool:
+        """v1.37+: the HPA records ScaledToZero and wakes only what it scaled to zero; before, with the alpha
+        gate on, it computes from zero whenever minReplicas is 0 (`make e2e K8S_VERSION=1.3x.y`)."""
+        return self.server_minor() >= SCALED_TO_ZERO_MINOR
 
 
 def wait_for(condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:
@@ -253,17 +260,40 @@ def hpa_reads_metric(hpa: dict[str, Any]) -> bool:
 
 
 def start_at_zero(kube: Kube, hpa: dict[str, Any], what: str, *others: dict[str, Any]) -> None:
-    """Apply the Deployment `hpa` scales (at 0 replicas), `others` and `hpa`; return once the HPA reads its
-    metric (`what`, within 30 s) and the Deployment is at 0."""
+    """Apply the Deployment `hpa` scales (at 1 replica), `others` and `hpa`, with the metric at 0; return once
+    the HPA has scaled it to 0 itself (ScaledToZero=True) and reads its metric there (`what`, within 30 s).
+
+    At 1 first: v1.37 scales from zero only a workload its HPA took to zero; one found at zero it leaves alone
+    (ScalingActive=False, ScalingDisabled), as it does a workload a person scaled to zero.
+    """
     namespace, name = hpa["metadata"]["namespace"], hpa["metadata"]["name"]
-    kube.apply([deployment(namespace, name), *others, hpa])
-    wait_for(lambda: hpa_reads_metric(kube.hpa(namespace, name)), 30, what)
+    kube.apply([deployment(namespace, name, replicas=1), *others, hpa])
     wait_replicas(kube, namespace, name, 0)
+
+    def scaled_to_zero_and_reading() -> bool:
+        status = kube.hpa(namespace, name)
+        scaled = hpa_condition(status, "ScaledToZero").get("status") == "True" or not kube.records_scaled_to_zero()
+        return scaled and hpa_reads_metric(status)
+
+    wait_for(scaled_to_zero_and_reading, 30, what)
 
 
 def wait_hpa_total(kube: Kube, namespace: str, name: str, total: float, timeout: float, what: str) -> None:
     """Wait until the HPA's status shows it read `total` (see hpa_metric_total)."""
     wait_for(lambda: hpa_metric_total(kube.hpa(namespace, name)) == total, timeout, what)
+
+
+def wait_scaled_to_zero(kube: Kube, namespace: str, name: str, status: str) -> str:
+    """Wait (10 s) for the HPA's ScaledToZero condition to read `status` ("True"/"False"); returns its reason
+    (before v1.37, which has no such condition, says so at once)."""
+    if not kube.records_scaled_to_zero():
+        return "none before v1.37"
+
+    def reason() -> str | None:
+        condition = hpa_condition(kube.hpa(namespace, name), "ScaledToZero")
+        return str(condition["reason"]) if condition.get("status") == status else None
+
+    return wait_for(reason, 10, f"{namespace}/{name}: ScaledToZero={status}")
 
 
 def hpa_condition(hpa: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Session fixtures of the end-to-end tests: the real control plane, Redis, Kafka and `zeroscale serve`.
 
-These tests run only under `make e2e` (scripts/e2e.sh sets ZEROSCALE_E2E=1): the control plane listens on
-the shared scripts' fixed port and takes the whole machine's attention, so `make test` skips them.
+These tests run only under `make e2e` (scripts/e2e.sh sets ZEROSCALE_E2E=1): the control plane (scripts/k8s) listens
+on a fixed port (ZS_K8S_PORT, 16443) and takes the whole machine's attention, so `make test` skips them.
 The control plane is brought up once (unless it already runs) and brought down after the session, whatever
 happens; each scenario prints its timeline in the summary at the end.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import install
-from tests.e2e.cluster import ControlPlane, Kube
+from tests.e2e.cluster import HPA_API, ControlPlane, Kube
 from tests.e2e.processes import Zeroscale
 from tests.kafka.broker import KafkaBroker
 from tests.netutil import free_port
@@ -130,6 +130,19 @@ def kube(plane: ControlPlane) -> Kube:
     return Kube(plane)
 
 
+@pytest.fixture(autouse=True)
+def no_hpa_outlives_its_scenario(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each scenario's HPAs are deleted after it: one left polling would meet the next scenario's breakages
+    (and its answers would be read as that scenario's)."""
+    yield
+    if "kube" not in request.fixturenames:
+        return
+    kube: Kube = request.getfixturevalue("kube")
+    for hpa in kube.get(f"/apis/{HPA_API}/horizontalpodautoscalers")["items"]:
+        meta = hpa["metadata"]
+        kube.delete(f"/apis/{HPA_API}/namespaces/{meta['namespace']}/horizontalpodautoscalers/{meta['name']}")
+
+
 @pytest.fixture(scope="session")
 def redis_server(workdir: Path) -> Iterator[RedisProcess]:
     server = RedisProcess(workdir, []).start()
@@ -231,7 +244,8 @@ def adapter(
         ],
     }
     (workdir / "adapter").mkdir()
-    server = Zeroscale("serve", workdir / "adapter", config, port).start()
+    # DEBUG: the access log of every request the aggregator and the HPA controller send (test_07 reads it).
+    server = Zeroscale("serve", workdir / "adapter", config, port, log_level="DEBUG").start()
     try:
         # A fresh registration, so Available is the aggregator's verdict on this adapter, not an old one.
         kube.delete(install.APISERVICE_PATH)

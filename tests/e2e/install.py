@@ -4,8 +4,8 @@ The RBAC is deploy/base's own (adapter, proxy, HPA controller) and the APIServic
 the `caBundle` `zeroscale certs` made. What differs from a real cluster is only what a cluster without
 kubelet or kube-proxy forces: the adapter runs here as a process, so its Service is an ExternalName to
 `localhost` (the aggregator dials `localhost:PORT` but still checks the certificate against
-`zeroscale-adapter.zeroscale.svc`), its identity is its ServiceAccount's token read from the Secret
-v1.20 makes, and the test writes the EndpointSlice a kubelet and the EndpointSlice controller would.
+`zeroscale-adapter.zeroscale.svc`), its identity is a token of its ServiceAccount from the TokenRequest
+API (what kubelet mounts), and the test writes the EndpointSlice a kubelet and the EndpointSlice controller would.
 """
 
 from __future__ import annotations
@@ -62,7 +62,10 @@ def apiservice(port: int, ca_pem: bytes) -> dict[str, Any]:
 
 
 def register(kube: Kube, port: int, certs: Path) -> None:
-    """Service, EndpointSlice, serving Secret and APIService for an adapter on 127.0.0.1:PORT."""
+    """Service, serving Secret and APIService for an adapter on 127.0.0.1:PORT.
+
+    No EndpointSlice: the aggregator dials an ExternalName Service's name, and v1.37 refuses loopback
+    addresses in EndpointSlices anyway."""
     service = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -73,7 +76,6 @@ def register(kube: Kube, port: int, certs: Path) -> None:
             "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
         },
     }
-    endpoints = endpoint_slice(NAMESPACE, f"{SERVICE}-local", SERVICE, "https", port)
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -84,17 +86,18 @@ def register(kube: Kube, port: int, certs: Path) -> None:
             "tls.key": base64.b64encode((certs / "tls.key").read_bytes()).decode(),
         },
     }
-    kube.apply([service, endpoints, secret, apiservice(port, (certs / "ca.crt").read_bytes())])
+    kube.apply([service, secret, apiservice(port, (certs / "ca.crt").read_bytes())])
 
 
-def endpoint_slice(namespace: str, name: str, service: str, port_name: str, port: int) -> dict[str, Any]:
-    """A ready endpoint on 127.0.0.1, as the EndpointSlice controller writes it once a pod is Ready."""
+def endpoint_slice(namespace: str, name: str, service: str, port_name: str, address: str, port: int) -> dict[str, Any]:
+    """A ready endpoint, as the EndpointSlice controller writes it once a pod is Ready (not on loopback:
+    the apiserver refuses 127.0.0.0/8 there)."""
     return {
         "apiVersion": ENDPOINTSLICE_API,
         "kind": "EndpointSlice",
         "metadata": {"name": name, "namespace": namespace, "labels": {"kubernetes.io/service-name": service}},
         "addressType": "IPv4",
-        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
+        "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
         "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
     }
 
@@ -108,7 +111,7 @@ def available(kube: Kube) -> dict[str, Any]:
 def wait_available(kube: Kube, timeout: float = 60.0) -> float:
     """Seconds until the aggregator reports the APIService Available=True and proxies discovery to it.
 
-    Both: v1.20 can report Available a moment before its proxy handler for the group is in place (404).
+    Both: the aggregator can report Available a moment before its proxy handler for the group is in place.
     """
     start = time.monotonic()
     wait_for(lambda: available(kube).get("status") == "True", timeout, f"APIService {APISERVICE} Available")

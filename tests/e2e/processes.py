@@ -17,8 +17,9 @@ from tests.netutil import wait_for_port
 class Zeroscale:
     """One `zeroscale COMMAND --config FILE` process; kill() and start() again keep its config and ports."""
 
-    def __init__(self, command: str, workdir: Path, config: dict[str, Any], port: int) -> None:
+    def __init__(self, command: str, workdir: Path, config: dict[str, Any], port: int, log_level: str = "INFO") -> None:
         self.command = command
+        self.log_level = log_level
         self.workdir = workdir
         self.port = port
         self.config_file = workdir / f"{command}.yaml"
@@ -29,7 +30,16 @@ class Zeroscale:
     def start(self, timeout: float = 30.0) -> Zeroscale:
         with self.log_file.open("ab") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "adapter", self.command, "--config", str(self.config_file)],
+                [
+                    sys.executable,
+                    "-m",
+                    "adapter",
+                    "--log-level",
+                    self.log_level,
+                    self.command,
+                    "--config",
+                    str(self.config_file),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

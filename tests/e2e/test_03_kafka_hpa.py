@@ -14,6 +14,7 @@ from tests.e2e.cluster import (
     start_at_zero,
     wait_hpa_total,
     wait_replicas,
+    wait_scaled_to_zero,
 )
 from tests.e2e.conftest import Adapter, Timeline
 from tests.kafka.broker import KafkaBroker
@@ -77,12 +78,17 @@ def test_lag_scales_up_consuming_scales_to_zero_and_lag_wakes_from_zero(
 
     asyncio.run(_produce(bootstrap, 10))  # lag 30
     up = wait_replicas(kube, NAMESPACE, NAME, 3)
+    woke = wait_scaled_to_zero(kube, NAMESPACE, NAME, "False")
     # The status is written just after the scale: the HPA read exactly the lag Kafka has.
     wait_hpa_total(kube, NAMESPACE, NAME, 30, 10, "the HPA's status shows lag 30")
 
     assert asyncio.run(_consume_all(bootstrap)) == 30
     down = wait_replicas(kube, NAMESPACE, NAME, 0)
+    slept = wait_scaled_to_zero(kube, NAMESPACE, NAME, "True")
 
     asyncio.run(_produce(bootstrap, 2))  # lag 6
     again = wait_replicas(kube, NAMESPACE, NAME, 1)
-    timeline.record(f"kafka: 0->3 in {up:.1f} s, 3->0 in {down:.1f} s, 0->1 in {again:.1f} s (consumer committing)")
+    timeline.record(
+        f"kafka: 0->3 in {up:.1f} s (ScaledToZero=False/{woke}), 3->0 in {down:.1f} s (ScaledToZero=True/{slept}), "
+        f"0->1 in {again:.1f} s (consumer committing)"
+    )

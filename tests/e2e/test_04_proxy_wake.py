@@ -3,6 +3,7 @@ endpoint through its real EndpointSlice watch and forwards; an HPA on its pendin
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from http.client import HTTPConnection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,8 +19,12 @@ from tests.e2e.cluster import (
     ENDPOINTSLICE_API,
     ControlPlane,
     Kube,
+    deployment,
     external_hpa,
+    hpa_condition,
+    hpa_reads_metric,
     start_at_zero,
+    wait_for,
     wait_hpa_total,
     wait_replicas,
 )
@@ -26,20 +32,33 @@ from tests.e2e.conftest import Adapter, Installed, Timeline, kube_api
 from tests.e2e.install import endpoint_slice
 from tests.e2e.processes import Zeroscale
 from tests.netutil import free_port
+from tests.redis.servers import RedisProcess
 
 NAMESPACE, NAME, HOST = "e2e-proxy", "web", "web.e2e-proxy"
+# A second workload, which a person stops: its HPA reads a Redis list.
+STOPPED, STOPPED_HOST, STOPPED_KEY = "stopped", "stopped.e2e-proxy", "e2e-stopped-jobs"
 HELD = 3
 # Pending requests per replica: 3 held requests ask for 1 replica, none for 0.
 PENDING_PER_REPLICA = 5
 
 
+def pod_address() -> str:
+    """This machine's address on its default route: an EndpointSlice may not name a loopback address."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # a UDP connect picks the route and sends nothing
+        except OSError:
+            pytest.skip("no non-loopback IPv4 address for the pod's EndpointSlice")
+        return str(probe.getsockname()[0])
+
+
 class Upstream(ThreadingHTTPServer):
-    """The workload's pod, on loopback: answers every GET and counts what arrived."""
+    """The workload's pod, on this machine's own address: answers every GET and counts what arrived."""
 
     daemon_threads = True
 
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__((pod_address(), 0), _Handler)
         self.paths: list[str] = []
         self.lock = threading.Lock()
 
@@ -71,15 +90,25 @@ def upstream() -> Iterator[Upstream]:
 
 
 @pytest.fixture
-def proxy(plane: ControlPlane, installed: Installed, counts_port: int, workdir: Path) -> Iterator[Zeroscale]:
+def proxy(
+    plane: ControlPlane, kube: Kube, installed: Installed, counts_port: int, workdir: Path
+) -> Iterator[Zeroscale]:
     port = free_port()
-    route = {
+    route: dict[str, Any] = {
         "name": NAME,
         "hosts": [HOST],
         "upstream": {"service": NAME, "namespace": NAMESPACE, "port": "http"},
         "target": {"namespace": NAMESPACE, "kind": "Deployment", "name": NAME},
-        "wake": "scale",
+        # Before v1.37 the HPA records no ScaledToZero: `wake: scale` would take every zero for a person's.
+        "wake": "scale" if kube.records_scaled_to_zero() else "always",
         "readiness": "endpointslice",
+    }
+    stopped = {
+        **route,
+        "name": STOPPED,
+        "hosts": [STOPPED_HOST],
+        "upstream": {**route["upstream"], "service": STOPPED},
+        "target": {**route["target"], "name": STOPPED},
     }
     config = {
         "proxy": {
@@ -88,7 +117,7 @@ def proxy(plane: ControlPlane, installed: Installed, counts_port: int, workdir: 
             "admin_bind": "127.0.0.1",
             "admin_port": free_port(),
             "kubernetes": kube_api(plane, installed.proxy_token),
-            "routes": [route],
+            "routes": [route, stopped],
         },
         "grpc": {"counts": {"enabled": True, "bind": "127.0.0.1", "port": counts_port}},
     }
@@ -98,11 +127,11 @@ def proxy(plane: ControlPlane, installed: Installed, counts_port: int, workdir: 
     process.stop()
 
 
-def _get(port: int, path: str) -> tuple[int, bytes, float]:
+def _get(port: int, path: str, host: str = HOST) -> tuple[int, bytes, float]:
     start = time.monotonic()
     connection = HTTPConnection("127.0.0.1", port, timeout=90)
     try:
-        connection.request("GET", path, headers={"Host": HOST})
+        connection.request("GET", path, headers={"Host": host})
         response = connection.getresponse()
         return response.status, response.read(), time.monotonic() - start
     finally:
@@ -137,7 +166,8 @@ def test_held_requests_wake_the_deployment_and_are_forwarded_once_an_endpoint_is
         assert upstream.paths == []
 
         # What kubelet and the EndpointSlice controller do once the pod is Ready.
-        kube.apply([endpoint_slice(NAMESPACE, f"{NAME}-pod", NAME, "http", upstream.server_address[1])])
+        address, port = str(upstream.server_address[0]), int(upstream.server_address[1])
+        kube.apply([endpoint_slice(NAMESPACE, f"{NAME}-pod", NAME, "http", address, port)])
         endpoint_at = time.monotonic() - sent
         results = [answer.result(timeout=60) for answer in answers]
 
@@ -152,4 +182,42 @@ def test_held_requests_wake_the_deployment_and_are_forwarded_once_an_endpoint_is
     timeline.record(
         f"proxy: {HELD} requests held, woke 0->1 in {woke:.2f} s, HPA kept 1 on 3 pending, endpoint ready at "
         f"{endpoint_at:.1f} s, held {held:.1f} s in all, lost {lost}; idle 1->0 in {idle:.1f} s"
+    )
+
+
+def test_a_workload_a_person_stopped_is_not_woken_and_the_requests_say_how_to_start_it(
+    adapter: Adapter, kube: Kube, redis_server: RedisProcess, proxy: Zeroscale, timeline: Timeline
+) -> None:
+    """v1.37's HPA leaves a workload a person scaled to zero where it is (ScalingActive=False, ScalingDisabled;
+    ScaledToZero not True); the proxy, watching that HPA, does not wake it either and answers at once."""
+    if not kube.records_scaled_to_zero():
+        pytest.skip("before v1.37 the HPA records no ScaledToZero (routes use wake: always there)")
+    jobs = redis_server.client()
+    jobs.delete(STOPPED_KEY)
+    jobs.rpush(STOPPED_KEY, *range(5))  # work waiting: 1 replica's worth
+    kube.namespace(NAMESPACE)
+    kube.apply(
+        [
+            deployment(NAMESPACE, STOPPED, replicas=1),
+            external_hpa(NAMESPACE, STOPPED, "redis-jobs", {"key": STOPPED_KEY}, 10, 3),
+        ]
+    )
+    wait_for(lambda: hpa_reads_metric(kube.hpa(NAMESPACE, STOPPED)), 30, "the HPA reads the queue")
+
+    kube.kubectl("scale", "-n", NAMESPACE, "deployment", STOPPED, "--replicas=0")
+    wait_for(
+        lambda: hpa_condition(kube.hpa(NAMESPACE, STOPPED), "ScalingActive").get("reason") == "ScalingDisabled",
+        10,
+        "the HPA reports ScalingDisabled",
+    )
+    status, body, elapsed = _get(proxy.port, "/anything", STOPPED_HOST)
+    text = body.decode()
+    assert status == 503, text
+    assert f"Deployment {NAMESPACE}/{STOPPED} was stopped by hand" in text
+    assert f"kubectl scale -n {NAMESPACE} deployment/{STOPPED} --replicas=1" in text
+    time.sleep(2.5)  # one more HPA sync: neither woke it
+    assert kube.replicas(NAMESPACE, STOPPED) == 0
+    timeline.record(
+        f"proxy, stopped by hand: HPA ScalingActive=False/ScalingDisabled with 5 jobs queued; a request answered "
+        f"503 in {elapsed:.2f} s ({text.split(':')[0]}), target left at 0"
     )

@@ -22,7 +22,9 @@ def test_replicas_are_kept_while_the_adapter_is_down_and_scaling_resumes_after_r
     jobs.delete(KEY)
     jobs.rpush(KEY, *range(20))
     kube.namespace(NAMESPACE)
-    kube.apply([deployment(NAMESPACE, NAME), external_hpa(NAMESPACE, NAME, "redis-jobs", {"key": KEY}, 10, 5)])
+    kube.apply(
+        [deployment(NAMESPACE, NAME, replicas=1), external_hpa(NAMESPACE, NAME, "redis-jobs", {"key": KEY}, 10, 5)]
+    )
     wait_replicas(kube, NAMESPACE, NAME, 2)
 
     adapter.process.kill()

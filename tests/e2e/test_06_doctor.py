@@ -1,4 +1,4 @@
-"""`zeroscale doctor` against the real control plane: a working installation, then three broken ones."""
+"""`zeroscale doctor` against the real control plane: a working installation, then broken ones."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def diagnose_broken(
         breakage()
         status, findings = doctor(plane)
     finally:
-        kube.apply(install.shipped("hpa-rbac.yaml"))
+        kube.apply(install.shipped("hpa-rbac.yaml") + install.shipped("adapter-rbac.yaml"))
         install.register(kube, adapter.port, installed.certs)
         install.wait_available(kube)
     assert status == 1, findings
@@ -55,6 +55,11 @@ def test_doctor_passes_a_working_installation_and_names_each_breakage(
     assert failures(findings) == [], findings
     assert status == 0
     assert any(f["check"] == "APIService Available" and f["level"] == "ok" for f in findings)
+    by_check = {f["check"]: f for f in findings}
+    version = kube.get("/version")["gitVersion"]
+    assert by_check["Kubernetes version"]["message"] == version
+    scale_to_zero = by_check["HPA scale to zero"]
+    assert scale_to_zero["level"] == ("ok" if kube.server_minor() >= 37 else "warn"), scale_to_zero
     seen: list[str] = []
 
     # 1. The APIService names a port the Service does not have.
@@ -84,12 +89,24 @@ def test_doctor_passes_a_working_installation_and_names_each_breakage(
     assert any(f["check"] == "caBundle" and "did not sign the serving certificate" in f["message"] for f in found)
     seen.append("caBundle mismatch -> caBundle: did not sign the serving certificate")
 
-    # 3. The HPA controller may not read external metrics.
-    binding = f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{install.HPA_BINDING}"
+    # 3. Without the shipped binding the HPA controller may still read external metrics: v1.37's bootstrap role
+    # system:controller:horizontal-pod-autoscaler grants it (the binding is for clusters where it does not).
+    kube.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{install.HPA_BINDING}")
+    status, findings = doctor(plane)
+    assert (status, failures(findings)) == (0, []), findings
+    assert any(f["check"] == "HPA controller RBAC" and f["level"] == "ok" for f in findings), findings
+    kube.apply(install.shipped("hpa-rbac.yaml"))
+    seen.append("no shipped HPA binding -> still ok (bootstrap role grants it)")
+
+    # 4. The adapter may not review the callers' tokens and access.
+    binding = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/zeroscale-adapter:system:auth-delegator"
     found = diagnose_broken(plane, kube, adapter, installed, lambda: kube.delete(binding))
-    assert [f["check"] for f in found] == ["HPA controller RBAC"], found
-    seen.append("no HPA RBAC -> HPA controller RBAC: may not list")
+    checks = [f["check"] for f in found]
+    assert checks == ["adapter RBAC: create TokenReviews", "adapter RBAC: create SubjectAccessReviews"], found
+    seen.append("no auth-delegator binding -> adapter RBAC: may not create TokenReviews, SubjectAccessReviews")
 
     status, findings = doctor(plane)
     assert (status, failures(findings)) == (0, []), "repaired"
-    timeline.record("doctor: working install 0 problems; " + "; ".join(seen))
+    timeline.record(
+        f"doctor: {version}, HPA scale to zero {scale_to_zero['level']}; working install 0 problems; " + "; ".join(seen)
+    )

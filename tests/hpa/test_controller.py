@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from adapter.hpa import HorizontalController, MetricFailure
+from adapter.hpa import Decision, HorizontalController, MetricFailure
 from adapter.hpa.quantity import quantity_milli
 from tests.hpa.builders import condition, follow, make_controller, make_spec, sync
 
 FAST_DOWN = {"scaleDown": {"stabilizationWindowSeconds": 30}}
 
 
+def has_scaled_to_zero(decision: Decision) -> bool:
+    return any(found.type == "ScaledToZero" for found in decision.conditions)
+
+
 def test_scaled_to_zero_lifecycle() -> None:
-    """SPEC 5.5: False while running; True once the HPA itself scales to 0; False/NotScaledToZero after waking."""
+    """SPEC 5.5 as v1.37 runs it (checked in tests/e2e/test_08_hpa_table.py): set on rescales only; True once
+    the HPA itself scales to 0; False/NotScaledToZero after waking."""
     controller = make_controller(min_replicas=0, behavior=FAST_DOWN)
     decision, replicas = follow(controller, 0, 2, "20")
-    assert condition(decision, "ScaledToZero") == (False, "NotScaledToZero")
+    assert not has_scaled_to_zero(decision), "no rescale: the condition is not written"
     decision, replicas = follow(controller, 15, replicas, "0")
     assert replicas == 2  # the 30 s down window still holds the t=0 recommendation
     decision, replicas = follow(controller, 31, replicas, "0")
@@ -26,6 +31,27 @@ def test_scaled_to_zero_lifecycle() -> None:
     decision, replicas = follow(controller, 61, replicas, "35")
     assert (replicas, decision.rescale) == (4, True)  # ceil(35/10) = 4, within the default Pods 4 from 0
     assert condition(decision, "ScaledToZero") == (False, "NotScaledToZero")
+
+
+def test_every_other_rescale_says_not_scaled_to_zero_and_a_failed_read_says_nothing() -> None:
+    """v1.37 writes ScaledToZero=False on a rescale that does not end at 0 from above, whatever minReplicas;
+    a sync that cannot read its metric writes no ScaledToZero at all."""
+    immediate = {"scaleDown": {"stabilizationWindowSeconds": 0}}
+    decision = sync(make_controller(min_replicas=1, behavior=immediate), 0, 3, "0")
+    assert (decision.desired_replicas, decision.rescale) == (1, True)
+    assert condition(decision, "ScaledToZero") == (False, "NotScaledToZero")
+    failed = make_controller(min_replicas=0).sync(0, 2, 2, 2, [MetricFailure("the server is currently unable")])
+    assert not has_scaled_to_zero(failed)
+
+
+def test_woken_with_min_replicas_raised_since_the_metrics_decide() -> None:
+    """shouldComputeMetricsForZeroReplicas: ScaledToZero=True and minReplicas raised to 2 since: at 0 the metrics
+    are read (not the "below minReplicas" shortcut), and the count is at least minReplicas."""
+    decision = sync(make_controller(min_replicas=2, scaled_to_zero=True), 0, 0, "50")
+    assert (decision.desired_replicas, decision.rescale) == (4, True)  # ceil(50/10) = 5, the default Pods 4 from 0
+    assert condition(decision, "ScalingActive") == (True, "ValidMetricFound")
+    idle = sync(make_controller(min_replicas=2, scaled_to_zero=True), 0, 0, "0")
+    assert (idle.desired_replicas, condition(idle, "ScalingActive")) == (2, (True, "ValidMetricFound"))
 
 
 def test_no_wake_for_a_workload_someone_else_set_to_zero() -> None:

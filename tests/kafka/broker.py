@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.netutil import free_port, wait_for_port
@@ -105,17 +106,27 @@ class KafkaBroker:
         return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
 
 
-def describe_groups(bootstrap: str, groups: list[str]) -> dict[tuple[str, str, int], int | None]:
+@dataclass(frozen=True)
+class Described:
+    """One row of `kafka-consumer-groups --describe`; None where it prints `-`."""
+
+    current_offset: int | None
+    log_end_offset: int | None
+    lag: int | None
+
+
+def describe_groups(bootstrap: str, groups: list[str]) -> dict[tuple[str, str, int], Described]:
     """Kafka's own `kafka-consumer-groups.sh --describe`, from the same jars: (group, topic, partition)
-    -> its LAG column (None where it prints `-`: no committed offset)."""
+    -> its CURRENT-OFFSET, LOG-END-OFFSET and LAG columns (the partitions the group committed to)."""
     command = ["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", f"{kafka_jars()}/*"]
     command += ["org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", "--bootstrap-server", bootstrap]
     command += ["--describe", *(arg for group in groups for arg in ("--group", group))]
     out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120).stdout
-    lags: dict[tuple[str, str, int], int | None] = {}
+    rows: dict[tuple[str, str, int], Described] = {}
     for line in out.splitlines():
         fields = line.split()
         # GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG CONSUMER-ID HOST CLIENT-ID
         if len(fields) >= 6 and fields[0] in groups and fields[2].isdigit():
-            lags[(fields[0], fields[1], int(fields[2]))] = None if fields[5] == "-" else int(fields[5])
-    return lags
+            current, end, lag = (None if value == "-" else int(value) for value in fields[3:6])
+            rows[(fields[0], fields[1], int(fields[2]))] = Described(current, end, lag)
+    return rows

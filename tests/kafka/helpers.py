@@ -7,6 +7,7 @@ import itertools
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
+from prometheus_client import REGISTRY
 
 from adapter.config.kafka import KafkaMetric, KafkaSource
 from adapter.metrics.catalogue import Catalogue
@@ -65,3 +66,31 @@ async def read_lag(source: KafkaLag, metric: KafkaMetric, selector: str) -> int:
     _key, query = Catalogue([metric]).resolve(metric.name, "default", selector)
     samples = await source.query(query)
     return int(sum(sample.value for sample in samples))
+
+
+def exported(source: KafkaLag, topic: str) -> set[str]:
+    """Which per-partition series of `topic` the source has on /metrics."""
+    families = {
+        "zeroscale_kafka_committed_offset": "committed",
+        "zeroscale_kafka_log_start_offset": "start",
+        "zeroscale_kafka_log_end_offset": "end",
+        "zeroscale_kafka_partition_lag_messages": "lag",
+    }
+    return {
+        families[sample.name]
+        for family in REGISTRY.collect()
+        for sample in family.samples
+        if sample.name in families and sample.labels["source"] == source.name and sample.labels["topic"] == topic
+    }
+
+
+def exported_count(source: str) -> int:
+    """How many per-partition series the source has on /metrics."""
+    families = ("committed_offset", "log_start_offset", "log_end_offset", "invalid_offset_partitions")
+    names = {f"zeroscale_kafka_{family}" for family in families} | {"zeroscale_kafka_partition_lag_messages"}
+    return sum(
+        1
+        for family in REGISTRY.collect()
+        for sample in family.samples
+        if sample.name in names and sample.labels.get("source") == source
+    )

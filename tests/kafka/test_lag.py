@@ -15,17 +15,15 @@ from adapter.metrics.catalogue import Catalogue, SeriesKey
 from adapter.sources.base import SourceError, SourceQuery
 from adapter.sources.kafka import KafkaLag
 from tests.kafka.broker import KafkaBroker
-from tests.kafka.helpers import KafkaDriver, lag_metric, read_lag, source_config
+from tests.kafka.helpers import KafkaDriver, exported, exported_count, lag_metric, read_lag, source_config
 
 pytestmark = pytest.mark.kafka
 
 
-def partition_gauge(source: KafkaLag | str, group: str, topic: str, partition: int) -> float | None:
-    name = source if isinstance(source, str) else source.name
-    return REGISTRY.get_sample_value(
-        "zeroscale_kafka_partition_lag_messages",
-        {"source": name, "group": group, "topic": topic, "partition": str(partition)},
-    )
+def partition_gauge(source: KafkaLag, metric: KafkaMetric, group: str, topic: str, partition: int) -> float | None:
+    """The lag of one partition as `metric` counts it, on /metrics."""
+    labels = {"source": source.name, "metric": metric.name, "group": group, "topic": topic}
+    return REGISTRY.get_sample_value("zeroscale_kafka_partition_lag_messages", labels | {"partition": str(partition)})
 
 
 @pytest.mark.parametrize(
@@ -54,7 +52,9 @@ async def test_partial_commits(kafka: KafkaDriver, lag_source: KafkaLag, name: s
     earliest = lag_metric(lag_source.name, offset_reset_policy="earliest")
     assert await read_lag(lag_source, latest, f"group={name},topic={name}") == 3 + 1 + 0
     assert await read_lag(lag_source, earliest, f"group={name},topic={name}") == 3 + 5 + 0
-    assert [partition_gauge(lag_source, name, name, p) for p in range(3)] == [3, 5, 0]
+    # Each metric's own count, side by side, not one series both write into.
+    assert [partition_gauge(lag_source, latest, name, name, p) for p in range(3)] == [3, 1, 0]
+    assert [partition_gauge(lag_source, earliest, name, name, p) for p in range(3)] == [3, 5, 0]
 
 
 async def test_retention_deleted_messages_are_not_lag(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
@@ -92,7 +92,7 @@ async def test_partitions_added_are_picked_up(kafka: KafkaDriver, lag_source: Ka
     await kafka.produce(name, {2: 4, 3: 4})
     await kafka.commit(name, {(name, 2): 0, (name, 3): 2})
     assert await read_lag(lag_source, metric, f"group={name}") == 4 + 4 + 2
-    assert partition_gauge(lag_source, name, name, 3) == 2
+    assert partition_gauge(lag_source, metric, name, name, 3) == 2
 
 
 async def test_every_committed_topic_without_topic_label(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
@@ -158,9 +158,11 @@ async def test_deleted_topic_is_an_error_not_zero(kafka: KafkaDriver, lag_source
     await kafka.commit(name, {(name, 0): 2})
     metric = lag_metric(lag_source.name)
     assert await read_lag(lag_source, metric, f"group={name},topic={name}") == 0
+    assert exported(lag_source, name) == {"committed", "start", "end", "lag"}
     await kafka.admin.delete_topics([name])
     with pytest.raises(SourceError, match="does not exist"):
         await read_lag(lag_source, metric, f"group={name},topic={name}")
+    assert exported(lag_source, name) == set()  # the topic's series leave /metrics
 
 
 async def test_unknown_group_is_an_error_not_zero(lag_source: KafkaLag, name: str) -> None:
@@ -181,7 +183,8 @@ async def test_series_of_one_group_share_one_read(kafka: KafkaDriver, broker: Ka
             read_lag(source, one, f"group={name},partition=0"),
         )
         assert list(values) == [6, 6, 2]
-        assert requests(source.name) == {"Metadata": 2, "FindCoordinator": 1, "OffsetFetch": 1, "ListOffsets": 1}
+        # ListOffsets twice: the log end and the log start, sent together.
+        assert requests(source.name) == {"Metadata": 2, "FindCoordinator": 1, "OffsetFetch": 1, "ListOffsets": 2}
         await read_lag(source, one, f"group={name}")  # within offsets_max_age: no request at all
         assert requests(source.name)["OffsetFetch"] == 1
     finally:
@@ -203,9 +206,20 @@ async def test_groups_read_together_share_list_offsets(kafka: KafkaDriver, broke
         assert values == [8 - 4 * (i % 3) for i in range(5)]
         after = requests(source.name)
         sent = {api: after.get(api, 0) - before.get(api, 0) for api in after}
-        # One OffsetFetch per group; one ListOffsets for all of them (one leader); metadata still fresh.
-        assert sent["OffsetFetch"] == 5
-        assert sent["ListOffsets"] == 1
+        # One OffsetFetch (v8) per coordinator for all the groups; one ListOffsets per leader for the log
+        # end and one for the log start; metadata still fresh.
+        assert sent["OffsetFetch"] == 1
+        assert sent["ListOffsets"] == 2
+        assert sent.get("FindCoordinator", 0) == len(groups) - 1  # each new group's coordinator, once
+        # A broker whose ApiVersions stops below OffsetFetch v8 (before Kafka 3.0) is asked group by group.
+        # Stand-in: the real connections' negotiated versions, lowered as an old broker would answer.
+        client = await source._conn.client()
+        for conn in client._conns.values():
+            conn._versions[9] = (1, 7)
+        older = requests(source.name)["OffsetFetch"]
+        values = await asyncio.gather(*(read_lag(source, metric, f"group={group}") for group in groups))
+        assert values == [8 - 4 * (i % 3) for i in range(5)]
+        assert requests(source.name)["OffsetFetch"] - older == 5
         assert sent["Metadata"] == 0
     finally:
         await source.close()
@@ -228,18 +242,18 @@ async def test_partition_series_are_capped(kafka: KafkaDriver, broker: KafkaBrok
     await kafka.topic(name, 4)
     await kafka.produce(name, {p: 3 for p in range(4)})
     await kafka.commit(name, {(name, p): p for p in range(4)})
-    source = KafkaLag(source_config(broker.bootstrap, partition_lag_series_limit=2))
+    source = KafkaLag(source_config(broker.bootstrap, partition_lag_series_limit=5))
     try:
         assert await read_lag(source, lag_metric(source.name), f"group={name}") == 3 + 2 + 1
-        exported = [partition_gauge(source, name, name, p) for p in range(4)]
-        assert exported == [3, 2, None, None]
+        # Per partition: committed, log start, log end and the metric's lag; per group: 3 invalid counts.
+        assert exported_count(source.name) == 5
         dropped = REGISTRY.get_sample_value(
             "zeroscale_kafka_partition_lag_series_dropped_total", {"source": source.name}
         )
-        assert dropped == 2
+        assert dropped == 4 * 4 + 3 - 5
     finally:
         await source.close()
-    assert partition_gauge(source, name, name, 0) is None  # closing removes the source's series
+    assert exported_count(source.name) == 0  # closing removes the source's series
 
 
 async def test_lag_reads_through_a_rebalance(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:

@@ -36,6 +36,9 @@ def lags(*values: int) -> list[PartitionLag]:
         (PartitionOffsets(committed=NO_COMMIT, end=10, start=4), {}, 1),
         (PartitionOffsets(committed=NO_COMMIT, end=10, start=4), {"offset_reset_policy": "earliest"}, 6),
         (PartitionOffsets(committed=NO_COMMIT, end=0, start=0), {}, 1),
+        # A commit below the log start points at records retention removed: the consumer resets.
+        (PartitionOffsets(committed=50, end=210, start=200), {}, 1),
+        (PartitionOffsets(committed=50, end=210, start=200), {"offset_reset_policy": "earliest"}, 10),
         (PartitionOffsets(committed=NO_COMMIT, end=10, start=4), {"scale_to_zero_on_invalid_offset": True}, 0),
         # A commit beyond the log end (topic recreated) is invalid, like no commit, under both policies.
         (PartitionOffsets(committed=50, end=10, start=2), {}, 1),

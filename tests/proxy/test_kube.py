@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from adapter.config.proxy import ScaleTarget
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import ready_addresses
 from tests.kube_standin import KubeStandIn, Reply, status_body
@@ -28,6 +29,7 @@ from tests.proxy.upstream_app import Upstream
 def kube() -> Iterator[KubeStandIn]:
     with KubeStandIn(tls=False, token="proxy-token") as standin:
         standin.serve_collection(SLICES_V1, "EndpointSliceList")
+        standin.serve_collection(HPAS, "HorizontalPodAutoscalerList")
         yield standin
 
 
@@ -48,6 +50,27 @@ def service_route(name: str, **overrides: Any) -> dict[str, Any]:
         "limits": {"hold_timeout": 15},
         **overrides,
     }
+
+
+HPAS = r"/apis/autoscaling/v2/namespaces/[^/]+/horizontalpodautoscalers"
+
+
+def hpa(scaled_to_zero: str | None, target: str = "web") -> dict[str, Any]:
+    """An HPA scaling Deployment `target`, with its ScaledToZero condition at `scaled_to_zero` (None: absent)."""
+    conditions = [{"type": "ScalingActive", "status": "False", "reason": "ScalingDisabled"}]
+    if scaled_to_zero is not None:
+        reason = "ScaledToZero" if scaled_to_zero == "True" else "NotScaledToZero"
+        conditions.append({"type": "ScaledToZero", "status": scaled_to_zero, "reason": reason})
+    return {
+        "kind": "HorizontalPodAutoscaler",
+        "apiVersion": "autoscaling/v2",
+        "metadata": {"name": f"{target}-hpa", "namespace": "default"},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target}, "maxReplicas": 3},
+        "status": {"conditions": conditions},
+    }
+
+
+HPA_COLLECTION = "/apis/autoscaling/v2/namespaces/default/horizontalpodautoscalers"
 
 
 def wakes(route: str, result: str) -> float:
@@ -107,6 +130,69 @@ async def test_a_conflicting_change_is_read_again_and_respected(kube: KubeStandI
     assert scale.replicas == 3  # re-read: no longer 0, so left alone
     assert len(scale.patches) == 1
     assert wakes("racy", "conflict") >= 1
+
+
+async def test_a_target_its_hpa_did_not_scale_to_zero_is_not_woken_and_the_requests_say_why(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """A person's `kubectl scale --replicas=0`: the HPA has not ScaledToZero=True, so v1.37's HPA leaves it at
+    zero, and so does the proxy: the held request is answered at once (not after hold_timeout) with 503 and
+    how to start it. Once the HPA's condition turns True (it scaled it to zero itself), requests wake it."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    kube.put(HPA_COLLECTION, hpa("False"))
+    route = service_route("stopped", limits={"hold_timeout": 30})
+    async with running_proxy([route], kube=kube_client) as server:
+        await until(lambda: server.intents["default"].synced)
+        response = await asyncio.wait_for(request(server.port, get()), 5)
+        assert response.status == 503
+        body = response.body.decode()
+        assert "Deployment default/web was stopped by hand" in body
+        assert "its HorizontalPodAutoscaler web-hpa did not scale it there" in body
+        assert "kubectl scale -n default deployment/web --replicas=1" in body
+        assert scale.patches == []
+        assert wakes("stopped", "refused") >= 1
+
+        kube.put(HPA_COLLECTION, hpa("True"))  # the HPA scaled it to zero itself
+        await until(lambda: server.intents["default"].refusal(route_target(), True) is None)
+        pending = asyncio.create_task(request(server.port, get()))
+        await until(lambda: scale.replicas == 1)
+        pending.cancel()
+        await asyncio.gather(pending, return_exceptions=True)
+
+
+async def test_wake_always_wakes_what_a_person_stopped(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    kube.put(HPA_COLLECTION, hpa(None))
+    async with running_proxy([service_route("always", wake="always")], kube=kube_client) as server:
+        assert server.intents == {}, "wake: always watches no HPAs"
+        pending = asyncio.create_task(request(server.port, get()))
+        await until(lambda: scale.replicas == 1)
+        pending.cancel()
+        await asyncio.gather(pending, return_exceptions=True)
+
+
+async def test_a_target_without_hpa_wakes_unless_the_route_says_otherwise(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    kube.put(HPA_COLLECTION, hpa("True", target="other"))
+    strict = service_route("strict", wake_without_hpa=False)
+    async with running_proxy([strict], kube=kube_client) as server:
+        await until(lambda: server.intents["default"].synced)
+        response = await asyncio.wait_for(request(server.port, get()), 5)
+        assert response.status == 503
+        assert "no HorizontalPodAutoscaler scales it" in response.body.decode()
+        assert scale.patches == []
+    async with running_proxy([service_route("lenient")], kube=kube_client) as server:
+        await until(lambda: server.intents["default"].synced)
+        pending = asyncio.create_task(request(server.port, get()))
+        await until(lambda: scale.replicas == 1)
+        pending.cancel()
+        await asyncio.gather(pending, return_exceptions=True)
+
+
+def route_target() -> ScaleTarget:
+    return ScaleTarget(namespace="default", kind="Deployment", name="web")
 
 
 async def test_hpa_mode_only_reports_counts(kube: KubeStandIn, kube_client: KubeClient) -> None:

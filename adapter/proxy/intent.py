@@ -1,0 +1,102 @@
+"""Whether waking a target at zero goes along with what its HPA intends (route `wake: scale`).
+
+Kubernetes v1.37's HPA scales a workload up from zero only if it scaled it there itself (its `ScaledToZero`
+condition is True); a workload found at zero otherwise was stopped by a person (`kubectl scale
+--replicas=0`) and the HPA leaves it there. The proxy respects the same intent: it wakes a target only when
+an HPA that scales it has ScaledToZero=True, or when no HPA scales it and the route's `wake_without_hpa`
+allows it. Otherwise held requests are answered at once with 503 and a body that says how to start the
+workload again. Until the first list of HPAs has arrived the intent is unknown and the proxy wakes, as it
+did before it watched HPAs (`wake: always` keeps that behaviour for good).
+
+One watcher per namespace, shared by that namespace's routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from adapter.config.proxy import ScaleTarget
+from adapter.kube.client import KubeAPIError, KubeClient, KubeError
+from adapter.kube.hpas import list_hpas, scaled_to_zero, targets, watch_hpas
+
+log = logging.getLogger(__name__)
+_BACKOFF_START, _BACKOFF_MAX = 0.5, 30.0
+
+
+class HPAIntent:
+    """The HPAs of one namespace, kept current by a watch."""
+
+    def __init__(self, kube: KubeClient, namespace: str) -> None:
+        self._kube = kube
+        self.namespace = namespace
+        self._hpas: dict[str, dict[str, Any]] | None = None  # None until the first list
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    @property
+    def synced(self) -> bool:
+        """The first list of HPAs has arrived (until then every wake goes ahead)."""
+        return self._hpas is not None
+
+    def refusal(self, target: ScaleTarget, wake_without_hpa: bool) -> str | None:
+        """None when the target may be woken; otherwise what the held requests are answered with."""
+        if self._hpas is None:
+            return None
+        scaling = [name for name, hpa in self._hpas.items() if targets(hpa, target.kind, target.name)]
+        where = f"{target.kind} {target.namespace}/{target.name}"
+        start = f"kubectl scale -n {target.namespace} {target.kind.lower()}/{target.name} --replicas=1"
+        if not scaling:
+            if wake_without_hpa:
+                return None
+            return (
+                f"{where} is at 0 replicas and no HorizontalPodAutoscaler scales it; this route wakes only what "
+                f"an HPA scaled to zero (wake_without_hpa: false). Start it with: {start}"
+            )
+        if any(scaled_to_zero(self._hpas[name]) for name in scaling):
+            return None
+        return (
+            f"{where} was stopped by hand: it is at 0 replicas, but its HorizontalPodAutoscaler {scaling[0]} did "
+            f"not scale it there (ScaledToZero is not True), so neither the HPA nor this proxy starts it. "
+            f"Start it again with: {start}"
+        )
+
+    async def _run(self) -> None:
+        backoff = _BACKOFF_START
+        while True:
+            try:
+                path, hpas, version = await list_hpas(self._kube, self.namespace)
+                self._hpas = hpas
+                async for event in watch_hpas(self._kube, path, version):
+                    _apply(hpas, event)
+                backoff = _BACKOFF_START
+                continue
+            except KubeAPIError as err:
+                if err.status == 410:
+                    continue  # our resourceVersion is too old: list again at once
+                hint = " (grant list and watch on horizontalpodautoscalers, or use wake: always)"
+                log.warning("HPA watch in %s failed: %s%s", self.namespace, err, hint if err.status == 403 else "")
+            except KubeError as err:
+                log.warning("HPA watch in %s failed: %s", self.namespace, err)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _BACKOFF_MAX)
+
+
+def _apply(hpas: dict[str, dict[str, Any]], event: dict[str, Any]) -> None:
+    kind = event.get("type")
+    obj = event.get("object") or {}
+    name = (obj.get("metadata") or {}).get("name")
+    if not name or kind not in ("ADDED", "MODIFIED", "DELETED"):
+        return  # BOOKMARK and the like
+    if kind == "DELETED":
+        hpas.pop(name, None)
+    else:
+        hpas[name] = obj

@@ -1,0 +1,102 @@
+"""Watched groups are read every poll_interval and a change reaches the cache's series (the API value
+and StreamIsActive, here through the adapter's own gRPC server) at once, not after the series interval;
+series no longer read leave /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from adapter.api.run import serve
+from adapter.config.server import CacheConfig
+from adapter.metrics.cache import MetricCache, Reading
+from adapter.metrics.catalogue import Catalogue
+from adapter.sources.kafka import KafkaLag
+from tests.adapter_inprocess import wait_listening
+from tests.kafka.broker import KafkaBroker
+from tests.kafka.helpers import KafkaDriver, exported, lag_metric, source_config
+from tests.netutil import free_port
+from tests.rpc.conftest import adapter_config, ref, scaler_stub
+
+pytestmark = pytest.mark.kafka
+
+# The defaults of offsets_max_age and metadata_max_age (source_config sets 0 for the other tests).
+DEFAULT_AGES = {"offsets_max_age": 5.0, "metadata_max_age": 5.0}
+
+
+async def test_a_produce_reaches_the_value_and_the_subscribers_before_the_series_interval(
+    kafka: KafkaDriver, broker: KafkaBroker, name: str
+) -> None:
+    await kafka.topic(name, 1)
+    await kafka.produce(name, {0: 2})
+    await kafka.commit(name, {(name, 0): 2})
+    source = KafkaLag(source_config(broker.bootstrap, **DEFAULT_AGES))
+    metric = lag_metric(source.name, allow_idle_consumers=True)
+    config = CacheConfig()  # interval 5s: without the source's push the lag shows after up to 5s + 5s
+    cache = MetricCache(Catalogue([metric]), {source.name: source}, config)
+    selector = f"group={name},topic={name}"
+    key, _query = Catalogue([metric]).resolve(metric.name, "default", selector)
+    pushed: asyncio.Queue[Reading] = asyncio.Queue()
+    unsubscribe = cache.subscribe(key, pushed.put_nowait)
+    try:
+        assert (await cache.read(metric.name, "default", selector)).value == 0
+        await kafka.produce(name, {0: 3})
+        # Well inside the series interval: a value this early can only come from the push.
+        async with asyncio.timeout(config.interval / 2):
+            while (await pushed.get()).value != 3:
+                pass
+        assert (await cache.read(metric.name, "default", selector)).value == 3
+    finally:
+        unsubscribe()
+        await cache.close()
+        await source.close()
+
+
+async def test_series_no_longer_read_leave_metrics(kafka: KafkaDriver, broker: KafkaBroker, name: str) -> None:
+    await kafka.topic(name, 1)
+    await kafka.produce(name, {0: 2})
+    await kafka.commit(name, {(name, 0): 1})
+    source = KafkaLag(source_config(broker.bootstrap, **DEFAULT_AGES))
+    metric = lag_metric(source.name)
+    cache = MetricCache(Catalogue([metric]), {source.name: source}, CacheConfig(interval=0.1, idle_ttl=0.3))
+    try:
+        assert (await cache.read(metric.name, "default", f"group={name}")).value == 1
+        assert exported(source, name) == {"committed", "start", "end", "lag"}
+        # idle_ttl passes, the cache drops the series, the source forgets the group.
+        for _ in range(100):
+            if not exported(source, name):
+                break
+            await asyncio.sleep(0.1)
+        assert exported(source, name) == set()
+    finally:
+        await cache.close()
+        await source.close()
+
+
+async def test_a_produce_flips_stream_is_active_without_waiting_for_the_interval(
+    kafka: KafkaDriver, broker: KafkaBroker, name: str
+) -> None:
+    await kafka.topic(name, 1)
+    await kafka.produce(name, {0: 2})
+    await kafka.commit(name, {(name, 0): 2})
+    source = {"name": f"events-{name}", "type": "kafka", "bootstrap_servers": [broker.bootstrap]}
+    labels = {"group": {"required": True}, "topic": {}}
+    metric = {"name": "kafka-lag", "type": "kafka", "source": source["name"], "labels": labels}
+    config = adapter_config(free_port(), [source], [metric])  # the cache's interval is 60 s: only a push is quick
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(config, stop))
+    try:
+        await wait_listening(task, config.grpc.scaler.port, "the adapter's gRPC server")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{config.grpc.scaler.port}") as channel:
+            call = scaler_stub(channel).StreamIsActive(ref("kafka-lag", f"group={name},topic={name}"))
+            assert (await asyncio.wait_for(call.read(), 10)).result is False
+            await kafka.produce(name, {0: 1})
+            async with asyncio.timeout(10):  # far below the interval; heartbeats repeat the state meanwhile
+                while not (await call.read()).result:
+                    pass
+            call.cancel()
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, 10) == 0

@@ -1,0 +1,50 @@
+"""OffsetFetch v8 on the wire, byte for byte against the layout of Kafka's OffsetFetchRequest.json and
+OffsetFetchResponse.json (flexible: compact lengths are unsigned varints plus one, tagged fields)."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapter.sources.kafka_protocol import MultiGroupUnsupported, OffsetFetchGroups, OffsetFetchResponseV8
+
+
+def test_the_request_lists_the_groups_with_null_topics() -> None:
+    request = OffsetFetchGroups(["a", "bc"]).prepare({9: (0, 9)})
+    assert request.API_VERSION == 8
+    # groups: 2 (+1); "a"; topics null; no tags; "bc"; topics null; no tags; require_stable false; no tags
+    assert request.encode() == bytes([3, 2]) + b"a" + bytes([0, 0, 3]) + b"bc" + bytes([0, 0, 0, 0])
+    # Request header v2: api key 9, version 8, correlation id, client id (int16 length), no tags
+    header = request.build_request_header(7, "z").encode()
+    assert header == bytes([0, 9, 0, 8, 0, 0, 0, 7, 0, 1]) + b"z" + bytes([0])
+
+
+def test_a_broker_without_v8_is_refused_before_anything_is_sent() -> None:
+    with pytest.raises(MultiGroupUnsupported):
+        OffsetFetchGroups(["a"]).prepare({9: (1, 7)})
+
+
+def test_the_response_gives_each_group_its_offsets_and_error() -> None:
+    payload = (
+        bytes([0, 0, 0, 0])  # throttle_time_ms
+        + bytes([3])  # two groups
+        + bytes([2])
+        + b"g"
+        + bytes([2, 2])  # one topic "t"
+        + b"t"
+        + bytes([2])  # one partition
+        + bytes([0, 0, 0, 4])  # partition 4
+        + (42).to_bytes(8, "big")  # committed offset
+        + bytes([255, 255, 255, 255])  # leader epoch -1
+        + bytes([0])  # metadata null
+        + bytes([0, 0])  # error 0
+        + bytes([0, 0])  # partition tags, topic tags
+        + bytes([0, 0, 0])  # group error 0, group tags
+        + bytes([2])
+        + b"h"
+        + bytes([1])  # topics: empty
+        + bytes([0, 69, 0])  # group error 69 (GROUP_ID_NOT_FOUND), tags
+        + bytes([0])  # response tags
+    )
+    response = OffsetFetchResponseV8.decode(payload)
+    groups = [(group, topics, error) for group, topics, error, _tags in response.groups]
+    assert groups == [("g", [("t", [(4, 42, -1, None, 0, {})], {})], 0), ("h", [], 69)]

@@ -1,0 +1,267 @@
+"""Issue 12 items 3 and 13, issue 20 item 3 (Quantity part): no caller can fill the series table or make
+another caller's read fail; namespaces and selectors are validated and normalised; a value the HPA would
+misread is an error, never a number."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import grpc
+import pytest
+
+from adapter.api.run import serve
+from adapter.config.base import SelectorLabel
+from adapter.config.server import CacheConfig
+from adapter.config.static import StaticMetric
+from adapter.metrics.cache import MetricCache
+from adapter.metrics.catalogue import Catalogue
+from adapter.metrics.errors import BadSelector, MetricUnavailable
+from adapter.rpc.generated import externalscaler_pb2 as pb
+from adapter.sources.base import Source
+from adapter.telemetry import cache as telemetry
+from tests.adapter_inprocess import wait_listening
+from tests.core.test_cache import Clock, ScriptedSource
+from tests.netutil import free_port
+from tests.rpc.conftest import adapter_config, ref, scaler_stub
+from tests.security.api_serving import connect, read_all, run, serving
+
+LIST = "/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/demo-queue-depth"
+
+
+def _cache(source: Source, clock: Clock | None = None, pattern: str = ".+", **config: object) -> MetricCache:
+    metric = StaticMetric.model_validate(
+        {"name": "Jobs", "type": "static", "source": "q", "labels": {"queue": SelectorLabel(pattern=pattern)}}
+    )
+    settings = CacheConfig.model_validate({"interval": 3600, "max_staleness": 60, **config})
+    return MetricCache(Catalogue([metric]), {"q": source}, settings, clock=clock or Clock())
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Wait for background refreshes (real time, a few intervals); fail after 10 s."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition did not become true within 10 s")
+
+
+async def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    reader, writer = await connect(port, tls=True)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    answer = await read_all(reader)
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+@pytest.mark.parametrize(
+    "namespace",
+    [
+        "..",
+        "",
+        "default%00",
+        "kube-system%2F..%2Fdefault",
+        "Default",
+        "a" * 64,
+        "-default",
+        "default-",
+        "a_b",
+        "%2E%2E",
+    ],
+)
+def test_a_namespace_kubernetes_could_not_have_is_a_400(namespace: str) -> None:
+    async def scenario() -> None:
+        async with serving({}) as ports:
+            code, status = await _get(ports.api, LIST.format(namespace=namespace))
+            assert (code, status["reason"]) == (400, "BadRequest"), status
+            assert "DNS-1123 label" in status["message"]
+            code, _ = await _get(ports.api, LIST.format(namespace="a" * 63))
+            assert code == 200
+
+    run(scenario())
+
+
+def test_an_unsatisfiable_selector_is_a_400_that_says_so() -> None:
+    """Issue 12 item 13: `queue in (orders,emails),queue=c` was served as `queue=c`."""
+
+    async def scenario() -> None:
+        async with serving({}) as ports:
+            path = LIST.format(namespace="default") + "?labelSelector=queue+in+%28orders%2Cemails%29%2Cqueue%3Dc"
+            code, status = await _get(ports.api, path)
+            assert code == 400, status
+            assert "can never all hold: the selector matches nothing" in status["message"]
+            both = LIST.format(namespace="default") + "?labelSelector=queue+in+%28orders%2Cemails%29%2Cqueue%3Demails"
+            code, listing = await _get(ports.api, both)
+            assert (code, listing["items"][0]["value"]) == (200, "500m")  # the intersection: emails alone
+
+    run(scenario())
+
+
+async def test_comparison_operands_are_checked_against_the_labels_pattern() -> None:
+    cache = _cache(ScriptedSource(), pattern="[a-z]+")
+    for bound in range(50):
+        with pytest.raises(BadSelector, match="does not match the pattern"):
+            await cache.read("jobs", "default", f"queue>{bound}")
+    assert cache.series_count() == 0
+    await cache.close()
+
+
+async def test_equivalent_spellings_share_one_series() -> None:
+    source = ScriptedSource()
+    cache = _cache(source)
+    spellings = ["queue in (a,b)", "queue in (b,a)", "queue in ( b , a , a )", "queue in (a,b,c),queue notin (c)"]
+    spellings += ["queue in (a,b),queue", "queue in (a,b),queue!=z"]
+    for text in spellings:
+        await cache.read("jobs", "default", text)
+    comparisons = ["queue>5", "queue>05", "queue>+5", "queue>1,queue>5"]
+    for text in comparisons:
+        await cache.read("jobs", "default", text)
+    assert cache.series_count() == 2
+    assert source.queries == 2
+    await cache.close()
+
+
+async def test_a_flood_of_selectors_in_one_namespace_leaves_other_namespaces_served() -> None:
+    """The reported flood: 10,000 `queue>N` selectors filled cache.max_series and a new HPA got 503."""
+    source = ScriptedSource()
+    cache = _cache(source, max_series=1000, max_series_per_namespace=100)
+    live = await cache.read("jobs", "prod", "queue=orders")
+    refused = telemetry.SERIES_REFUSED.labels("max_series_per_namespace")._value.get()
+    answered, refusals = 0, set()
+    for bound in range(10_000):
+        try:
+            await cache.read("jobs", "attacker", f"queue>{bound}")
+            answered += 1
+        except MetricUnavailable as err:
+            refusals.add(err.message)
+    assert answered == 100
+    assert refusals == {
+        "namespace attacker already has 100 series in the cache (cache.max_series_per_namespace); "
+        "raise it or narrow the selectors used in this namespace"
+    }
+    assert telemetry.SERIES_REFUSED.labels("max_series_per_namespace")._value.get() == refused + 9_900
+    # The live series was not evicted, and a new HPA in another namespace is served.
+    assert (await cache.read("jobs", "prod", "queue=orders")) is live
+    assert (await cache.read("jobs", "staging", "queue=orders")).value == Decimal(7)
+    await cache.close()
+
+
+async def test_a_full_table_refuses_new_series_and_keeps_the_live_ones() -> None:
+    cache = _cache(ScriptedSource(), max_series=3, max_series_per_namespace=3)
+    live = [await cache.read("jobs", namespace, "queue=a") for namespace in ("a", "b", "c")]
+    with pytest.raises(MetricUnavailable, match=r"\(cache.max_series\)"):
+        await cache.read("jobs", "d", "queue=a")
+    assert [await cache.read("jobs", namespace, "queue=a") for namespace in ("a", "b", "c")] == live
+    await cache.close()
+
+
+async def test_a_series_that_never_answered_is_not_refreshed_after_its_failure() -> None:
+    source = ScriptedSource()
+    source.failure = "no such queue"
+    clock = Clock()
+    cache = _cache(source, clock, interval=0.02)
+    for bound in range(20):
+        with pytest.raises(MetricUnavailable, match="no such queue"):
+            await cache.read("jobs", "default", f"queue>{bound}")
+    await asyncio.sleep(0.3)  # fifteen intervals: the old cache refreshed each of the 20 series every one of them
+    assert source.queries == 20
+    assert cache.series_count() == 0
+    await cache.close()
+
+
+async def test_a_failing_series_logs_one_line_per_interval_with_a_count(caplog: pytest.LogCaptureFixture) -> None:
+    source = ScriptedSource()
+    clock = Clock()
+    cache = _cache(source, clock, interval=0.01)
+    await cache.read("jobs", "default", "queue=a")  # answered once: its refreshes go on while it fails
+    source.failure = "connection refused"
+    with caplog.at_level(logging.WARNING, logger="adapter.metrics.cache"):
+        await _until(lambda: source.queries >= 30)
+        assert len(caplog.records) == 1
+        clock.now += 61
+        queries = source.queries
+        await _until(lambda: source.queries > queries)
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 2, lines
+    assert "connection refused" in lines[0]
+    assert "similar lines suppressed)" in lines[1]
+    await cache.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "cause"),
+    [
+        (Decimal("9223372036854775.808"), "too large for a Kubernetes Quantity"),
+        (Decimal("-9223372036854775.809"), "too large for a Kubernetes Quantity"),
+        (Decimal(2**64 + 3), "too large for a Kubernetes Quantity"),
+        (Decimal("NaN"), "not a finite number"),
+        (Decimal("Infinity"), "not a finite number"),
+        (Decimal("sNaN"), "not a finite number"),
+    ],
+)
+async def test_a_value_the_hpa_would_misread_is_an_error_not_a_number(value: Decimal, cause: str) -> None:
+    source = ScriptedSource()
+    source.value = Decimal(5)
+    cache = _cache(source, interval=0.01)
+    assert (await cache.read("jobs", "default", "queue=a")).value == 5
+    refused = telemetry.VALUES_REFUSED.labels("jobs")._value.get()
+    source.value = value
+    await _until(lambda: source.queries >= 3)
+    # Not the number, and not the last good one either: the source says something else now.
+    with pytest.raises(MetricUnavailable, match=cause):
+        await cache.read("jobs", "default", "queue=a")
+    assert telemetry.VALUES_REFUSED.labels("jobs")._value.get() > refused
+    await cache.close()
+
+
+async def test_the_largest_servable_values_are_served() -> None:
+    for value in (Decimal("9223372036854775.807"), Decimal("-9223372036854775.808")):
+        source = ScriptedSource()
+        source.value = value
+        cache = _cache(source)
+        assert (await cache.read("jobs", "default", "queue=a")).value == value
+        await cache.close()
+
+
+def test_an_overflowing_static_value_is_a_503_with_its_cause_on_the_api() -> None:
+    metrics = [{"name": "Demo-Queue-Depth", "type": "static", "source": "huge"}]
+
+    async def scenario() -> None:
+        async with serving({}, metrics=metrics, sources=[_huge_source()]) as ports:
+            code, status = await _get(ports.api, LIST.format(namespace="default"))
+            assert (code, status["reason"]) == (503, "ServiceUnavailable"), status
+            assert "too large for a Kubernetes Quantity" in status["message"]
+
+    run(scenario())
+
+
+def _huge_source() -> dict[str, Any]:
+    return {"name": "huge", "type": "static", "series": [{"value": "9223372036854775807"}]}
+
+
+def test_an_overflowing_value_is_an_error_on_the_grpc_scaler_too() -> None:
+    """The scaler reads the same cache: KEDA gets UNAVAILABLE with the cause, never the wrapped number."""
+
+    async def scenario() -> None:
+        metrics = [{"name": "Demo-Queue-Depth", "type": "static", "source": "huge"}]
+        config = adapter_config(free_port(), [_huge_source()], metrics)
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(config, stop))
+        await wait_listening(task, config.grpc.scaler.port, "the scaler")
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{config.grpc.scaler.port}") as channel:
+                stub = scaler_stub(channel)
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    await stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref(selector="")))
+                assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert "too large for a Kubernetes Quantity" in (failed.value.details() or "")
+        finally:
+            stop.set()
+            assert await asyncio.wait_for(task, 10) == 0
+
+    run(scenario())
