@@ -19,10 +19,10 @@ from typing import Any, NoReturn, TypeAlias
 import grpc
 
 from adapter.telemetry import rpc as telemetry
-from adapter.telemetry.throttled import ThrottledLog
+from adapter.telemetry.throttle import LogThrottle, held_back
 
 log = logging.getLogger(__name__)
-_throttled = ThrottledLog(log)
+_throttle = LogThrottle(10.0)
 
 # gRPC's own limit, as a multiple of max_message_bytes: a backstop that keeps memory bounded.
 CORE_LIMIT_FACTOR = 4
@@ -61,13 +61,9 @@ class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
     async def _refuse(self, method: str, refusal: _Refusal, context: _Context) -> NoReturn:
         telemetry.GRPC_REQUESTS.labels(self._server, method, refusal.code.name).inc()
-        _throttled.warn(
-            f"{self._server}/{method}/{refusal.code.name}",
-            "grpc.%s: %s refused: %s",
-            self._server,
-            method,
-            refusal.message,
-        )
+        held = _throttle.allow((self._server, method, refusal.code))
+        if held is not None:
+            log.warning("grpc.%s: %s refused: %s%s", self._server, method, refusal.message, held_back(held))
         await context.abort(refusal.code, refusal.message)
 
     async def intercept_service(

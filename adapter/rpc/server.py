@@ -20,10 +20,10 @@ from adapter.rpc.guard import CORE_LIMIT_FACTOR, RequestGuard
 from adapter.rpc.latency import LatencyInterceptor
 from adapter.rpc.tls import ReloadingServerCredentials
 from adapter.telemetry import rpc as telemetry
-from adapter.telemetry.throttled import ThrottledLog
+from adapter.telemetry.throttle import LogThrottle, held_back
 
 log = logging.getLogger(__name__)
-_throttled = ThrottledLog(log)
+_throttle = LogThrottle(10.0)
 
 _GRACE_SECONDS = 1.0
 
@@ -130,7 +130,9 @@ class _Slot:
         if refusal is not None:
             limit, message = refusal
             telemetry.GRPC_STREAMS_REFUSED.labels(slots._server, limit).inc()
-            _throttled.warn(f"{slots._server}/{limit}", "grpc.%s: %s refused: %s", slots._server, self._method, message)
+            held = _throttle.allow((slots._server, limit))
+            if held is not None:
+                log.warning("grpc.%s: %s refused: %s%s", slots._server, self._method, message, held_back(held))
             await self._context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         slots._take(self._peer, self._wake)
         telemetry.GRPC_STREAMS.labels(slots._server, self._method).inc()
