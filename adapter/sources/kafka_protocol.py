@@ -14,6 +14,8 @@ Response v8: throttle_time_ms, groups [group_id, topics [name, partitions [parti
 
 from __future__ import annotations
 
+import struct
+from io import BytesIO
 from typing import Any
 
 from aiokafka.protocol.api import Request, RequestStruct, Response
@@ -23,6 +25,12 @@ from aiokafka.protocol.types import Boolean, CompactArray, CompactString, Int16,
 _OFFSET_FETCH = 9
 _MULTI_GROUP_VERSION = 8
 _NO_TAGS: dict[int, bytes] = {}
+
+
+# A partition's fixed head in the response: partition_index, committed_offset, committed_leader_epoch.
+_PARTITION_HEAD = struct.Struct(">iqi")
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
 
 
 class MultiGroupUnsupported(Exception):
@@ -62,6 +70,71 @@ class OffsetFetchResponseV8(Response):  # type: ignore[misc]
         ),
         ("tags", TaggedFields),
     )
+
+    @classmethod
+    def decode(cls, data: BytesIO | bytes) -> OffsetFetchResponseV8:
+        """What SCHEMA decodes, read directly: the generic reader makes some thirty calls a partition,
+        and one answer for a round of many groups holds thousands of partitions."""
+        buf = data.read() if isinstance(data, BytesIO) else data
+        (throttle,) = _INT32.unpack_from(buf, 0)
+        count, pos = _uvarint(buf, 4)
+        groups = []
+        for _ in range(count - 1):
+            group, pos = _string(buf, pos)
+            topic_count, pos = _uvarint(buf, pos)
+            topics = []
+            for _ in range(topic_count - 1):
+                name, pos = _string(buf, pos)
+                partition_count, pos = _uvarint(buf, pos)
+                partitions = []
+                for _ in range(partition_count - 1):
+                    index, offset, epoch = _PARTITION_HEAD.unpack_from(buf, pos)
+                    metadata, pos = _string(buf, pos + _PARTITION_HEAD.size)
+                    (error,) = _INT16.unpack_from(buf, pos)
+                    tags, pos = _tags(buf, pos + 2)
+                    partitions.append((index, offset, epoch, metadata, error, tags))
+                tags, pos = _tags(buf, pos)
+                topics.append((name, partitions, tags))
+            (error,) = _INT16.unpack_from(buf, pos)
+            tags, pos = _tags(buf, pos + 2)
+            groups.append((group, topics, error, tags))
+        tags, pos = _tags(buf, pos)
+        if pos != len(buf):
+            raise ValueError(f"OffsetFetch v8 answer: {len(buf) - pos} bytes left over")
+        return cls(throttle, groups, tags)
+
+
+def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    """An unsigned varint (7 bits a byte, low first) at pos, and the position after it."""
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _string(buf: bytes, pos: int) -> tuple[str | None, int]:
+    """A compact nullable string: its length plus one as a varint (0: null), then UTF-8."""
+    length, pos = _uvarint(buf, pos)
+    if length == 0:
+        return None, pos
+    end = pos + length - 1
+    return buf[pos:end].decode(), end
+
+
+def _tags(buf: bytes, pos: int) -> tuple[dict[int, bytes], int]:
+    """A tagged-field buffer: a count, then (tag, size, bytes) each."""
+    count, pos = _uvarint(buf, pos)
+    tags = {}
+    for _ in range(count):
+        tag, pos = _uvarint(buf, pos)
+        size, pos = _uvarint(buf, pos)
+        tags[tag] = buf[pos : pos + size]
+        pos += size
+    return tags, pos
 
 
 class OffsetFetchRequestV8(RequestStruct):  # type: ignore[misc]

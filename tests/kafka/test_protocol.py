@@ -3,6 +3,8 @@ OffsetFetchResponse.json (flexible: compact lengths are unsigned varints plus on
 
 from __future__ import annotations
 
+from io import BytesIO
+
 import pytest
 
 from adapter.sources.kafka_protocol import MultiGroupUnsupported, OffsetFetchGroups, OffsetFetchResponseV8
@@ -43,8 +45,24 @@ def test_the_response_gives_each_group_its_offsets_and_error() -> None:
         + b"h"
         + bytes([1])  # topics: empty
         + bytes([0, 69, 0])  # group error 69 (GROUP_ID_NOT_FOUND), tags
-        + bytes([0])  # response tags
+        + bytes([1, 0, 1])  # response tags: one, tag 0, one byte
+        + b"z"
     )
     response = OffsetFetchResponseV8.decode(payload)
     groups = [(group, topics, error) for group, topics, error, _tags in response.groups]
     assert groups == [("g", [("t", [(4, 42, -1, None, 0, {})], {})], 0), ("h", [], 69)]
+    assert response.tags == {0: b"z"}
+
+
+def test_the_direct_reader_reads_what_the_schema_reads() -> None:
+    # More than 127 partitions (a two-byte varint), null and set metadata, non-ASCII names. (Tagged fields
+    # are in the hand-made answer above: aiokafka's TaggedFields.encode leaves out each field's size.)
+    no_tags: dict[int, bytes] = {}
+    partitions = [(p, p * 1000, -1, None if p % 2 else "m", 0, no_tags) for p in range(130)]
+    groups: list[object] = [
+        (f"group-é{g}", [(f"topic-{t}", partitions, {}) for t in range(2)], g % 3, {}) for g in range(3)
+    ]
+    payload = OffsetFetchResponseV8.SCHEMA.encode([7, groups, {}])
+    response = OffsetFetchResponseV8.decode(BytesIO(payload))
+    assert (response.throttle_time_ms, response.groups, response.tags) == (7, groups, {})
+    assert list(OffsetFetchResponseV8.SCHEMA.decode(BytesIO(payload))) == [7, groups, {}]
