@@ -1,10 +1,15 @@
-"""OffsetFetch v8 (KIP-709): the committed offsets of many groups in one request per coordinator.
+"""OffsetFetch v8 (KIP-709): the committed offsets of many groups in one request per coordinator;
+and ListOffsets v3 with an answer read directly.
 
 aiokafka defines requests as data (a Schema of typed fields) and sends whatever Request it is given,
 negotiating the version per connection from the broker's ApiVersions; it defines OffsetFetch only up
 to v3, one group per request. This is v8, declared the same way on aiokafka's own types. v8 is a
 flexible version: compact strings and arrays (lengths as unsigned varints, plus one) and a tagged-field
 buffer closing every structure; the request header is v2 and the response header v1.
+
+ListOffsets v3 is aiokafka's own request; only its answer is read here, directly (one struct per
+partition), as is OffsetFetch v8's: aiokafka's generic reader makes some thirty calls a partition, and
+a round of many groups reads thousands of partitions.
 
 Request v8:  groups [group_id, topics (nullable: null = every committed topic)
                      [name, partition_indexes [int32]]], require_stable
@@ -19,9 +24,12 @@ from io import BytesIO
 from typing import Any
 
 from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.offset import OffsetRequest_v3, OffsetResponse_v3
 from aiokafka.protocol.types import Boolean, CompactArray, CompactString, Int16, Int32, Int64, Schema, TaggedFields
 
 # aiokafka ships no type information (mypy sees its classes as Any), hence the ignores on subclassing.
+_LIST_OFFSETS = 2
+_LIST_OFFSETS_VERSION = 3
 _OFFSET_FETCH = 9
 _MULTI_GROUP_VERSION = 8
 _NO_TAGS: dict[int, bytes] = {}
@@ -29,12 +37,14 @@ _NO_TAGS: dict[int, bytes] = {}
 
 # A partition's fixed head in the response: partition_index, committed_offset, committed_leader_epoch.
 _PARTITION_HEAD = struct.Struct(">iqi")
+# A ListOffsets v3 answer's partition: partition, error_code, timestamp, offset.
+_LOG_OFFSET = struct.Struct(">ihqq")
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 
 
-class MultiGroupUnsupported(Exception):
-    """The broker's ApiVersions stops below OffsetFetch v8: ask group by group."""
+class VersionUnsupported(Exception):
+    """The broker's ApiVersions lacks the version of a request defined here: use aiokafka's own."""
 
 
 class OffsetFetchResponseV8(Response):  # type: ignore[misc]
@@ -73,8 +83,7 @@ class OffsetFetchResponseV8(Response):  # type: ignore[misc]
 
     @classmethod
     def decode(cls, data: BytesIO | bytes) -> OffsetFetchResponseV8:
-        """What SCHEMA decodes, read directly: the generic reader makes some thirty calls a partition,
-        and one answer for a round of many groups holds thousands of partitions."""
+        """What SCHEMA decodes, read directly."""
         buf = data.read() if isinstance(data, BytesIO) else data
         (throttle,) = _INT32.unpack_from(buf, 0)
         count, pos = _uvarint(buf, 4)
@@ -175,7 +184,7 @@ class OffsetFetchGroups(Request[OffsetFetchRequestV8]):  # type: ignore[misc]
         # Called by aiokafka with the connection's negotiated versions, before anything is written.
         low, high = versions.get(_OFFSET_FETCH, (0, -1))
         if not low <= _MULTI_GROUP_VERSION <= high:
-            raise MultiGroupUnsupported(f"OffsetFetch v{low}-v{high}")
+            raise VersionUnsupported(f"OffsetFetch v{low}-v{high}")
         request: OffsetFetchRequestV8 = super().prepare(versions)
         return request
 
@@ -183,3 +192,49 @@ class OffsetFetchGroups(Request[OffsetFetchRequestV8]):  # type: ignore[misc]
         # require_stable false: offsets of open transactions are not waited for (a lag reader, not a consumer)
         groups: list[Any] = [(group, None, _NO_TAGS) for group in self._groups]
         return request_struct_class(groups, False, _NO_TAGS)
+
+
+class ListOffsetsResponseV3(OffsetResponse_v3):  # type: ignore[misc]
+    """throttle_time_ms, topics [topic, partitions [partition, error_code, timestamp, offset]]."""
+
+    @classmethod
+    def decode(cls, data: BytesIO | bytes) -> ListOffsetsResponseV3:
+        """What SCHEMA decodes, read directly."""
+        buf = data.read() if isinstance(data, BytesIO) else data
+        throttle, count = struct.unpack_from(">ii", buf, 0)
+        pos = 8
+        topics = []
+        for _ in range(count):
+            (length,) = _INT16.unpack_from(buf, pos)
+            topic = buf[pos + 2 : pos + 2 + length].decode()
+            (partition_count,) = _INT32.unpack_from(buf, pos + 2 + length)
+            pos += 6 + length
+            partitions = list(_LOG_OFFSET.iter_unpack(buf[pos : pos + partition_count * _LOG_OFFSET.size]))
+            pos += partition_count * _LOG_OFFSET.size
+            topics.append((topic, partitions))
+        if pos != len(buf):
+            raise ValueError(f"ListOffsets v3 answer: {len(buf) - pos} bytes left over")
+        return cls(throttle, topics)
+
+
+class ListOffsetsRequestV3(OffsetRequest_v3):  # type: ignore[misc]
+    RESPONSE_TYPE = ListOffsetsResponseV3
+
+
+class ListOffsets(Request[ListOffsetsRequestV3]):  # type: ignore[misc]
+    """Log offsets of partitions: (topic, [(partition, timestamp)]), LATEST or EARLIEST as timestamp."""
+
+    API_KEY = _LIST_OFFSETS
+
+    def __init__(self, replica_id: int, isolation_level: int, topics: list[tuple[str, list[tuple[int, int]]]]):
+        self._fields = (replica_id, isolation_level, topics)
+
+    def prepare(self, versions: dict[int, tuple[int, int]]) -> ListOffsetsRequestV3:
+        low, high = versions.get(_LIST_OFFSETS, (0, -1))
+        if not low <= _LIST_OFFSETS_VERSION <= high:
+            raise VersionUnsupported(f"ListOffsets v{low}-v{high}")
+        request: ListOffsetsRequestV3 = super().prepare(versions)
+        return request
+
+    def build(self, request_struct_class: type[ListOffsetsRequestV3]) -> ListOffsetsRequestV3:
+        return request_struct_class(*self._fields)

@@ -1,5 +1,6 @@
 """OffsetFetch v8 on the wire, byte for byte against the layout of Kafka's OffsetFetchRequest.json and
-OffsetFetchResponse.json (flexible: compact lengths are unsigned varints plus one, tagged fields)."""
+OffsetFetchResponse.json (flexible: compact lengths are unsigned varints plus one, tagged fields); the
+answers read directly (OffsetFetch v8, ListOffsets v3) equal what the declared schemas read."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ from io import BytesIO
 
 import pytest
 
-from adapter.sources.kafka_protocol import MultiGroupUnsupported, OffsetFetchGroups, OffsetFetchResponseV8
+from adapter.sources.kafka_protocol import (
+    ListOffsets,
+    ListOffsetsResponseV3,
+    OffsetFetchGroups,
+    OffsetFetchResponseV8,
+    VersionUnsupported,
+)
 
 
 def test_the_request_lists_the_groups_with_null_topics() -> None:
@@ -21,7 +28,7 @@ def test_the_request_lists_the_groups_with_null_topics() -> None:
 
 
 def test_a_broker_without_v8_is_refused_before_anything_is_sent() -> None:
-    with pytest.raises(MultiGroupUnsupported):
+    with pytest.raises(VersionUnsupported):
         OffsetFetchGroups(["a"]).prepare({9: (1, 7)})
 
 
@@ -66,3 +73,17 @@ def test_the_direct_reader_reads_what_the_schema_reads() -> None:
     response = OffsetFetchResponseV8.decode(BytesIO(payload))
     assert (response.throttle_time_ms, response.groups, response.tags) == (7, groups, {})
     assert list(OffsetFetchResponseV8.SCHEMA.decode(BytesIO(payload))) == [7, groups, {}]
+
+
+def test_list_offsets_answers_read_directly_as_the_schema_reads() -> None:
+    topics = [(f"topic-{t}", [(p, 0 if p % 7 else 6, -1, p * 10) for p in range(t + 1)]) for t in range(40)]
+    payload = ListOffsetsResponseV3.SCHEMA.encode([3, topics])
+    response = ListOffsetsResponseV3.decode(BytesIO(payload))
+    assert (response.throttle_time_ms, response.topics) == (3, topics)
+    assert list(ListOffsetsResponseV3.SCHEMA.decode(BytesIO(payload))) == [3, topics]
+
+
+def test_list_offsets_before_v3_is_left_to_aiokafka() -> None:
+    with pytest.raises(VersionUnsupported):
+        ListOffsets(-1, 0, [("t", [(0, -1)])]).prepare({2: (0, 2)})
+    assert ListOffsets(-1, 0, [("t", [(0, -1)])]).prepare({2: (1, 10)}).API_VERSION == 3
