@@ -47,6 +47,14 @@ class VersionUnsupported(Exception):
     """The broker's ApiVersions lacks the version of a request defined here: use aiokafka's own."""
 
 
+def _require(versions: dict[int, tuple[int, int]], api_key: int, version: int, api: str) -> None:
+    """Refuse to build a request the broker cannot read. aiokafka calls prepare() with the connection's
+    negotiated versions before anything is written, so nothing is sent."""
+    low, high = versions.get(api_key, (0, -1))
+    if not low <= version <= high:
+        raise VersionUnsupported(f"{api} v{low}-v{high}")
+
+
 class OffsetFetchResponseV8(Response):  # type: ignore[misc]
     API_KEY = _OFFSET_FETCH
     API_VERSION = _MULTI_GROUP_VERSION
@@ -181,10 +189,7 @@ class OffsetFetchGroups(Request[OffsetFetchRequestV8]):  # type: ignore[misc]
         self._groups = groups
 
     def prepare(self, versions: dict[int, tuple[int, int]]) -> OffsetFetchRequestV8:
-        # Called by aiokafka with the connection's negotiated versions, before anything is written.
-        low, high = versions.get(_OFFSET_FETCH, (0, -1))
-        if not low <= _MULTI_GROUP_VERSION <= high:
-            raise VersionUnsupported(f"OffsetFetch v{low}-v{high}")
+        _require(versions, _OFFSET_FETCH, _MULTI_GROUP_VERSION, "OffsetFetch")
         request: OffsetFetchRequestV8 = super().prepare(versions)
         return request
 
@@ -230,9 +235,7 @@ class ListOffsets(Request[ListOffsetsRequestV3]):  # type: ignore[misc]
         self._fields = (replica_id, isolation_level, topics)
 
     def prepare(self, versions: dict[int, tuple[int, int]]) -> ListOffsetsRequestV3:
-        low, high = versions.get(_LIST_OFFSETS, (0, -1))
-        if not low <= _LIST_OFFSETS_VERSION <= high:
-            raise VersionUnsupported(f"ListOffsets v{low}-v{high}")
+        _require(versions, _LIST_OFFSETS, _LIST_OFFSETS_VERSION, "ListOffsets")
         request: ListOffsetsRequestV3 = super().prepare(versions)
         return request
 
