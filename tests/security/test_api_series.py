@@ -24,7 +24,7 @@ from adapter.metrics.errors import BadSelector, MetricUnavailable
 from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.sources.base import Source
 from adapter.telemetry import cache as telemetry
-from tests.adapter_inprocess import wait_listening
+from tests.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
 from tests.core.test_cache import Clock, ScriptedSource
 from tests.netutil import free_port
 from tests.rpc.conftest import adapter_config, ref, scaler_stub
@@ -265,6 +265,37 @@ def test_an_overflowing_value_is_an_error_on_the_grpc_scaler_too() -> None:
                     await stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref(selector="")))
                 assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
                 assert "too large for a Kubernetes Quantity" in (failed.value.details() or "")
+        finally:
+            stop.set()
+            assert await asyncio.wait_for(task, 10) == 0
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("namespace", ["..", "", "default\x00", "kube-system/../default", "Default", "a" * 64])
+async def test_every_reader_of_the_cache_gets_namespaces_checked(namespace: str) -> None:
+    """The gRPC scaler reads the cache without the HTTP route's check: junk namespaces were series of their own."""
+    cache = _cache(ScriptedSource())
+    with pytest.raises(BadSelector, match="DNS-1123 label"):
+        await cache.read("jobs", namespace, "queue=a")
+    assert cache.series_count() == 0
+    await cache.close()
+
+
+def test_the_grpc_scaler_refuses_a_namespace_kubernetes_could_not_have() -> None:
+    async def scenario() -> None:
+        config = adapter_config(free_port(), DEMO_SOURCES, DEMO_METRICS)
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(config, stop))
+        await wait_listening(task, config.grpc.scaler.port, "the scaler")
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{config.grpc.scaler.port}") as channel:
+                stub = scaler_stub(channel)
+                scaled = ref(namespace="kube-system/../default")
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    await stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=scaled))
+                assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "DNS-1123 label" in (failed.value.details() or "")
         finally:
             stop.set()
             assert await asyncio.wait_for(task, 10) == 0
