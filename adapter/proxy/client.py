@@ -185,9 +185,17 @@ class ClientConnection(asyncio.Protocol):
                 self._head_bytes += len(data)
             if self._head_bytes > self._max_head and not self._rejected:
                 if self._parsing is None:
-                    self._refuse(431, f"the request head is larger than {self._config.max_header_bytes} bytes")
+                    self._refuse(
+                        431,
+                        f"the request head is larger than {self._config.max_header_bytes} bytes"
+                        " (proxy.max_header_bytes)",
+                    )
                 elif self._chunk_empty:
-                    self._refuse(431, f"the request trailers are larger than {self._config.max_header_bytes} bytes")
+                    self._refuse(
+                        431,
+                        f"the request trailers are larger than {self._config.max_header_bytes} bytes"
+                        " (proxy.max_header_bytes)",
+                    )
 
     def _feed_stepwise(self, data: bytes) -> None:
         """A read holding more than one head: parse it message by message (a head, then its body), and keep
@@ -291,16 +299,23 @@ class ClientConnection(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self._url += url
         if len(self._url) > self._max_url:
-            self._reject(414, f"the request target is longer than {self._config.max_request_line_bytes} bytes")
+            self._reject(
+                414,
+                f"the request target is longer than {self._config.max_request_line_bytes} bytes"
+                " (proxy.max_request_line_bytes)",
+            )
 
     def on_header(self, name: bytes, value: bytes) -> None:
         headers = self._headers
         headers.append((name, value))
         self._header_bytes += len(name) + len(value) + 4
         if self._header_bytes > self._max_header_bytes:
-            self._reject(431, f"the request headers are larger than {self._config.max_header_bytes} bytes")
+            self._reject(
+                431,
+                f"the request headers are larger than {self._config.max_header_bytes} bytes (proxy.max_header_bytes)",
+            )
         if len(headers) > self._max_headers:
-            self._reject(431, f"the request has more than {self._config.max_headers} headers")
+            self._reject(431, f"the request has more than {self._config.max_headers} headers (proxy.max_headers)")
 
     def on_headers_complete(self) -> None:
         self._in_headers = False
@@ -488,7 +503,9 @@ class ClientConnection(asyncio.Protocol):
         if exchange.expect_continue and not exchange.body_done:
             limit = route.limits.max_held_body_bytes
             if (exchange.content_length or 0) > limit and not route.has_usable():
-                exchange.fail(413, f"the request body is larger than {limit} bytes while held")
+                exchange.fail(
+                    413, f"the request body is larger than {limit} bytes while held (limits.max_held_body_bytes)"
+                )
                 return
             self.transport.write(CONTINUE)
         route.submit(exchange)

@@ -26,6 +26,8 @@ _BACKLOG = 4096
 _MIN_TICK, _MAX_TICK = 0.01, 1.0
 # Upstream connections (pooled, bounded per endpoint), the admin port, the Kubernetes API.
 _SPARE_DESCRIPTORS = 4096
+# Refused connections are counted each; logged at most this often (seconds).
+_REFUSAL_LOG_INTERVAL = 10.0
 
 
 class ProxyServer:
@@ -45,12 +47,20 @@ class ProxyServer:
         self._watchers: list[EndpointSliceWatcher] = []
         self._wakers: list[Waker] = []
         self._sweeper: asyncio.Task[None] | None = None
+        self._refusals_logged_at = -_REFUSAL_LOG_INTERVAL
         telemetry.CONNECTIONS.set_function(lambda: len(self.connections))
 
     # --- connections ---
 
     def admit(self, connection: ClientConnection) -> bool:
         if len(self.connections) >= self.config.max_connections:
+            now = time.monotonic()
+            if now >= self._refusals_logged_at + _REFUSAL_LOG_INTERVAL:
+                self._refusals_logged_at = now
+                log.warning(
+                    "refusing client connections: proxy.max_connections=%d are open (raise it to admit more)",
+                    self.config.max_connections,
+                )
             return False
         self.connections.add(connection)
         return True
