@@ -207,6 +207,9 @@ class ProxyServer:
             connection.shut_down()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        for connection in list(self.connections):
+            # Lingering closes end here (the sweeper that would end them is gone); written answers still flush.
+            connection.transport.close()
         for watcher in self._watchers:
             await watcher.close()
         for waker in self._wakers:
