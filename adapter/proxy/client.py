@@ -55,7 +55,7 @@ _LINGER = 2.0
 _HOST_VALUE = re.compile(rb"(?:[A-Za-z0-9\-._~!$&'()*+,;=%]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]*)?")
 
 # Request headers the proxy looks at, by kind; _DROP: hop-by-hop or set by the proxy itself (http1.py).
-_HOST, _LENGTH, _TE, _CONNECTION, _UPGRADE, _EXPECT, _XFF, _DROP = range(8)
+_HOST, _LENGTH, _TE, _CONNECTION, _UPGRADE, _EXPECT, _XFF, _FORWARDED, _DROP = range(9)
 _SPECIAL = {
     **dict.fromkeys(HOP_BY_HOP | REPLACED, _DROP),
     b"host": _HOST,
@@ -65,6 +65,7 @@ _SPECIAL = {
     b"upgrade": _UPGRADE,
     b"expect": _EXPECT,
     b"x-forwarded-for": _XFF,
+    b"forwarded": _FORWARDED,
 }
 
 
@@ -107,6 +108,7 @@ class ClientConnection(asyncio.Protocol):
         # When the header or idle timeout runs out (monotonic seconds, 0: none); the server's sweeper checks it.
         self.deadline = 0.0
         self._forwarded = b""
+        self._forwarded_node = b""
         self._peer = b""
         # Bytes read past the request being answered, unparsed until it is (None: none kept).
         self._ahead: list[bytes] | None = None
@@ -139,6 +141,8 @@ class ClientConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self._peer = str(peer[0]).encode() if peer else b"unknown"
         self._forwarded = b"X-Forwarded-For: %b\r\nX-Forwarded-Proto: http\r\n" % self._peer
+        # RFC 7239 6: an IPv6 node is quoted and bracketed.
+        self._forwarded_node = b'"[%b]"' % self._peer if b":" in self._peer else self._peer
         self._arm(self._config.header_timeout)
 
     def data_received(self, data: bytes) -> None:
@@ -366,6 +370,7 @@ class ClientConnection(asyncio.Protocol):
         http10 = version == "1.0"
         host: bytes | None = None
         forwarded_for = b""
+        forwarded = b""
         upgrade = b""
         tokens = _NO_TOKENS  # a new set only when there is a Connection header
         content_length: int | None = None
@@ -394,6 +399,9 @@ class ClientConnection(asyncio.Protocol):
                 if trim(value).lower() != b"100-continue":
                     self._reject(417, "only Expect: 100-continue is understood")
                 expect_continue = True
+            elif kind == _FORWARDED:
+                # RFC 7239: what the client claims stays, the hop the proxy saw is added last (below).
+                forwarded = trim(value) if not forwarded else forwarded + b", " + trim(value)
             elif kind == _XFF:
                 forwarded_for = trim(value) if not forwarded_for else forwarded_for + b", " + trim(value)
         chunked = codings is not None and self._check_codings(codings, http10, content_length)
@@ -434,6 +442,8 @@ class ClientConnection(asyncio.Protocol):
             parts.append(b"X-Forwarded-For: %b, %b\r\nX-Forwarded-Proto: http\r\n" % (forwarded_for, self._peer))
         else:
             parts.append(self._forwarded)
+        if forwarded:
+            parts.append(b"Forwarded: %b, for=%b;proto=http\r\n" % (forwarded, self._forwarded_node))
         if host is not None:
             parts += (b"Host: ", host, b"\r\nX-Forwarded-Host: ", host, b"\r\n")
         else:
