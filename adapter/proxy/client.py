@@ -78,6 +78,49 @@ class _Rejected(Exception):
 
 
 class ClientConnection(asyncio.Protocol):
+    # Slots, not a __dict__: a proxy holds many idle connections, each one of these.
+    __slots__ = (
+        "_active",
+        "_ahead",
+        "_ahead_bytes",
+        "_body_left",
+        "_chunk_empty",
+        "_closed",
+        "_config",
+        "_early",
+        "_forwarded",
+        "_forwarded_node",
+        "_head_bytes",
+        "_header_bytes",
+        "_header_timeout",
+        "_headers",
+        "_idle_timeout",
+        "_in_headers",
+        "_max_head",
+        "_max_header_bytes",
+        "_max_headers",
+        "_max_url",
+        "_parser",
+        "_parsing",
+        "_paused_upstream",
+        "_pauses",
+        "_peer",
+        "_refusal",
+        "_rejected",
+        "_tunnel",
+        "_tunnel_deadline",
+        "_tunnel_idle",
+        "_tunnel_route",
+        "_tunnel_seen",
+        "_url",
+        "_waiting",
+        "deadline",
+        "server",
+        "transport",
+        "tunnel_reads",
+        "write_deadline",
+    )
+
     def __init__(self, server: ProxyServer) -> None:
         self.server = server
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
