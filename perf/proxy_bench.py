@@ -98,6 +98,7 @@ def zeroscale_proxy(upstream: int, **extra: str) -> Iterator[tuple[int, int, sub
     process = subprocess.Popen([sys.executable, "-m", "adapter", "--log-level", "WARNING", "proxy"], env=env, cwd=ROOT)
     try:
         wait_for_port(port)
+        wait_for_port(admin)  # opened just after the proxy port
         yield port, admin, process
     finally:
         process.send_signal(signal.SIGTERM)

@@ -55,7 +55,7 @@ _LINGER = 2.0
 _HOST_VALUE = re.compile(rb"(?:[A-Za-z0-9\-._~!$&'()*+,;=%]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]*)?")
 
 # Request headers the proxy looks at, by kind; _DROP: hop-by-hop or set by the proxy itself (http1.py).
-_HOST, _LENGTH, _TE, _CONNECTION, _UPGRADE, _EXPECT, _XFF, _DROP = range(8)
+_HOST, _LENGTH, _TE, _CONNECTION, _UPGRADE, _EXPECT, _XFF, _FORWARDED, _DROP = range(9)
 _SPECIAL = {
     **dict.fromkeys(HOP_BY_HOP | REPLACED, _DROP),
     b"host": _HOST,
@@ -65,6 +65,7 @@ _SPECIAL = {
     b"upgrade": _UPGRADE,
     b"expect": _EXPECT,
     b"x-forwarded-for": _XFF,
+    b"forwarded": _FORWARDED,
 }
 
 
@@ -77,6 +78,49 @@ class _Rejected(Exception):
 
 
 class ClientConnection(asyncio.Protocol):
+    # Slots, not a __dict__: a proxy holds many idle connections, each one of these.
+    __slots__ = (
+        "_active",
+        "_ahead",
+        "_ahead_bytes",
+        "_body_left",
+        "_chunk_empty",
+        "_closed",
+        "_config",
+        "_early",
+        "_forwarded",
+        "_forwarded_node",
+        "_head_bytes",
+        "_header_bytes",
+        "_header_timeout",
+        "_headers",
+        "_idle_timeout",
+        "_in_headers",
+        "_max_head",
+        "_max_header_bytes",
+        "_max_headers",
+        "_max_url",
+        "_parser",
+        "_parsing",
+        "_paused_upstream",
+        "_pauses",
+        "_peer",
+        "_refusal",
+        "_rejected",
+        "_tunnel",
+        "_tunnel_deadline",
+        "_tunnel_idle",
+        "_tunnel_route",
+        "_tunnel_seen",
+        "_url",
+        "_waiting",
+        "deadline",
+        "server",
+        "transport",
+        "tunnel_reads",
+        "write_deadline",
+    )
+
     def __init__(self, server: ProxyServer) -> None:
         self.server = server
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
@@ -107,6 +151,7 @@ class ClientConnection(asyncio.Protocol):
         # When the header or idle timeout runs out (monotonic seconds, 0: none); the server's sweeper checks it.
         self.deadline = 0.0
         self._forwarded = b""
+        self._forwarded_node = b""
         self._peer = b""
         # Bytes read past the request being answered, unparsed until it is (None: none kept).
         self._ahead: list[bytes] | None = None
@@ -139,6 +184,8 @@ class ClientConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self._peer = str(peer[0]).encode() if peer else b"unknown"
         self._forwarded = b"X-Forwarded-For: %b\r\nX-Forwarded-Proto: http\r\n" % self._peer
+        # RFC 7239 6: an IPv6 node is quoted and bracketed.
+        self._forwarded_node = b'"[%b]"' % self._peer if b":" in self._peer else self._peer
         self._arm(self._config.header_timeout)
 
     def data_received(self, data: bytes) -> None:
@@ -185,9 +232,17 @@ class ClientConnection(asyncio.Protocol):
                 self._head_bytes += len(data)
             if self._head_bytes > self._max_head and not self._rejected:
                 if self._parsing is None:
-                    self._refuse(431, f"the request head is larger than {self._config.max_header_bytes} bytes")
+                    self._refuse(
+                        431,
+                        f"the request head is larger than {self._config.max_header_bytes} bytes"
+                        " (proxy.max_header_bytes)",
+                    )
                 elif self._chunk_empty:
-                    self._refuse(431, f"the request trailers are larger than {self._config.max_header_bytes} bytes")
+                    self._refuse(
+                        431,
+                        f"the request trailers are larger than {self._config.max_header_bytes} bytes"
+                        " (proxy.max_header_bytes)",
+                    )
 
     def _feed_stepwise(self, data: bytes) -> None:
         """A read holding more than one head: parse it message by message (a head, then its body), and keep
@@ -291,16 +346,23 @@ class ClientConnection(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self._url += url
         if len(self._url) > self._max_url:
-            self._reject(414, f"the request target is longer than {self._config.max_request_line_bytes} bytes")
+            self._reject(
+                414,
+                f"the request target is longer than {self._config.max_request_line_bytes} bytes"
+                " (proxy.max_request_line_bytes)",
+            )
 
     def on_header(self, name: bytes, value: bytes) -> None:
         headers = self._headers
         headers.append((name, value))
         self._header_bytes += len(name) + len(value) + 4
         if self._header_bytes > self._max_header_bytes:
-            self._reject(431, f"the request headers are larger than {self._config.max_header_bytes} bytes")
+            self._reject(
+                431,
+                f"the request headers are larger than {self._config.max_header_bytes} bytes (proxy.max_header_bytes)",
+            )
         if len(headers) > self._max_headers:
-            self._reject(431, f"the request has more than {self._config.max_headers} headers")
+            self._reject(431, f"the request has more than {self._config.max_headers} headers (proxy.max_headers)")
 
     def on_headers_complete(self) -> None:
         self._in_headers = False
@@ -351,6 +413,7 @@ class ClientConnection(asyncio.Protocol):
         http10 = version == "1.0"
         host: bytes | None = None
         forwarded_for = b""
+        forwarded = b""
         upgrade = b""
         tokens = _NO_TOKENS  # a new set only when there is a Connection header
         content_length: int | None = None
@@ -379,6 +442,9 @@ class ClientConnection(asyncio.Protocol):
                 if trim(value).lower() != b"100-continue":
                     self._reject(417, "only Expect: 100-continue is understood")
                 expect_continue = True
+            elif kind == _FORWARDED:
+                # RFC 7239: what the client claims stays, the hop the proxy saw is added last (below).
+                forwarded = trim(value) if not forwarded else forwarded + b", " + trim(value)
             elif kind == _XFF:
                 forwarded_for = trim(value) if not forwarded_for else forwarded_for + b", " + trim(value)
         chunked = codings is not None and self._check_codings(codings, http10, content_length)
@@ -419,6 +485,8 @@ class ClientConnection(asyncio.Protocol):
             parts.append(b"X-Forwarded-For: %b, %b\r\nX-Forwarded-Proto: http\r\n" % (forwarded_for, self._peer))
         else:
             parts.append(self._forwarded)
+        if forwarded:
+            parts.append(b"Forwarded: %b, for=%b;proto=http\r\n" % (forwarded, self._forwarded_node))
         if host is not None:
             parts += (b"Host: ", host, b"\r\nX-Forwarded-Host: ", host, b"\r\n")
         else:
@@ -488,7 +556,9 @@ class ClientConnection(asyncio.Protocol):
         if exchange.expect_continue and not exchange.body_done:
             limit = route.limits.max_held_body_bytes
             if (exchange.content_length or 0) > limit and not route.has_usable():
-                exchange.fail(413, f"the request body is larger than {limit} bytes while held")
+                exchange.fail(
+                    413, f"the request body is larger than {limit} bytes while held (limits.max_held_body_bytes)"
+                )
                 return
             self.transport.write(CONTINUE)
         route.submit(exchange)

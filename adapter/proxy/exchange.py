@@ -124,9 +124,17 @@ class Exchange:
         """The bounds on buffered bodies: 413 for this request, 503 when the route holds too many bytes."""
         limits = self.route.limits
         if self.body_size > limits.max_held_body_bytes:
-            self.fail(413, f"the request body is larger than {limits.max_held_body_bytes} bytes while held")
+            self.fail(
+                413,
+                f"the request body is larger than {limits.max_held_body_bytes} bytes while held"
+                " (limits.max_held_body_bytes)",
+            )
         elif self.state == QUEUED and self.route.counts.held_bytes > limits.max_held_bytes:
-            self.fail(503, "the proxy holds too many request bytes for this route", retry_after=limits.retry_after)
+            self.fail(
+                503,
+                "the proxy holds too many request bytes for this route (limits.max_held_bytes)",
+                retry_after=limits.retry_after,
+            )
 
     def body_end(self) -> None:
         self.body_done = True
@@ -238,7 +246,7 @@ class Exchange:
         self.timer = None
         if self.state == QUEUED or (self.state == ASSIGNED and self.upstream is None):
             timeout = self.route.limits.hold_timeout
-            self.fail(504, f"the workload did not become ready in {timeout:g} s")
+            self.fail(504, f"the workload did not become ready in {timeout:g} s (limits.hold_timeout)")
 
     def fail(self, code: int, message: str, *, retry_after: int | None = None) -> None:
         """Answer the client with an error of the proxy's own (or cut it off if a response already began)."""

@@ -124,7 +124,7 @@ class Route:
         if len(self.queue) >= self.limits.max_held_requests:
             exchange.fail(
                 503,
-                f"the proxy already holds {len(self.queue)} requests for this route",
+                f"the proxy already holds {len(self.queue)} requests for this route (limits.max_held_requests)",
                 retry_after=self.limits.retry_after,
             )
             return

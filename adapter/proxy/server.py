@@ -28,6 +28,8 @@ _BACKLOG = 4096
 _MIN_TICK, _MAX_TICK = 0.01, 1.0
 # Upstream connections (pooled, bounded per endpoint), the admin port, the Kubernetes API.
 _SPARE_DESCRIPTORS = 4096
+# Refused connections are counted each; logged at most this often (seconds).
+_REFUSAL_LOG_INTERVAL = 10.0
 
 
 class ProxyServer:
@@ -48,12 +50,20 @@ class ProxyServer:
         self._wakers: list[Waker] = []
         self.intents: dict[str, HPAIntent] = {}  # the HPA watches of wake: scale routes, by namespace
         self._sweeper: asyncio.Task[None] | None = None
+        self._refusals_logged_at = -_REFUSAL_LOG_INTERVAL
         telemetry.CONNECTIONS.set_function(lambda: len(self.connections))
 
     # --- connections ---
 
     def admit(self, connection: ClientConnection) -> bool:
         if len(self.connections) >= self.config.max_connections:
+            now = time.monotonic()
+            if now >= self._refusals_logged_at + _REFUSAL_LOG_INTERVAL:
+                self._refusals_logged_at = now
+                log.warning(
+                    "refusing client connections: proxy.max_connections=%d are open (raise it to admit more)",
+                    self.config.max_connections,
+                )
             return False
         self.connections.add(connection)
         return True
@@ -212,6 +222,9 @@ class ProxyServer:
             connection.shut_down()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        for connection in list(self.connections):
+            # Lingering closes end here (the sweeper that would end them is gone); written answers still flush.
+            connection.transport.close()
         for watcher in self._watchers:
             await watcher.close()
         for intent in self.intents.values():

@@ -415,7 +415,7 @@ class UpstreamConnection(asyncio.Protocol):
         exchange, self.exchange = self.exchange, None
         self.close()
         if exchange is not None:
-            exchange.fail(504, f"the upstream did not answer in {self._timeout:g} s")
+            exchange.fail(504, f"the upstream did not answer in {self._timeout:g} s (limits.response_timeout)")
 
     def _cancel_timer(self) -> None:
         self.deadline = 0.0

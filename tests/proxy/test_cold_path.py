@@ -87,7 +87,7 @@ async def test_hold_timeout_answers_504_naming_the_wait() -> None:
         before = errors("sleepy", "504")
         response = await request(server.port, get())
         assert response.status == 504
-        assert response.body == b"the workload did not become ready in 0.3 s\n"
+        assert response.body == b"the workload did not become ready in 0.3 s (limits.hold_timeout)\n"
         assert errors("sleepy", "504") == before + 1
         assert server.routes["sleepy"].counts.held == 0
 
@@ -143,7 +143,7 @@ async def test_slow_upstream_is_504_after_the_response_timeout(upstream: Upstrea
     async with running_proxy(routes) as server:
         response = await request(server.port, get("/slow?s=3"))
         assert response.status == 504
-        assert response.body == b"the upstream did not answer in 0.3 s\n"
+        assert response.body == b"the upstream did not answer in 0.3 s (limits.response_timeout)\n"
         # The timed-out connection is not reused: the next request is answered normally.
         assert (await request(server.port, get())).status == 200
 

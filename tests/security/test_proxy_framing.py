@@ -266,3 +266,12 @@ async def test_a_malformed_response_is_502_and_not_retried() -> None:
             assert len(upstream.requests) == 1
     finally:
         await upstream.stop()
+
+
+async def test_a_clients_forwarded_header_gets_the_hop_the_proxy_saw_appended(
+    h11_proxy: ProxyServer, h11_upstream: H11Upstream
+) -> None:
+    # An app reading the last element of Forwarded (RFC 7239) sees the address the proxy saw, not a claim.
+    raw = b"GET /echo HTTP/1.1\r\nHost: app.example\r\nForwarded: for=203.0.113.9 \r\nForwarded: for=10.0.0.1\r\n\r\n"
+    assert (await request(h11_proxy.port, raw)).status == 200
+    assert h11_upstream.requests[0].header(b"forwarded") == [b"for=203.0.113.9, for=10.0.0.1, for=127.0.0.1;proto=http"]
