@@ -64,12 +64,16 @@ HELM_BUILD = ROOT / "scripts" / "helm" / "build"
 RELEASE, RELEASE_NAMESPACE, KUBE_VERSION = "zeroscale", "zeroscale", "1.37.2"
 
 
-@pytest.fixture(scope="session")
-def helm() -> Path:
+def build_helm() -> Path:
     """Helm built from scripts/helm's pinned module (cached: seconds once built; `make setup` builds it)."""
     done = subprocess.run([str(HELM_BUILD)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"scripts/helm/build failed:\n{done.stderr}"
     return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    return build_helm()
 
 
 def helm_template(helm: Path, *options: str, release: str = RELEASE) -> subprocess.CompletedProcess[str]:
