@@ -162,6 +162,11 @@ def test_a_typo_in_a_value_is_an_error(helm: Path, option: str, complaint: str) 
     assert complaint in done.stderr, done.stderr
 
 
+def test_an_umbrella_charts_global_values_are_accepted(helm: Path) -> None:
+    """Helm gives a dependency chart `global` values: the closed schema must let them through."""
+    assert helm_render(helm, "--set", "global.imageRegistry=example.org")
+
+
 def config_of(objects: Objects, directory: Path) -> Path:
     path = directory / "config.yaml"
     path.write_text(find(objects, "ConfigMap", "zeroscale-config")["data"]["config.yaml"], encoding="utf-8")
