@@ -5,8 +5,9 @@ and forwards the list call for any name outside its own catalogue to the other s
 server, prometheus-adapter), so the HPAs that server fed keep working.
 
 - Authorization stays ours: the routes check the original caller with our SubjectAccessReview before a
-  request reaches `list()`. The delegate is then called as Zeroscale itself (its service-account token),
-  which needs exactly `get` on `external.metrics.k8s.io` there.
+  request reaches `list()`. The delegate is then called as Zeroscale itself (its service-account token):
+  GET /apis/external.metrics.k8s.io/v1beta1/namespaces/NS/METRIC, which a generic API server (KEDA's)
+  authorizes as `list` of resource METRIC, so Zeroscale needs exactly that (resources "*") there.
 - Our names win a collision; the first discovery that finds one logs a warning naming each.
 - The delegate's discovery is fetched at start and every `delegate.discovery_refresh` (sooner after a
   failure). A failed fetch, or one that lists nothing (a metrics server with nothing is broken, not
