@@ -9,8 +9,6 @@ operator's certificate rotation and APIService patching off, as beside Zeroscale
 
 from __future__ import annotations
 
-import os
-import signal
 import ssl
 import subprocess
 import urllib.request
@@ -20,6 +18,7 @@ from pathlib import Path
 import trustme
 
 from tests.e2e.cluster import ControlPlane, Kube, wait_for
+from tests.e2e.processes import Managed
 from tests.netutil import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,32 +70,24 @@ def make_certs(directory: Path) -> Path:
     return directory
 
 
-class GoProcess:
+class GoProcess(Managed):
     """One KEDA binary with its arguments and environment; start() again after kill() keeps them."""
 
     def __init__(self, binary: Path, args: list[str], env: dict[str, str], log_file: Path, ready_url: str) -> None:
+        super().__init__(log_file)
         self.binary = binary
         self.args = args
         self.env = env
-        self.log_file = log_file
         self.ready_url = ready_url
-        self._process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 90.0) -> GoProcess:
-        with self.log_file.open("ab") as log:
-            self._process = subprocess.Popen(
-                [str(self.binary), *self.args],
-                env={**os.environ, **self.env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.launch([str(self.binary), *self.args], self.env)
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE  # readiness only; the certificate is checked by its real callers
 
         def ready() -> bool:
-            if self._process is not None and self._process.poll() is not None:
+            if self.exited():
                 raise RuntimeError(f"{self.binary.name} exited at start:\n{self.log_tail()}")
             with urllib.request.urlopen(self.ready_url, timeout=2, context=context) as answer:
                 return bool(answer.status == 200)
@@ -106,28 +97,6 @@ class GoProcess:
         except TimeoutError:
             raise RuntimeError(f"{self.binary.name} not ready:\n{self.log_tail()}") from None
         return self
-
-    def kill(self) -> None:
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-    def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-    def log_tail(self, lines: int = 30) -> str:
-        if not self.log_file.exists():
-            return "(no log)"
-        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
 
 
 def _quiet(check: Callable[[], bool]) -> Callable[[], bool]:

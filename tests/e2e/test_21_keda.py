@@ -27,6 +27,7 @@ from tests.e2e.cluster import (
     KubeError,
     deployment,
     external_hpa,
+    hpa_condition,
     hpa_reads_metric,
     start_at_zero,
     wait_for,
@@ -188,6 +189,14 @@ def beside(
             kube.apply(restore)
 
 
+@pytest.fixture
+def scaled_objects(beside: Beside, kube: Kube) -> Iterator[None]:
+    """Each scenario applies its ScaledObjects afresh and deletes them after: KEDA's operator then deletes its
+    HPAs itself (it re-creates one deleted under it only at its ScaledObject's next change)."""
+    yield
+    kube.kubectl("delete", "-n", NAMESPACE, "scaledobjects,triggerauthentications", "--all", "--wait=true")
+
+
 def reach(
     kube: Kube, wanted: dict[str, int], timeout: float, interval: float = 0.1, since: float | None = None
 ) -> dict[str, float]:
@@ -222,7 +231,7 @@ def keda_hpa(kube: Kube, name: str) -> dict[str, Any]:
 
 
 def test_keda_redis_scaler_and_a_zeroscale_hpa_side_by_side(
-    beside: Beside, kube: Kube, redis_server: RedisProcess, timeline: Timeline
+    beside: Beside, kube: Kube, redis_server: RedisProcess, timeline: Timeline, scaled_objects: None
 ) -> None:
     jobs = redis_server.client()
     jobs.delete("thumbnails", "celery")
@@ -259,7 +268,7 @@ def _hold(port: int, path: str) -> socket.socket:
 
 
 def test_keda_operator_calls_the_grpc_scaler_polled_and_pushed(
-    beside: Beside, kube: Kube, redis_server: RedisProcess, timeline: Timeline
+    beside: Beside, kube: Kube, redis_server: RedisProcess, timeline: Timeline, scaled_objects: None
 ) -> None:
     jobs = redis_server.client()
     jobs.delete("priority-resize")
@@ -315,7 +324,7 @@ def test_keda_operator_calls_the_grpc_scaler_polled_and_pushed(
 
 
 def test_the_delegate_dies_ours_keep_answering_and_both_recover(
-    beside: Beside, kube: Kube, redis_server: RedisProcess, timeline: Timeline
+    beside: Beside, kube: Kube, redis_server: RedisProcess, timeline: Timeline, scaled_objects: None
 ) -> None:
     jobs = redis_server.client()
     jobs.delete("thumbnails", "celery")
@@ -346,18 +355,31 @@ def test_the_delegate_dies_ours_keep_answering_and_both_recover(
         time.sleep(0.2)
     jobs.rpush("celery", *range(20))  # and our HPA keeps scaling meanwhile
     ours_scaled = reach(kube, {"celery-worker": 4}, 30)["celery-worker"]
+    # KEDA's HPA is refused its metric (and keeps its replicas), as with any metrics server down.
+    failing = wait_for(
+        lambda: (
+            hpa_condition(kube.hpa(NAMESPACE, "keda-hpa-thumbnailer"), "ScalingActive").get("reason")
+            == "FailedGetExternalMetric"
+        ),
+        20,
+        "KEDA's HPA fails to get its metric",
+    )
+    assert failing
+    assert kube.replicas(NAMESPACE, "thumbnailer") == 2
 
-    beside.keda.metrics_server.start()
-    restarted = time.monotonic()
+    restarting = time.monotonic()
+    beside.keda.metrics_server.start()  # returns once it answers /readyz
+    ready = time.monotonic() - restarting
     wait_for(lambda: kube.get(KEDA_METRIC)["items"], 30, "KEDA's metric answers again")
-    back = time.monotonic() - restarted
+    back = time.monotonic() - restarting
     wait_for(lambda: hpa_reads_metric(kube.hpa(NAMESPACE, "keda-hpa-thumbnailer")), 30, "KEDA's HPA reads again")
-    hpa_back = time.monotonic() - restarted
+    hpa_back = time.monotonic() - restarting
 
     jobs.delete("thumbnails", "celery")
     reach(kube, {"thumbnailer": 0, "celery-worker": 0}, 90)
     timeline.record(
-        f"delegate killed: KEDA's metric 503 naming the delegate after {noticed:.1f} s; ours kept answering and "
-        f"our HPA went 2->4 in {ours_scaled:.1f} s meanwhile; KEDA's metric back {back:.1f} s after its restart, "
-        f"its HPA reading again after {hpa_back:.1f} s"
+        f"delegate killed: KEDA's metric 503 naming the delegate after {noticed:.2f} s, KEDA's HPA "
+        f"ScalingActive=False/FailedGetExternalMetric and kept 2; ours kept answering and our HPA went 2->4 in "
+        f"{ours_scaled:.1f} s meanwhile; restarted (ready in {ready:.1f} s): KEDA's metric back at "
+        f"{back:.1f} s, its HPA reading again at {hpa_back:.1f} s"
     )
