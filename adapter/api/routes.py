@@ -14,6 +14,7 @@ from urllib.parse import parse_qs, unquote
 from adapter.api import documents, negotiate
 from adapter.api.authn import Authenticator, Unauthenticated, User
 from adapter.api.authz import Attributes, Authorizer
+from adapter.api.delegate import Delegate
 from adapter.api.http import Request, Response
 from adapter.kube.client import KubeError
 from adapter.metrics.cache import MetricCache, Reading
@@ -51,13 +52,18 @@ class ExternalMetricsAPI:
         cache: MetricCache,
         authenticator: Authenticator | None,
         authorizer: Authorizer | None,
+        delegate: Delegate | None = None,
     ) -> None:
         self._cache = cache
         if (authenticator is None) != (authorizer is None):
             raise ValueError("authentication and authorization are on together or off together")
         self._authenticator = authenticator
         self._authorizer = authorizer
+        self._ours = frozenset(cache.catalogue.names())
         self._resource_list = documents.api_resource_list(cache.catalogue.names())
+        # Names outside ours go to the delegate; discovery is the union, rebuilt when its list changes.
+        self._delegate = delegate
+        self._union: tuple[tuple[str, ...], bytes] = ((), self._resource_list)
         self._rendered: dict[tuple[str, str, str], tuple[Reading, bytes]] = {}
 
     async def __call__(self, request: Request) -> Response:
@@ -106,7 +112,7 @@ class ExternalMetricsAPI:
         if is_list:
             return route, await self._list(segments[5], segments[6], query)
         if path == _VERSION_PATH:
-            return route, Response(200, self._resource_list)
+            return route, Response(200, self._discovery())
         document = _DISCOVERY.get(path)
         if document is not None:
             return route, Response(200, document)
@@ -128,8 +134,18 @@ class ExternalMetricsAPI:
             return None
         return _forbidden(user, attributes, decision.reason)
 
+    def _discovery(self) -> bytes:
+        if self._delegate is None:
+            return self._resource_list
+        theirs = self._delegate.names()
+        if theirs is not self._union[0]:
+            self._union = (theirs, documents.api_resource_list(sorted(self._ours.union(theirs))))
+        return self._union[1]
+
     async def _list(self, namespace: str, metric: str, query: str) -> Response:
         selector = parse_qs(query).get("labelSelector", [""])[0] if query else ""
+        if self._delegate is not None and metric.lower() not in self._ours:
+            return await self._delegate.list(namespace, metric, selector)
         try:
             reading = await self._cache.read(metric, namespace, selector)
         except MetricError as err:

@@ -20,11 +20,14 @@ kube_module_dir() {
   if [ "$K8S_VERSION" = "$(pinned_version)" ]; then echo "$K8S_DIR/kubernetes"; else echo "$ZS_K8S_HOME/modules/v$K8S_VERSION"; fi
 }
 
+# A short hash of files' contents (pins and recipes): what a build directory is keyed by.
+content_key() { cat "$@" | sha256sum | cut -c1-12; }
+
 # The build directory: keyed by the version and a hash of every pin and of the build recipe, so a change
 # to any of them builds afresh and nothing else does.
 build_dir() {
   local key
-  key=$(cat "$K8S_DIR/build" "$(kube_module_dir)/go.mod" "$K8S_DIR/etcd/go.mod" "$K8S_DIR/etcd/go.sum" \
-    $( [ -f "$(kube_module_dir)/go.sum" ] && echo "$(kube_module_dir)/go.sum" ) | sha256sum | cut -c1-12)
+  key=$(content_key "$K8S_DIR/build" "$(kube_module_dir)/go.mod" "$K8S_DIR/etcd/go.mod" "$K8S_DIR/etcd/go.sum" \
+    $( [ -f "$(kube_module_dir)/go.sum" ] && echo "$(kube_module_dir)/go.sum" ))
   echo "$ZS_K8S_HOME/build/v$K8S_VERSION-$key"
 }
