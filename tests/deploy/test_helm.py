@@ -323,3 +323,86 @@ def test_the_examples_still_name_deploy_base(chart_default: Objects) -> None:
     example = (DEPLOY / "examples" / "keda-scaledobject.yaml").read_text()
     assert "zeroscale-adapter.zeroscale.svc:9443" in example
     assert ("Service", ADAPTER) in kinds(chart_default)
+
+
+SECRETS = (
+    "certificates.mode=secret,certificates.secret.adapter=a,certificates.secret.proxy=p,"
+    "certificates.secret.caBundle=Yg=="
+)
+# Each value the chart reads, changed, with what must be on for it to matter; the render must differ.
+CHANGES: dict[str, tuple[object, str]] = {
+    "fullnameOverride": ("zs", ""),
+    "image.repository": ("example.org/zeroscale", ""),
+    "image.tag": ("9.9.9", ""),
+    "image.pullPolicy": ("Always", ""),
+    "imagePullSecrets": (["registry"], ""),
+    "certificates.mode": ("cert-manager", ""),
+    "certificates.generate.caDays": (100, ""),
+    "certificates.generate.days": (100, ""),
+    "certificates.certManager.issuerRef": ({"name": "corp", "kind": "ClusterIssuer"}, "certificates.mode=cert-manager"),
+    "certificates.secret.adapter": ("other", SECRETS),
+    "certificates.secret.proxy": ("other", SECRETS),
+    "certificates.secret.caBundle": ("b3RoZXI=", SECRETS),
+    "adapter.enabled": (False, "apiService.enabled=false"),
+    "keda.namespace": ("keda-system", ""),
+    "podMonitors.interval": ("30s", "podMonitors.enabled=true"),
+    "podMonitors.sidecars": (False, "podMonitors.enabled=true"),
+    "podMonitors.labels": ({"release": "prometheus"}, "podMonitors.enabled=true"),
+}
+# Read only where `helm template` cannot show it, and where that is tested instead.
+ACTS_ON_UPGRADE = {
+    "certificates.generate.renewDays": "when `helm upgrade` reissues a leaf it finds (tests/e2e/test_10_helm.py)"
+}
+
+
+def changed(value: object) -> object:
+    """A different value of the same type, for the values CHANGES does not name."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, list):
+        return [{"key": "dedicated", "operator": "Exists"}]
+    if isinstance(value, dict):
+        return {"cpu": "1"} if "cpu" in value or "memory" in value else {"example.org/key": "value"}
+    raise AssertionError(f"no change known for {value!r}: add it to CHANGES")
+
+
+def comparable(objects: Objects) -> list[dict[str, Any]]:
+    """The render without what differs on every run: generated keys, and expiry only to the day."""
+    out = []
+    generated = any(obj["kind"] == "Secret" for obj in objects)  # certificates.mode generate: a fresh CA each time
+    for obj in objects:
+        obj = json.loads(json.dumps(obj))
+        if obj["kind"] == "Secret":
+            obj.pop("data")
+            annotations = obj["metadata"]["annotations"]
+            annotations["zeroscale.io/not-after"] = int(annotations["zeroscale.io/not-after"]) // 86400
+        if obj["kind"] == "APIService" and generated:
+            obj["spec"].pop("caBundle")
+        out.append(obj)
+    return out
+
+
+def test_every_value_changes_the_render(helm: Path) -> None:
+    """No value silently does nothing: each one in values.yaml, changed, changes what is rendered."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    keys = [key for key, _ in load_generator().value_rows((CHART / "values.yaml").read_text()) if key != "config"]
+    idle = []
+    for key in keys:
+        if key in ACTS_ON_UPGRADE:
+            continue
+        default: Any = values
+        for part in key.split("."):
+            default = default[part]
+        new, context = CHANGES.get(key, (None, ""))
+        new = changed(default) if key not in CHANGES else new
+        before = comparable(helm_render(helm, *(("--set", context) if context else ())))
+        # The context minus the value itself (--set would win over --set-json).
+        rest = ",".join(pair for pair in context.split(",") if pair and not pair.startswith(f"{key}="))
+        after = comparable(
+            helm_render(helm, *(("--set", rest) if rest else ()), "--set-json", f"{key}={json.dumps(new)}")
+        )
+        if before == after:
+            idle.append(key)
+    assert idle == [], f"these values change nothing in the render: {idle}"

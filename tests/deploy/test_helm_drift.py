@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from tests.deploy.conftest import Objects
+from tests.deploy.conftest import Objects, helm_render
 
 # Labels only Helm adds (kustomize's deploy/base has part-of on every object, and the name label on components).
 HELM_LABELS = {
@@ -71,14 +73,37 @@ def keyed(objects: Objects) -> dict[tuple[str, str], dict[str, Any]]:
     return {(obj["kind"], normalised(obj)["metadata"]["name"]): normalised(obj) for obj in objects}
 
 
-def test_the_chart_renders_what_deploy_base_renders(base: Objects, chart_default: Objects) -> None:
-    kustomize = {key: obj for key, obj in keyed(base).items() if key not in NOT_COMPARED}
+def assert_same(kustomize_render: Objects, chart_render: Objects) -> None:
+    kustomize = {key: obj for key, obj in keyed(kustomize_render).items() if key not in NOT_COMPARED}
     kustomize = {(kind, RENAMED.get((kind, name), name)): obj for (kind, name), obj in kustomize.items()}
-    chart = {key: obj for key, obj in keyed(chart_default).items() if key[0] not in CHART_ONLY_KINDS}
+    chart = {key: obj for key, obj in keyed(chart_render).items() if key[0] not in CHART_ONLY_KINDS}
     assert sorted(chart) == sorted(kustomize)
     for key, obj in kustomize.items():
         obj["metadata"]["name"] = key[1]
         assert chart[key] == obj, key
+
+
+def test_the_chart_renders_what_deploy_base_renders(base: Objects, chart_default: Objects) -> None:
+    assert_same(base, chart_default)
+
+
+# Overlay -> the chart's values for the same installation.
+OVERLAY_VALUES = {
+    "cert-manager": "certificates.mode=cert-manager",
+    "keda": "certificates.mode=cert-manager,apiService.enabled=false,keda.clientCertificate=true",
+    "monitoring": "podMonitors.enabled=true",
+}
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAY_VALUES))
+def test_the_chart_renders_what_each_overlay_renders(
+    helm: Path, rendered: dict[str, Objects], base: Objects, overlay: str
+) -> None:
+    """cert-manager's Issuers and Certificates, KEDA's installation, the PodMonitors: the same as the overlays'
+    (the monitoring overlay adds its PodMonitors to an installation: compared with base + them)."""
+    chart = helm_render(helm, "--set", OVERLAY_VALUES[overlay])
+    kustomize = rendered[overlay] + (base if overlay == "monitoring" else [])
+    assert_same(kustomize, chart)
 
 
 def test_the_pods_labels_and_selectors_differ_only_by_the_release(base: Objects, chart_default: Objects) -> None:

@@ -92,10 +92,10 @@ class Helm:
         assert done.returncode == 0, f"helm {' '.join(args)}: {done.stderr}"
         return done.stdout
 
-    def deploy(self, command: str, values: Path) -> float:
+    def deploy(self, command: str, values: Path, *options: str) -> float:
         start = time.monotonic()
         render = ["--post-renderer", str(self.post_renderer), "--post-renderer-args", str(self.service_port)]
-        self(command, RELEASE, str(CHART), "--values", str(values), *render, "--create-namespace")
+        self(command, RELEASE, str(CHART), "--values", str(values), *render, "--create-namespace", *options)
         return time.monotonic() - start
 
 
@@ -270,7 +270,8 @@ def test_helm_install_scale_upgrade_uninstall(
         installed = True
         pods.append(start_pod(kube, plane, directory, "adapter-a"))
         service.route_to(pods[0].port)
-        available_after = install.wait_available(kube)
+        # The aggregator retries a failed first check with a backoff: its wait depends on when the pod came up.
+        available_after = install.wait_available(kube, timeout=120)
 
         kube.namespace(WORKLOADS)
         hpa = external_hpa(WORKLOADS, NAME, "redis-jobs", {"key": KEY}, 10, 5)
@@ -317,6 +318,17 @@ def test_helm_install_scale_upgrade_uninstall(
         down = wait_replicas(kube, WORKLOADS, NAME, 0)
         kube.delete(f"/apis/{HPA_API}/namespaces/{WORKLOADS}/horizontalpodautoscalers/{NAME}")
 
+        # A leaf certificate near its expiry (here: renewDays longer than its validity) is reissued by an upgrade
+        # from the same CA: the caBundle, and the certificate the running pod serves, stay trusted.
+        helm.deploy(
+            "upgrade", values_file(directory, redis_server, 1.0), "--set", "certificates.generate.renewDays=400"
+        )
+        renewed = kube.get(f"/api/v1/namespaces/{NAMESPACE}/secrets/{ADAPTER}-serving")["data"]
+        assert renewed["tls.crt"] != serving["tls.crt"], "the leaf was not reissued"
+        assert renewed["ca.crt"] == serving["ca.crt"]
+        assert kube.get(install.APISERVICE_PATH)["spec"]["caBundle"] == ca_bundle
+        assert install.available(kube).get("status") == "True"
+
         objects = release_objects(helm)
         start = time.monotonic()
         helm("uninstall", RELEASE, "--wait", "--timeout", "60s")
@@ -338,7 +350,8 @@ def test_helm_install_scale_upgrade_uninstall(
             f"helm: install {took:.1f} s, APIService Available {available_after:.1f} s after the pod was ready; "
             f"HPA 1->0, 0->3 in {up:.1f} s; upgrade (config.cache.interval 0.5 -> 1) {upgraded:.1f} s, new "
             f"ReplicaSet, adapter rolled A->B: APIService unavailable at most {outage:.1f} s of {len(watch.samples)} "
-            f"samples, HPA at 3 reading its metric throughout; 3->0 in {down:.1f} s through B; uninstall "
+            f"samples, HPA at 3 reading its metric throughout; 3->0 in {down:.1f} s through B; an upgrade within "
+            "renewDays reissued the adapter's certificate from the same CA (caBundle unchanged); uninstall "
             f"{uninstalled:.1f} s removed all {len(objects)} objects ({', '.join(kinds)}), APIService included; "
             "nothing labelled with the release left (ReplicaSets collected)"
         )
