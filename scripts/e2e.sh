@@ -9,6 +9,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ZEROSCALE_E2E=1
+source scripts/k8s/common.sh
+if plane_running; then
+  # Another run's plane: its registrations would be overwritten mid-run, and its `down` would stop ours.
+  echo "e2e: a control plane is already running (state in $RUN_DIR, port $ZS_K8S_PORT), another e2e run's or" \
+    "a person's: wait for it, or stop it with scripts/k8s/down; or use another ZS_K8S_HOME and ZS_K8S_PORT" >&2
+  exit 1
+fi
 scripts/k8s/build >/dev/null
 # KEDA's operator and metrics server for tests/e2e/test_2x_keda* (scripts/keda: ~15 min cold, cached after).
 scripts/keda/build >/dev/null

@@ -9,6 +9,9 @@ ZS_K8S_PORT="${ZS_K8S_PORT:-16443}"
 RUN_DIR="$ZS_K8S_HOME/run"
 PKI="$RUN_DIR/pki"
 
+# A control plane `up` started (from any checkout: the state and the port are per machine) is running.
+plane_running() { [ -f "$RUN_DIR/apiserver.pid" ] && kill -0 "$(cat "$RUN_DIR/apiserver.pid")" 2>/dev/null; }
+
 # The release the committed pin (kubernetes/go.mod) names, e.g. 1.37.2.
 pinned_version() { sed -n 's/^require k8s\.io\/kubernetes v//p' "$K8S_DIR/kubernetes/go.mod"; }
 K8S_VERSION="${K8S_VERSION:-$(pinned_version)}"
