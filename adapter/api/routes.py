@@ -8,7 +8,6 @@ and then routed: discovery documents, the list call, or a 404 Status.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from urllib.parse import parse_qs, unquote
 
@@ -19,6 +18,7 @@ from adapter.api.delegate import Delegate
 from adapter.api.http import Request, Response
 from adapter.kube.client import KubeError
 from adapter.metrics.cache import MetricCache, Reading
+from adapter.metrics.catalogue import namespace_problem
 from adapter.metrics.errors import MetricError
 from adapter.metrics.quantity import format_quantity
 from adapter.telemetry import api as telemetry
@@ -27,8 +27,6 @@ log = logging.getLogger(__name__)
 # One line per request at DEBUG: what the aggregator and the HPA controller ask, and what they got.
 access_log = logging.getLogger("adapter.api.access")
 
-# A namespace name, as Kubernetes validates it (DNS-1123 label); checked after percent-decoding.
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 HEALTH_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
 _OK = Response(200, b"ok", "text/plain; charset=utf-8")
 _GROUP_PATH = f"/apis/{documents.GROUP}"
@@ -95,14 +93,10 @@ class ExternalMetricsAPI:
         if "%" in path:
             segments = [unquote(segment) for segment in segments]
         is_list = len(segments) == 7 and path.startswith(_VERSION_PATH + "/namespaces/")
-        if is_list and not _NAMESPACE.fullmatch(segments[5]):
+        problem = namespace_problem(segments[5]) if is_list else None
+        if problem is not None:
             # Before any review: a name Kubernetes cannot have costs no TokenReview or SubjectAccessReview.
-            return "list", _status(
-                400,
-                "BadRequest",
-                f"invalid namespace {segments[5]!r}: a namespace is a DNS-1123 label (lower-case letters, digits "
-                "and '-', starting and ending with a letter or digit, at most 63 characters)",
-            )
+            return "list", _status(400, "BadRequest", problem)
         route = "list" if is_list else "discovery" if path in _DISCOVERY or path == _VERSION_PATH else "other"
         if self._authenticator is not None:
             attributes = (

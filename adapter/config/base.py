@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated
 from urllib.parse import parse_qsl, urlsplit
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -27,8 +27,17 @@ def _parse_duration(value: object) -> object:
     return value
 
 
-# Seconds, written in the config as a number or "500ms" / "5s" / "2m" / "1h".
-Duration = Annotated[float, BeforeValidator(_parse_duration), Field(ge=0)]
+# Seconds, written in the config as a number or "500ms" / "5s" / "2m" / "1h". The JSON schema says both
+# (the Helm chart's values.schema.json is generated from these models).
+Duration = Annotated[
+    float,
+    BeforeValidator(_parse_duration),
+    Field(ge=0),
+    WithJsonSchema(
+        {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": _DURATION.pattern}]},
+        mode="validation",
+    ),
+]
 
 
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")

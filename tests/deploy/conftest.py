@@ -56,3 +56,39 @@ def rendered(deploy_copy: Path) -> dict[str, Objects]:
 @pytest.fixture(scope="session")
 def base(deploy_copy: Path) -> Objects:
     return kustomize(deploy_copy / "base")
+
+
+CHART = DEPLOY / "helm" / "zeroscale"
+HELM_BUILD = ROOT / "scripts" / "helm" / "build"
+# What `helm template` renders for: the release and namespace deploy/base uses, on the release we test against.
+RELEASE, RELEASE_NAMESPACE, KUBE_VERSION = "zeroscale", "zeroscale", "1.37.2"
+
+
+def build_helm() -> Path:
+    """Helm built from scripts/helm's pinned module (cached: seconds once built; `make setup` builds it)."""
+    done = subprocess.run([str(HELM_BUILD)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"scripts/helm/build failed:\n{done.stderr}"
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    return build_helm()
+
+
+def helm_template(helm: Path, *options: str, release: str = RELEASE) -> subprocess.CompletedProcess[str]:
+    command = [str(helm), "template", release, str(CHART), "--namespace", RELEASE_NAMESPACE]
+    return subprocess.run(
+        [*command, "--kube-version", KUBE_VERSION, *options], capture_output=True, text=True, timeout=120
+    )
+
+
+def helm_render(helm: Path, *options: str, release: str = RELEASE) -> Objects:
+    done = helm_template(helm, *options, release=release)
+    assert done.returncode == 0, f"helm template {' '.join(options)} failed:\n{done.stderr}"
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+@pytest.fixture(scope="session")
+def chart_default(helm: Path) -> Objects:
+    return helm_render(helm)

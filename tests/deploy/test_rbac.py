@@ -4,7 +4,7 @@ Every `.request(METHOD, ...)` and `.watch(...)` call in adapter/ (found by walki
 CALLS with the (verb, group, resource) it needs; the module must hold that group's path and the resource's
 name; and which ServiceAccount makes it follows from which process imports the module (`serve` from
 adapter/api/run.py, `proxy` from adapter/proxy/server.py). Then the rendered RBAC must grant each
-ServiceAccount those calls and nothing more.
+ServiceAccount those calls and nothing more: deploy/'s kustomize render and the Helm chart's alike.
 
 Not counted: `zeroscale explain` (adapter/hpa/) and `zeroscale doctor` (adapter/doctor/) run on a workstation
 with the user's own kubeconfig, never under a deployed ServiceAccount, so no manifest grants their calls.
@@ -15,6 +15,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.deploy.conftest import ROOT, Objects
 
@@ -156,6 +158,16 @@ def granted(objects: Objects, service_account: str) -> set[Call]:
     return calls
 
 
+@pytest.fixture(params=["kustomize", "helm"])
+def installation(request: pytest.FixtureRequest) -> Objects:
+    """The RBAC as each packaging renders it: deploy/overlays/cert-manager, and the chart's defaults."""
+    if request.param == "kustomize":
+        objects: Objects = request.getfixturevalue("rendered")["cert-manager"]
+        return objects
+    chart: Objects = request.getfixturevalue("chart_default")
+    return chart
+
+
 def test_every_call_site_is_listed() -> None:
     sites = kube_call_sites()
     assert set(sites) == set(CALLS), "a Kubernetes API call was added or removed: update CALLS and the RBAC"
@@ -170,7 +182,7 @@ def test_each_listed_call_matches_its_module() -> None:
             assert resource.split("/")[0] in text or resource.split("/")[0][:-1] in text, (module, resource)
 
 
-def test_the_adapter_is_granted_exactly_its_calls(rendered: dict[str, Objects]) -> None:
+def test_the_adapter_is_granted_exactly_its_calls(installation: Objects) -> None:
     needed = needed_by("zeroscale-adapter")
     assert needed == {
         ("create", "authentication.k8s.io", "tokenreviews"),
@@ -178,7 +190,7 @@ def test_the_adapter_is_granted_exactly_its_calls(rendered: dict[str, Objects]) 
         ("get", "", "configmaps"),
         ("watch", "", "configmaps"),
     }
-    assert granted(rendered["cert-manager"], "zeroscale-adapter") == needed | BUILT_IN_EXTRA
+    assert granted(installation, "zeroscale-adapter") == needed | BUILT_IN_EXTRA
 
 
 def test_beside_keda_also_grants_exactly_the_delegate_call(rendered: dict[str, Objects]) -> None:
@@ -187,14 +199,14 @@ def test_beside_keda_also_grants_exactly_the_delegate_call(rendered: dict[str, O
     assert granted(rendered["beside-keda"], "zeroscale-adapter") == needed | BUILT_IN_EXTRA
 
 
-def test_the_proxy_is_granted_exactly_its_calls(rendered: dict[str, Objects]) -> None:
+def test_the_proxy_is_granted_exactly_its_calls(installation: Objects) -> None:
     needed = needed_by("zeroscale-proxy")
     assert ("patch", "apps", "deployments/scale") in needed
-    assert granted(rendered["cert-manager"], "zeroscale-proxy") == needed
+    assert granted(installation, "zeroscale-proxy") == needed
 
 
-def test_the_hpa_controller_may_get_and_list_external_metrics(rendered: dict[str, Objects]) -> None:
-    objects = rendered["cert-manager"]
+def test_the_hpa_controller_may_get_and_list_external_metrics(installation: Objects) -> None:
+    objects = installation
     (binding,) = [
         obj
         for obj in objects
@@ -208,11 +220,11 @@ def test_the_hpa_controller_may_get_and_list_external_metrics(rendered: dict[str
     assert role["rules"] == [{"apiGroups": ["external.metrics.k8s.io"], "resources": ["*"], "verbs": ["get", "list"]}]
 
 
-def test_nothing_else_is_bound(rendered: dict[str, Objects]) -> None:
-    """Every binding in every overlay is one of the five above: no other subject gets anything."""
+def test_nothing_else_is_bound(rendered: dict[str, Objects], chart_default: Objects) -> None:
+    """Every binding in every overlay and in the chart is one of the five above: no other subject gets anything."""
     names = {
         obj["metadata"]["name"]
-        for objects in rendered.values()
+        for objects in [*rendered.values(), chart_default]
         for obj in objects
         if obj["kind"] in ("RoleBinding", "ClusterRoleBinding")
     }
