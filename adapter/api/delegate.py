@@ -149,24 +149,24 @@ class Delegate:
         await self._client.close()
 
     async def _call(self, path: str) -> tuple[int, dict[str, Any]]:
-        # The wait for a slot counts against the same deadline as the call itself.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._config.timeout
+        # One deadline for the wait for a slot and the call together; a slot is held only once acquired.
+        acquired = False
         try:
-            await asyncio.wait_for(self._slots.acquire(), self._config.timeout)
-        except TimeoutError:
-            telemetry.SATURATED.inc()
-            raise KubeError(
-                f"{self._config.max_in_flight} calls already in flight for longer than {self._config.timeout:g}s "
-                "(delegate.max_in_flight)"
-            ) from None
-        try:
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout(self._config.timeout):
+                await self._slots.acquire()
+                acquired = True
                 return await self._client.request("GET", path)
         except TimeoutError:
+            if not acquired:
+                telemetry.SATURATED.inc()
+                raise KubeError(
+                    f"{self._config.max_in_flight} calls already in flight for longer than "
+                    f"{self._config.timeout:g}s (delegate.max_in_flight)"
+                ) from None
             raise KubeError(f"no answer within {self._config.timeout:g}s (delegate.timeout)") from None
         finally:
-            self._slots.release()
+            if acquired:
+                self._slots.release()
 
 
 def _resource_names(document: dict[str, Any]) -> list[str]:

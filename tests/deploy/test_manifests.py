@@ -107,6 +107,25 @@ def test_every_example_hpa_metric_is_served_by_its_config() -> None:
             assert metric["external"]["metric"]["name"] in served
 
 
+def test_every_example_scaler_trigger_names_a_served_metric() -> None:
+    """KEDA's `external` / `external-push` triggers name a metric of the example configs (the scaler answers
+    NOT_FOUND otherwise and KEDA makes no HPA)."""
+    served = {
+        metric["name"] for fragment in EXAMPLE_CONFIGS for metric in yaml.safe_load(fragment.read_text())["metrics"]
+    }
+    triggers = [
+        trigger
+        for path in EXAMPLES
+        for obj in example_objects(path)
+        if obj["kind"] == "ScaledObject"
+        for trigger in obj["spec"]["triggers"]
+        if trigger["type"] in ("external", "external-push")
+    ]
+    assert len(triggers) == 3
+    for trigger in triggers:
+        assert trigger["metadata"]["metricName"] in served, trigger
+
+
 def test_the_kafka_example_wakes_from_zero(rendered: dict[str, Objects]) -> None:
     """SPEC 5.4/5.5: minReplicas 0, an AverageValue target, a scale-up tolerance and a Pods policy."""
     hpa = find(
