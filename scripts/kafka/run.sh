@@ -75,7 +75,11 @@ PROPS
 java_opts=(-Xms256m -Xmx768m -XX:+UseSerialGC -Djava.awt.headless=true
   "-Dlog4j2.configurationFile=$dir/log4j2.properties")
 if [ ! -f "$dir/data/meta.properties" ]; then
-  cluster_id="$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+  # A base64url id that starts with "-" would be read by the tool as an option (and the id as missing).
+  cluster_id="-"
+  while [ "${cluster_id#-}" != "$cluster_id" ]; do
+    cluster_id="$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+  done
   java "${java_opts[@]}" -XX:TieredStopAtLevel=1 -cp "$jars/*" kafka.tools.StorageTool format \
     --config "$dir/server.properties" --cluster-id "$cluster_id" --standalone --ignore-formatted \
     --add-scram "SCRAM-SHA-256=[name=$user,password=$password]" \
