@@ -75,7 +75,7 @@ class QueueReader:
         assert isinstance(metric, RedisMetric)
         keys = expand(metric.redis_key, query.params)
         if metric.group is None:
-            if metric.query == "length":  # the common read, in this one coroutine frame
+            if metric.query == "length":  # in one frame: docs/architecture.md#hot-inlined-length-read
                 commands = self._length_commands(keys)
                 values, retype = self._lengths(keys, commands, await self._send(commands))
                 if retype:
