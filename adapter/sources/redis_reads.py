@@ -1,4 +1,4 @@
-"""What each `query:` kind sends to Redis and how the replies become a value (SPEC 7.2).
+"""What each `query:` kind sends to Redis and how the replies become a value (docs/protocols.md#redis-commands).
 
 Every read is a list of single-key commands handed to the batcher, so the reads of all series
 of a source in one interval share one pipeline. Zeros come only from Redis itself: an empty or
