@@ -1,8 +1,8 @@
 """`zeroscale certs`: a private CA, the certificates of an installation's gRPC and HTTPS ports, the caBundle.
 
 The aggregator dials `<service>.<namespace>.svc` and verifies the certificate against the APIService's
-`caBundle` (SPEC 3.2), so the serving certificate carries that DNS name (plus the shorter and longer
-forms in-cluster clients use) and is signed by the CA whose PEM becomes the caBundle. The same CA
+`caBundle` (docs/protocols.md#aggregator-availability), so the serving certificate carries that DNS name (plus the
+shorter and longer forms in-cluster clients use) and is signed by the CA whose PEM becomes the caBundle. The same CA
 signs the rest of the mutual TLS between the parts: the proxies' counts certificate (the adapter
 checks `zeroscale-proxy-counts.<namespace>.svc`), and KEDA's client certificate for the gRPC scaler.
 The adapter's certificate is also its client certificate towards the proxies. Both gRPC servers

@@ -1,7 +1,7 @@
-"""A STAND-IN for the Kubernetes API server, for tests only (DESIGN rule 5: the one allowed fake).
+"""A STAND-IN for the Kubernetes API server, for tests only (docs/architecture.md#real-parts: the one allowed fake).
 
 It is not Kubernetes. It answers the few calls Zeroscale makes with the JSON shapes of
-SPEC.md, on a loopback port, from its own threads, so it works the same for asyncio tests
+docs/protocols.md, on a loopback port, from its own threads, so it works the same for asyncio tests
 in-process and for `zeroscale serve` started as a subprocess.
 
 Start and stop::
@@ -25,7 +25,7 @@ Built-in routes:
   `kube.access_reviews`.
 - ConfigMaps: `GET/list/watch /api/v1/namespaces/{ns}/configmaps[/{name}]`, served from the
   object store. `kube.set_authentication_configmap(...)` writes `kube-system/
-  extension-apiserver-authentication` in SPEC 4.1's shape (lists as JSON strings).
+  extension-apiserver-authentication` in the shape of docs/protocols.md#authn-configmap (lists as JSON strings).
 
 The object store, for any collection path (e.g. `/api/v1/namespaces/kube-system/configmaps`):
 `put(collection, obj)` adds or replaces by `metadata.name` (sets `metadata.resourceVersion`,
@@ -409,7 +409,8 @@ class KubeStandIn:
         allowed_names: list[str],
         client_ca_pem: bytes | None = None,
     ) -> dict[str, Any]:
-        """Write kube-system/extension-apiserver-authentication as the kube-apiserver does (SPEC 4.1)."""
+        """Write kube-system/extension-apiserver-authentication as the kube-apiserver does
+        (docs/protocols.md#authn-configmap)."""
         namespace, name = AUTH_CONFIGMAP
         data = {
             "requestheader-client-ca-file": requestheader_ca_pem.decode(),

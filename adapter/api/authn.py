@@ -1,6 +1,6 @@
 """Who is calling: front-proxy client certificate + X-Remote-* headers, ordinary client certificate, or bearer token.
 
-Tried in the order the generic apiserver uses (SPEC 4.2, 4.3):
+Tried in the order the generic apiserver uses (docs/protocols.md#front-proxy-auth, docs/protocols.md#token-review):
 
 1. Front proxy: the client certificate must be issued by a CA of the request-header bundle
    (re-verified here with `cryptography`: the TLS handshake trusted the union of both CA
@@ -129,7 +129,8 @@ def _judge_peer(der: bytes | None, bundle: TrustBundle) -> _PeerVerdict:
 
 
 def _from_headers(request: Request, bundle: TrustBundle) -> User | None:
-    """SPEC 4.2 steps 2-4: the user the front proxy vouches for, or None when it names none."""
+    """docs/protocols.md#front-proxy-auth steps 2-4: the user the front proxy vouches for, or None when it names
+    none."""
 
     def first(names: tuple[str, ...]) -> str:
         for name in names:

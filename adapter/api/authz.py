@@ -1,4 +1,5 @@
-"""May this user do this? Delegated to Kubernetes with a SubjectAccessReview (SPEC 4.4), answers cached.
+"""May this user do this? Delegated to Kubernetes with a SubjectAccessReview (docs/protocols.md#subject-access-review),
+answers cached.
 
 Groups in `always_allow_groups` (default `system:masters`) skip the review, as upstream's
 delegating authorizer does. `allowed: true` allows; anything else (denied, or no opinion)
@@ -95,6 +96,7 @@ class Authorizer:
         status = review.get("status") or {}
         reason = str(status.get("reason", ""))
         if status.get("allowed") and status.get("denied"):
-            # SPEC 4.4: both set is an error, never an allow (and not cached as a decision).
+            # docs/protocols.md#subject-access-review: both set is an error, never an allow (and not cached as a
+            # decision).
             raise KubeError("the SubjectAccessReview answered both allowed and denied")
         return Decision(bool(status.get("allowed")), reason)

@@ -1,4 +1,5 @@
-"""The JSON documents of the external metrics API, shaped exactly as SPEC sections 1.1, 1.3 and 1.4 show."""
+"""The JSON documents of the external metrics API, shaped as docs/protocols.md#em-discovery,
+docs/protocols.md#em-response and docs/protocols.md#em-errors show."""
 
 from __future__ import annotations
 
@@ -40,13 +41,13 @@ def rfc3339(timestamp: float) -> str:
 
 
 def external_metric_value_list(name: str, labels: Mapping[str, str], timestamp: float, quantity: str) -> bytes:
-    """One item, never an empty list: the HPA treats an empty list as an error (SPEC 1.3)."""
+    """One item, never an empty list: the HPA treats an empty list as an error (docs/protocols.md#em-response)."""
     item = {"metricName": name, "metricLabels": dict(labels), "timestamp": rfc3339(timestamp), "value": quantity}
     return encode({"kind": "ExternalMetricValueList", "apiVersion": GROUP_VERSION, "metadata": {}, "items": [item]})
 
 
 def status(code: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> bytes:
-    """A metav1.Status failure (SPEC 1.4)."""
+    """A metav1.Status failure (docs/protocols.md#em-errors)."""
     document: dict[str, Any] = {
         "kind": "Status",
         "apiVersion": "v1",

@@ -104,7 +104,9 @@ _INTERNAL_ERROR = Response(500, b"internal error\n", "text/plain; charset=utf-8"
 
 @types.coroutine
 def _resume(coroutine: Coroutine[Any, Any, _T], suspended: Any) -> Generator[Any, Any, _T]:
-    """Go on driving a coroutine that already ran its first step (what `yield from` would do)."""
+    """Go on driving a coroutine that already ran its first step (what `yield from` would do).
+
+    Deliberate, see docs/architecture.md#hot-eager-handler."""
     while True:
         try:
             sent = yield suspended
@@ -176,6 +178,7 @@ class Connection(asyncio.Protocol):
         self._arm(Phase.HANDSHAKE, self._limits.header_timeout)
         # start_tls's first step must run now, before this callback returns: uvloop starts reading right
         # after connection_made, and the ClientHello must reach the TLS protocol, not this one.
+        # (docs/architecture.md#hot-eager-handler)
         handshake = self._loop.start_tls(
             self._transport,
             self,
@@ -317,7 +320,7 @@ class Connection(asyncio.Protocol):
 
     # -- deadlines ---------------------------------------------------------------------------
     # One deadline per connection, moved by plain assignment; a single timer follows it lazily,
-    # so the hot path creates and cancels no timer handles.
+    # so the hot path creates and cancels no timer handles (docs/architecture.md#hot-lazy-deadline).
 
     def _arm(self, phase: Phase, seconds: float, since: float | None = None) -> None:
         self._phase = phase
@@ -423,7 +426,7 @@ class Connection(asyncio.Protocol):
         """Run the handler's first step right here; most answers (cached values) complete in it.
 
         Like Python 3.12's eager tasks: no Task is made unless the handler really waits
-        (a cold series, a TokenReview), which keeps the per-request cost low.
+        (a cold series, a TokenReview), which keeps the per-request cost low: docs/architecture.md#hot-eager-handler.
         """
         coroutine = self._server.handler(request)
         try:

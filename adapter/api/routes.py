@@ -1,7 +1,8 @@
-"""The external metrics API's routes (SPEC sections 1 and 3), authentication and authorization in front.
+"""The external metrics API's routes (docs/protocols.md#external-metrics-api, docs/protocols.md#aggregator),
+authentication and authorization in front.
 
 Order of a request: health paths answer `ok` without credentials; `/openapi/*` answers 404
-before authorization (SPEC 3.4); everything else is authenticated (401), authorized (403)
+before authorization (docs/protocols.md#openapi); everything else is authenticated (401), authorized (403)
 and then routed: discovery documents, the list call, or a 404 Status.
 """
 
@@ -164,7 +165,7 @@ class ExternalMetricsAPI:
 
 
 def _forbidden(user: User, attributes: Attributes, reason: str) -> Response:
-    """The 403 Status the generic apiserver writes (SPEC 1.4)."""
+    """The 403 Status the generic apiserver writes (docs/protocols.md#em-errors)."""
     suffix = f": {reason}" if reason else ""
     if attributes.resource is None:
         message = f'forbidden: User "{user.name}" cannot {attributes.verb} path "{attributes.path}"{suffix}'

@@ -2,7 +2,7 @@
 
 Either files (`auth.request_header.client_ca_file` with the configured allowed names and
 header names, `auth.client_ca_file`), re-read when they change, or the
-`kube-system/extension-apiserver-authentication` ConfigMap (SPEC 4.1), listed and then
+`kube-system/extension-apiserver-authentication` ConfigMap (docs/protocols.md#authn-configmap), listed and then
 watched so that rotated CAs apply without a restart. `auth.client_ca_file`, when set,
 overrides the ConfigMap's `client-ca-file`. Each new TrustBundle goes to `publish`.
 """

@@ -1,8 +1,8 @@
 """Settings of the two gRPC servers: KEDA's external scaler (in `serve`) and the pending-count stream (in `proxy`).
 
 Both are off until enabled. Without `tls` a server speaks plaintext, which is allowed only on a
-loopback address unless `allow_plaintext: true` says the network is trusted (DESIGN rule 4). Without
-`tls.client_ca_file` nobody is authenticated, which is allowed only on a loopback address unless
+loopback address unless `allow_plaintext: true` says the network is trusted (docs/architecture.md#secure-by-default).
+Without `tls.client_ca_file` nobody is authenticated, which is allowed only on a loopback address unless
 `allow_unauthenticated: true` says so. (gRPC's Python servers either require a verified client
 certificate or ask for none: there is no "optional" in between.)
 """

@@ -1,4 +1,4 @@
-"""The `kafka` source (a cluster to read) and its `consumer_lag` metric (SPEC 7.1)."""
+"""The `kafka` source (a cluster to read) and its `consumer_lag` metric (docs/protocols.md#kafka-lag)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class KafkaSource(SourceBase):
     sasl: KafkaSasl | None = None
     # Below cache.query_timeout, so a broker that does not answer is reported as such.
     request_timeout: Duration = 5.0
-    # One cluster metadata read serves every group for this long (SPEC: one refresh per interval).
+    # One cluster metadata read serves every group for this long (docs/protocols.md#kafka-requests).
     metadata_max_age: Duration = 5.0
     # One read of a group's offsets serves every series of that group for this long: one read per
     # group per refresh interval (the default is cache.interval's).
@@ -49,7 +49,7 @@ KAFKA_LABELS = ("group", "topic", "partition")
 
 
 class KafkaMetric(MetricBase):
-    """Total consumer-group lag, with KEDA's `kafka` trigger parameters (SPEC 7.1), snake_case.
+    """Total consumer-group lag, with KEDA's `kafka` trigger parameters (docs/protocols.md#kafka-lag), snake_case.
 
     The HPA's selector gives `group` (required), `topic` (optional; default: every topic the group
     has committed offsets for) and `partition` (optional: numbers or ranges like `0-9`); each must be

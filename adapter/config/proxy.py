@@ -81,7 +81,7 @@ class AddressUpstream(Strict):
 
 
 class ScaleTarget(Strict):
-    """The workload whose scale subresource is patched to wake it (SPEC 8.2)."""
+    """The workload whose scale subresource is patched to wake it (docs/protocols.md#scale-subresource)."""
 
     namespace: str = Field(pattern=_DNS_LABEL)
     kind: Literal["Deployment", "StatefulSet", "ReplicaSet"] = "Deployment"

@@ -23,7 +23,7 @@ class ServingTLSConfig(Strict):
 
 
 class RequestHeaderConfig(Strict):
-    """Front-proxy (aggregator) client-certificate authentication, SPEC 4.2.
+    """Front-proxy (aggregator) client-certificate authentication, docs/protocols.md#front-proxy-auth.
 
     With `client_ca_file` unset, the CA and names are read and watched from the
     `kube-system/extension-apiserver-authentication` ConfigMap.

@@ -53,7 +53,8 @@ spec:
 
 
 def hpa_manifests(timing: Timing, with_kafka: bool) -> str:
-    """AverageValue targets (they need no pod readiness) and a Pods scale-up policy (SPEC 5.2, 5.4 traps)."""
+    """AverageValue targets (they need no pod readiness) and a Pods scale-up policy (docs/protocols.md#hpa-replica-math,
+    docs/protocols.md#hpa-behavior traps)."""
     documents = [
         _hpa("web", "demo-http-pending", ", selector: {matchLabels: {route: web}}", "10", 4, timing),
         _hpa("worker", "demo-jobs", "", "5", 4, timing),
@@ -85,7 +86,8 @@ class LocalHPA:
         self.spec = manifest.spec
         self.workload = workload
         self._client = client
-        # Under v1.37 an HPA wakes only a workload it scaled to zero itself (SPEC 5.5); ours start at zero.
+        # Under v1.37 an HPA wakes only a workload it scaled to zero itself (docs/protocols.md#hpa-scale-to-zero); ours
+        # start at zero.
         self.controller = HorizontalController(manifest.spec, scaled_to_zero=True)
         self.last: Reading | None = None
 

@@ -1,8 +1,8 @@
 """The local scaler: the scale subresource of the demo's local workloads, on loopback HTTP.
 
 The proxy's `Local` scale target (development mode) points here and wakes a workload with the same
-GET and merge-PATCH it sends to Kubernetes (SPEC 8.2): `spec.replicas` is omitted at 0, a PATCH
-carrying a stale `metadata.resourceVersion` is refused with 409 and a `metav1.Status`.
+GET and merge-PATCH it sends to Kubernetes (docs/protocols.md#scale-subresource): `spec.replicas` is omitted at 0, a
+PATCH carrying a stale `metadata.resourceVersion` is refused with 409 and a `metav1.Status`.
 """
 
 from __future__ import annotations

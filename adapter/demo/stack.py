@@ -97,7 +97,8 @@ def zeroscale_config(ports: Ports, tls_dir: Path, scaler_port: int, with_kafka: 
                 "name": "demo-kafka-lag",
                 "type": "kafka",
                 "source": "kafka",
-                # The topic too: the group has not committed yet, so the lag is read per topic (SPEC 7.1).
+                # The topic too: the group has not committed yet, so the lag is read per topic
+                # (docs/protocols.md#kafka-lag).
                 "labels": {"group": {"pattern": "[a-z-]+", "required": True}, "topic": {"pattern": "[a-z-]+"}},
                 "lag_threshold": 10,
                 # The group has never committed: count every message as lag, so it wakes from zero.

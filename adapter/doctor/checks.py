@@ -1,4 +1,5 @@
-"""The checks, in the order the aggregator itself goes (SPEC 3.2): APIService, Service, endpoints, TLS, discovery.
+"""The checks, in the order the aggregator itself goes (docs/protocols.md#aggregator-availability): APIService, Service,
+endpoints, TLS, discovery.
 
 They cover the reasons users most often meet `FailedDiscoveryCheck` or `unable to fetch metrics`: another
 provider owns the APIService, the Service port or its name does not match, no endpoint is ready, the
@@ -27,7 +28,7 @@ SAR_PATH = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 HPA_USER = "system:serviceaccount:kube-system:horizontal-pod-autoscaler"
 HPA_GROUPS = ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"]
 
-# What each `Available=False` reason of the aggregator means and what to do (SPEC 3.2).
+# What each `Available=False` reason of the aggregator means and what to do (docs/protocols.md#aggregator-availability).
 _REASON_HINTS = {
     "ServiceNotFound": "the Service the APIService names does not exist",
     "ServicePortError": "the APIService's port is not a port of the Service",
@@ -254,7 +255,7 @@ class Doctor:
                 other_names |= names
                 continue
             for endpoint in item.get("endpoints") or []:
-                # The aggregator counts nil as ready (SPEC 8.1).
+                # The aggregator counts nil as ready (docs/protocols.md#endpointslices).
                 if (endpoint.get("conditions") or {}).get("ready") in (None, True):
                     ready += 1
                 else:

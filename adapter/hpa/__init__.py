@@ -1,4 +1,5 @@
-"""The HPA replica calculation, v1.37 semantics (SPEC 5), for `zeroscale explain` and `zeroscale demo`.
+"""The HPA replica calculation, v1.37 semantics (docs/protocols.md#hpa-algorithm), for `zeroscale explain` and
+`zeroscale demo`.
 
 Pure and clock-injected: `HorizontalController(spec).sync(now, ...)` returns a `Decision`.
 Never used by the serving path.

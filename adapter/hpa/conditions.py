@@ -1,4 +1,5 @@
-"""HPA status conditions (SPEC 5.4 reason strings, 5.5 ScaledToZero), kept like `status.conditions`."""
+"""HPA status conditions (docs/protocols.md#hpa-behavior reason strings, docs/protocols.md#hpa-scale-to-zero), kept like
+`status.conditions`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One HPA's reconcile loop as Kubernetes v1.37 runs it (horizontal.go, SPEC 5), without I/O.
+"""One HPA's reconcile loop as Kubernetes v1.37 runs it (horizontal.go, docs/protocols.md#hpa-algorithm), without I/O.
 
 The caller reads the scale subresource, pods and metrics, calls `sync()` with what it read
 and the current time, and applies `Decision.desired_replicas` when `Decision.rescale` is
@@ -73,7 +73,7 @@ class HorizontalController:
         """`scaled_to_zero`: the HPA's ScaledToZero condition as found (None: absent).
 
         `scaled_to_zero_condition=False` models controllers older than the condition
-        (SPEC 5.5 "legacy"): they compute from zero whenever minReplicas is 0.
+        (docs/protocols.md#hpa-scale-to-zero "legacy"): they compute from zero whenever minReplicas is 0.
         """
         self.spec = spec
         self.tolerance = tolerance
@@ -205,8 +205,9 @@ class HorizontalController:
         )
 
     def _track_zero(self, now: float, current: int, desired: int, rescale: bool) -> None:
-        """ScaledToZero (SPEC 5.5), set on every rescale and only then, as v1.37 does: True when the HPA took
-        the target from some replicas to 0 (minReplicas 0, a metric to wake on), False on any other rescale."""
+        """ScaledToZero (docs/protocols.md#hpa-scale-to-zero), set on every rescale and only then, as v1.37 does:
+        True when the HPA took the target from some replicas to 0 (minReplicas 0, a metric to wake on), False on any
+        other rescale."""
         if not rescale or not self.scaled_to_zero_condition:
             return
         if current > 0 and desired == 0 and self.spec.min_replicas == 0 and self._wakes_on_metrics():

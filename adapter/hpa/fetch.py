@@ -1,4 +1,5 @@
-"""What the HPA controller reads before a sync, read the same way (SPEC 1.2, 1.3, 5.1, 8.2).
+"""What the HPA controller reads before a sync, read the same way (docs/protocols.md#em-list-call,
+docs/protocols.md#em-response, docs/protocols.md#hpa-calls, docs/protocols.md#scale-subresource).
 
 External metrics come from an adapter directly or through the kube-apiserver (same path);
 the scale subresource, pods and the HPA's own status come from the kube-apiserver.
@@ -104,7 +105,7 @@ async def read_scale(client: KubeClient, namespace: str, target: ObjectReference
     path = f"{_collection_prefix(target.api_version, namespace)}/{resource}/{quote(target.name, safe='')}/scale"
     _, body = await client.request("GET", path)
     spec, status = body.get("spec") or {}, body.get("status") or {}
-    # spec.replicas is omitted at 0 (SPEC 8.2).
+    # spec.replicas is omitted at 0 (docs/protocols.md#scale-subresource).
     return Scale(int(spec.get("replicas", 0)), int(status.get("replicas", 0)), str(status.get("selector") or ""))
 
 

@@ -1,8 +1,8 @@
 """HorizontalPodAutoscaler manifests (autoscaling/v2 and v2beta2, YAML or JSON) -> HPASpec.
 
 Applies the API server's defaults (minReplicas 1, behavior rules per direction) and the
-validation rules that change what the controller may be asked to do (SPEC 5.4, 5.5), so a
-manifest the API server would refuse is refused here with the same reason.
+validation rules that change what the controller may be asked to do (docs/protocols.md#hpa-behavior,
+docs/protocols.md#hpa-scale-to-zero), so a manifest the API server would refuse is refused here with the same reason.
 """
 
 from __future__ import annotations

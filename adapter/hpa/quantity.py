@@ -1,4 +1,5 @@
-"""Reading Kubernetes Quantity strings from HPA manifests (SPEC 2.1 grammar, 2.2 rounding).
+"""Reading Kubernetes Quantity strings from HPA manifests (docs/protocols.md#quantity-grammar,
+docs/protocols.md#quantity-precision).
 
 The formatter lives in adapter.metrics.quantity; this is the other direction, kept here
 because only manifests (targets, tolerances) and metric values read by the HPA need it.
@@ -59,5 +60,6 @@ def _exact(canonical: str) -> Decimal:
 
 
 def quantity_milli(text: str | int | float) -> int:
-    """`ParseQuantity(text).MilliValue()`: what the HPA compares, in milli-units (SPEC 2.2)."""
+    """`ParseQuantity(text).MilliValue()`: what the HPA compares, in milli-units
+    (docs/protocols.md#quantity-precision)."""
     return milli_value(parse_quantity(text))

@@ -1,4 +1,5 @@
-"""Rate limits: Pods/Percent policies over scale events, selectPolicy, min/max (horizontal.go, SPEC 5.4).
+"""Rate limits: Pods/Percent policies over scale events, selectPolicy, min/max (horizontal.go,
+docs/protocols.md#hpa-behavior).
 
 Scale events are kept as Go keeps them: each one records a change in replicas, events
 older than the direction's longest policy period are marked outdated when the next event
@@ -97,7 +98,7 @@ def _policy_bounds(
         if policy.type is PolicyType.PODS:
             allowed = start + policy.value if up else start - policy.value
         elif up:
-            # Rounded up so a small percentage still adds a pod; from 0 it adds none (SPEC 5.4).
+            # Rounded up so a small percentage still adds a pod; from 0 it adds none (docs/protocols.md#hpa-behavior).
             allowed = min(math.ceil(start * (1 + policy.value / 100)), MAX_INT32)
         else:
             allowed = int(start * (1 - policy.value / 100))  # Go's int32() truncates

@@ -1,4 +1,5 @@
-"""Per-metric replica proposals for External and Object metrics (replica_calculator.go, SPEC 5.2, 5.3).
+"""Per-metric replica proposals for External and Object metrics (replica_calculator.go,
+docs/protocols.md#hpa-replica-math, docs/protocols.md#hpa-tolerance).
 
 Everything is in milli-units, as the HPA computes: ratios are float64 like Go's, so the
 ceilings land on the same integers.

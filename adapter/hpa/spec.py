@@ -62,7 +62,7 @@ class LabelSelector:
     match_expressions: tuple[SelectorRequirement, ...] = ()
 
     def query(self) -> str:
-        """`LabelSelectorAsSelector(s).String()`: the `labelSelector` the HPA sends (SPEC 1.2)."""
+        """`LabelSelectorAsSelector(s).String()`: the `labelSelector` the HPA sends (docs/protocols.md#em-list-call)."""
         requirements = [Requirement(key, Operator.EQUALS, (value,)) for key, value in self.match_labels]
         requirements += [
             Requirement(r.key, _OPERATORS[r.operator], tuple(sorted(set(r.values)))) for r in self.match_expressions
@@ -70,7 +70,7 @@ class LabelSelector:
         return str(Selector(tuple(requirements)))
 
     def go_repr(self) -> str:
-        """How Go's `%+v` prints the selector inside HPA error messages (SPEC 1.4)."""
+        """How Go's `%+v` prints the selector inside HPA error messages (docs/protocols.md#em-errors)."""
         labels = "".join(f"{key}: {value}," for key, value in sorted(self.match_labels))
         expressions = "".join(
             f"LabelSelectorRequirement{{Key:{r.key},Operator:{r.operator},Values:[{' '.join(r.values)}],}},"
@@ -180,7 +180,7 @@ class ScalingRules:
         return max((policy.period_seconds for policy in self.policies), default=0)
 
 
-# GenerateHPAScaleUpRules / GenerateHPAScaleDownRules defaults (SPEC 5.4).
+# GenerateHPAScaleUpRules / GenerateHPAScaleDownRules defaults (docs/protocols.md#hpa-behavior).
 DEFAULT_SCALE_UP = ScalingRules(
     0, SelectPolicy.MAX, (ScalingPolicy(PolicyType.PODS, 4, 15), ScalingPolicy(PolicyType.PERCENT, 100, 15))
 )
@@ -201,7 +201,7 @@ class HPASpec:
     min_replicas: int
     max_replicas: int
     metrics: tuple[Metric, ...]
-    behavior: Behavior | None  # None: the legacy path (SPEC 5.4, `behavior: nil`)
+    behavior: Behavior | None  # None: the legacy path (docs/protocols.md#hpa-behavior, `behavior: nil`)
 
     @property
     def key(self) -> str:

@@ -1,4 +1,4 @@
-"""Stabilization windows over past recommendations (horizontal.go, SPEC 5.4).
+"""Stabilization windows over past recommendations (horizontal.go, docs/protocols.md#hpa-behavior).
 
 The history is kept as Go keeps it: a list in which one expired slot is reused per sync,
 otherwise appended to, so the same sequence of syncs stabilizes to the same numbers.

@@ -1,4 +1,5 @@
-"""EndpointSlices of one Service (SPEC 8.1): list and watch them, and read which endpoints may take traffic.
+"""EndpointSlices of one Service (docs/protocols.md#endpointslices): list and watch them, and read which endpoints may
+take traffic.
 
 `discovery.k8s.io/v1` is asked first; a server that does not serve it (404, before v1.21) is asked
 `discovery.k8s.io/v1beta1`, whose endpoints carry the same `addresses`, `conditions` and `ports`.
@@ -58,7 +59,7 @@ def _port_of(slice_obj: dict[str, Any], port: str | int) -> int | None:
 
 
 def ready_addresses(slices: Iterable[dict[str, Any]], port: str | int) -> list[tuple[str, int]]:
-    """Addresses that may take traffic, per SPEC 8.1.
+    """Addresses that may take traffic, per docs/protocols.md#endpointslices.
 
     Usable: `ready` nil or true, and not `terminating`. Only when no endpoint is usable, endpoints
     that are terminating but still `serving` are used, so held requests drain into them.

@@ -1,4 +1,5 @@
-"""The scale subresource (SPEC 8.2): read a workload's replicas and wake it from zero without fighting the HPA."""
+"""The scale subresource (docs/protocols.md#scale-subresource): read a workload's replicas and wake it from zero without
+fighting the HPA."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ A series (metric, namespace, selector) is born on its first read, refreshed in t
 background every `interval` for as long as someone reads it, and dropped after `idle_ttl`
 without reads. A failed refresh keeps the last good value until it is older than
 `max_staleness`; after that the read fails with 503. No path produces a zero that the
-source did not report (DESIGN rule 1), nor a value the HPA would misread (a Quantity whose
+source did not report (docs/architecture.md#no-fabricated-zero), nor a value the HPA would misread (a Quantity whose
 milli-value overflows int64, NaN, infinity): those are errors of the series.
 
 The table is shared by every caller, so no caller can take it from another: a full table

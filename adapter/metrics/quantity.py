@@ -1,4 +1,4 @@
-"""Kubernetes `resource.Quantity` in Go's canonical DecimalSI form (SPEC section 2).
+"""Kubernetes `resource.Quantity` in Go's canonical DecimalSI form (docs/protocols.md#quantity).
 
 Go rounds any non-zero value up, away from zero, to a multiple of 1e-9, then writes an
 integer mantissa with the largest SI suffix whose exponent is a multiple of 3, never a
@@ -17,7 +17,7 @@ _CONTEXT = decimal.Context(prec=200, rounding=ROUND_UP)
 
 
 def to_decimal(value: Decimal | int | float | str) -> Decimal:
-    """Exact decimal of a number; floats go through repr so 0.1 stays 0.1 (SPEC 2.4)."""
+    """Exact decimal of a number; floats go through repr so 0.1 stays 0.1 (docs/protocols.md#quantity-python)."""
     if isinstance(value, Decimal):
         return value
     if isinstance(value, float):

@@ -341,7 +341,7 @@ class ClientConnection(asyncio.Protocol):
         self._headers = []
         self._header_bytes = 0
         self._in_headers = True
-        self.deadline = monotonic() + self._header_timeout  # _arm, inlined: once per request
+        self.deadline = monotonic() + self._header_timeout  # _arm, inlined: docs/architecture.md#hot-inlined-deadline
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -367,7 +367,7 @@ class ClientConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._in_headers = False
         self._head_bytes = 0
-        self.deadline = 0.0  # _cancel_timer, inlined
+        self.deadline = 0.0  # _cancel_timer, inlined: docs/architecture.md#hot-inlined-deadline
         exchange = self._exchange()
         self._parsing = exchange
         self._body_left = exchange.content_length or 0
@@ -605,7 +605,7 @@ class ClientConnection(asyncio.Protocol):
         if self._ahead is not None:
             self._parse_ahead()
         elif self._parsing is None and self._active is None:
-            self.deadline = monotonic() + self._idle_timeout  # _arm, inlined
+            self.deadline = monotonic() + self._idle_timeout  # _arm, inlined: docs/architecture.md#hot-inlined-deadline
 
     def start_tunnel(self, upstream: UpstreamConnection) -> None:
         """The upstream relayed 101: from here bytes pass through, and the request is no longer pending.

@@ -113,6 +113,7 @@ class ProxyServer:
         plain numbers, checked here a few times a second.
 
         The tick is a quarter of the shortest timeout (at most 1 s), so a timeout fires at most 25% late.
+        Deliberate, see docs/architecture.md#hot-lazy-deadline.
         """
         config = self.config
         limits = [route.limits for route in self.routes.values()]

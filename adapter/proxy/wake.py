@@ -1,4 +1,5 @@
-"""Waking a scale target from zero (SPEC 8.2) when a request is held and no endpoint is ready.
+"""Waking a scale target from zero (docs/protocols.md#scale-subresource) when a request is held and no endpoint is
+ready.
 
 Only a Scale that reads 0 is patched, with its resourceVersion as a precondition, so the proxy never
 overrides a size the HPA chose; a conflict means someone changed it meanwhile: read again and decide again.

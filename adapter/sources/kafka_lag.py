@@ -1,4 +1,4 @@
-"""Consumer lag from offsets: KEDA's rules (SPEC 7.1) with its known mistakes fixed.
+"""Consumer lag from offsets: KEDA's rules (docs/protocols.md#kafka-lag) with its known mistakes fixed.
 
 Pure functions and one small piece of state (the commits seen at the previous read, for
 `exclude_persistent_lag`), so every rule can be tested without a broker.

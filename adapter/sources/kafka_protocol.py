@@ -9,7 +9,7 @@ buffer closing every structure; the request header is v2 and the response header
 
 ListOffsets v3 is aiokafka's own request; only its answer is read here, directly (one struct per
 partition), as is OffsetFetch v8's: aiokafka's generic reader makes some thirty calls a partition, and
-a round of many groups reads thousands of partitions.
+a round of many groups reads thousands of partitions (docs/architecture.md#hot-kafka-decode).
 
 Request v8:  groups [group_id, topics (nullable: null = every committed topic)
                      [name, partition_indexes [int32]]], require_stable

@@ -65,7 +65,7 @@ class Batcher:
         """Send `commands` with what else arrives in this window; the future fails with SourceError if the trip fails.
 
         A plain function returning the future, not a coroutine: one frame less for each of a
-        batch's thousand callers to enter and resume.
+        batch's thousand callers to enter and resume (docs/architecture.md#hot-batch-future).
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Results] = loop.create_future()
@@ -181,7 +181,9 @@ class Batcher:
 
 
 def _pack(commands: list[Command]) -> bytes:
-    """The RESP of all commands, as redis-py's pack_commands makes it ("XINFO GROUPS" is two words)."""
+    """The RESP of all commands, as redis-py's pack_commands makes it ("XINFO GROUPS" is two words).
+
+    One write per batch, no Pipeline object: docs/architecture.md#hot-redis-pack."""
     pack: Any = hiredis.pack_command  # its stub types the argument as a 1-tuple
     return b"".join(
         [pack((*command[0].split(), *command[1:]) if " " in command[0] else command) for command in commands]

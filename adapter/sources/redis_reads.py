@@ -1,4 +1,4 @@
-"""What each `query:` kind sends to Redis and how the replies become a value (SPEC 7.2).
+"""What each `query:` kind sends to Redis and how the replies become a value (docs/protocols.md#redis-commands).
 
 Every read is a list of single-key commands handed to the batcher, so the reads of all series
 of a source in one interval share one pipeline. Zeros come only from Redis itself: an empty or
@@ -75,7 +75,7 @@ class QueueReader:
         assert isinstance(metric, RedisMetric)
         keys = expand(metric.redis_key, query.params)
         if metric.group is None:
-            if metric.query == "length":  # the common read, in this one coroutine frame
+            if metric.query == "length":  # in one frame: docs/architecture.md#hot-inlined-length-read
                 commands = self._length_commands(keys)
                 values, retype = self._lengths(keys, commands, await self._send(commands))
                 if retype:

@@ -43,6 +43,7 @@ class RedisQueues(Source):
     def query(self, query: SourceQuery) -> Coroutine[Any, Any, list[Sample]]:
         # The reader's coroutine itself, not one wrapping it: a refresh of 1,000 series enters
         # and resumes 1,000 frames fewer. Creating it cannot raise; awaiting it may.
+        # (docs/architecture.md#hot-query-coroutine)
         return self._reader.read(query)
 
     async def check(self) -> None:

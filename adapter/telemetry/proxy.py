@@ -2,7 +2,8 @@
 
 The held and in-flight gauges read the routes' own counters when scraped (see adapter/proxy/counts.py),
 and the two per-request series (requests, upstream response time) are plain integers in `HotPathStats`,
-read by one collector at scrape time: the hot path pays neither a lock nor a label lookup for them.
+read by one collector at scrape time: the hot path pays neither a lock nor a label lookup for them
+(docs/architecture.md#hot-plain-counters).
 """
 
 from __future__ import annotations

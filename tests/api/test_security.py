@@ -1,4 +1,5 @@
-"""Authentication and authorization (SPEC 4) against the Kubernetes stand-in, with certificates made by trustme."""
+"""Authentication and authorization (docs/protocols.md#authentication) against the Kubernetes stand-in, with
+certificates made by trustme."""
 
 from __future__ import annotations
 

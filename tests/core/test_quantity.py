@@ -1,4 +1,4 @@
-"""Quantity formatting against Go's canonical form (SPEC section 2)."""
+"""Quantity formatting against Go's canonical form (docs/protocols.md#quantity)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from adapter.metrics.quantity import format_quantity, milli_value
 
-# SPEC 2.3's worked examples, plus signs and the e >= 21 fallback.
+# The worked examples of docs/protocols.md#quantity-canonical, plus signs and the e >= 21 fallback.
 WORKED = [
     (1.5, "1500m"),
     (0.5, "500m"),

@@ -1,4 +1,4 @@
-"""The Kubernetes label-selector grammar, as the HPA serializes it (SPEC 1.2)."""
+"""The Kubernetes label-selector grammar, as the HPA serializes it (docs/protocols.md#em-list-call)."""
 
 from __future__ import annotations
 

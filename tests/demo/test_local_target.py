@@ -1,6 +1,7 @@
 """The proxy's `Local` scale target (development mode) against the demo's local scaler, all real.
 
-The proxy's own Waker talks to the scaler over loopback HTTP with the scale subresource calls of SPEC 8.2;
+The proxy's own Waker talks to the scaler over loopback HTTP with the scale subresource calls of
+docs/protocols.md#scale-subresource;
 end to end, a request to a proxy in front of the demo's HTTP app at zero is held, wakes it, and is answered.
 """
 
@@ -39,7 +40,8 @@ def test_route_accepts_a_local_target_on_loopback_only() -> None:
 
 
 def test_scale_at_zero_omits_replicas_and_stale_patch_conflicts(sleeper: LocalWorkload) -> None:
-    """SPEC 8.2: spec.replicas is omitted at 0; a PATCH with an old resourceVersion is a 409 Status."""
+    """docs/protocols.md#scale-subresource: spec.replicas is omitted at 0; a PATCH with an old resourceVersion is a 409
+    Status."""
     workloads = {"sleeper": sleeper}
     path = "/apis/apps/v1/namespaces/local/deployments/sleeper/scale"
     code, scale = answer(workloads, "GET", path, b"")

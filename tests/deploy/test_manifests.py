@@ -127,7 +127,8 @@ def test_every_example_scaler_trigger_names_a_served_metric() -> None:
 
 
 def test_the_kafka_example_wakes_from_zero(rendered: dict[str, Objects]) -> None:
-    """SPEC 5.4/5.5: minReplicas 0, an AverageValue target, a scale-up tolerance and a Pods policy."""
+    """docs/protocols.md#hpa-behavior, docs/protocols.md#hpa-scale-to-zero: minReplicas 0, an AverageValue target, a
+    scale-up tolerance and a Pods policy."""
     hpa = find(
         example_objects(DEPLOY / "examples" / "kafka-consumer.yaml"), "HorizontalPodAutoscaler", "orders-consumer"
     )

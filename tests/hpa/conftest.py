@@ -16,7 +16,8 @@ EXTERNAL_METRICS = r"/apis/external\.metrics\.k8s\.io/v1beta1/namespaces/([^/]+)
 
 @dataclass
 class MetricsStandIn:
-    """Serves SPEC 1.3's ExternalMetricValueList for `values[name]`, or SPEC 1.4's Status for `errors[name]`.
+    """Serves an ExternalMetricValueList (docs/protocols.md#em-response) for `values[name]`, or a Status
+    (docs/protocols.md#em-errors) for `errors[name]`.
 
     It runs on the Kubernetes API stand-in, so the same server also answers scale, pods and
     HPA reads when a test adds them (the `--kubeconfig` path). `calls` records (namespace,

@@ -1,4 +1,5 @@
-"""Stabilization windows, Pods/Percent policies, selectPolicy, min/max and the legacy path (SPEC 5.4).
+"""Stabilization windows, Pods/Percent policies, selectPolicy, min/max and the legacy path
+(docs/protocols.md#hpa-behavior).
 
 AverageValue target 10 unless said otherwise, so usage 10*n proposes n replicas.
 """
@@ -27,7 +28,8 @@ def percent(value: int, period: int = 15) -> dict[str, Any]:
 
 
 def test_default_behavior_tables() -> None:
-    """SPEC 5.4 defaults: up 0s window, Pods 4/15s + Percent 100/15s, Max; down nil window, Percent 100/15s, Max."""
+    """docs/protocols.md#hpa-behavior defaults: up 0s window, Pods 4/15s + Percent 100/15s, Max; down nil window,
+    Percent 100/15s, Max."""
     assert DEFAULT_SCALE_UP.stabilization_window_seconds == 0
     assert DEFAULT_SCALE_UP.policies == (
         ScalingPolicy(PolicyType.PODS, 4, 15),
@@ -42,7 +44,7 @@ def test_default_behavior_tables() -> None:
 
 
 def test_defaults_fill_only_missing_fields() -> None:
-    """SPEC 5.4: the apiserver fills each nil field from the defaults (copyHPAScalingRules)."""
+    """docs/protocols.md#hpa-behavior: the apiserver fills each nil field from the defaults (copyHPAScalingRules)."""
     spec = make_spec(behavior={"scaleDown": {"stabilizationWindowSeconds": 60}, "scaleUp": {"policies": [pods(1)]}})
     assert spec.behavior is not None
     assert spec.behavior.scale_down.stabilization_window_seconds == 60
@@ -53,7 +55,8 @@ def test_defaults_fill_only_missing_fields() -> None:
 
 
 def test_scale_down_window_defaults_to_the_controller_flag() -> None:
-    """SPEC 5.4: scaleDown window nil -> --horizontal-pod-autoscaler-downscale-stabilization (300 s).
+    """docs/protocols.md#hpa-behavior: scaleDown window nil ->
+    --horizontal-pod-autoscaler-downscale-stabilization (300 s).
 
     The t=0 sample leaves the window once it is exactly 300 s old (Go counts only samples after the cutoff).
     """
@@ -69,7 +72,8 @@ def test_scale_down_window_defaults_to_the_controller_flag() -> None:
 
 
 def test_scale_up_window_applies_the_lowest_recent_recommendation() -> None:
-    """SPEC 5.4: scale-up uses the minimum within the up-window (ScaleUpStabilized), then the policies."""
+    """docs/protocols.md#hpa-behavior: scale-up uses the minimum within the up-window (ScaleUpStabilized), then the
+    policies."""
     controller = make_controller(behavior={"scaleUp": {"stabilizationWindowSeconds": 60}})
     assert sync(controller, 0, 2, "20").desired_replicas == 2
     held = sync(controller, 15, 2, "100")
@@ -82,7 +86,8 @@ def test_scale_up_window_applies_the_lowest_recent_recommendation() -> None:
 
 
 def test_pods_policy_counts_changes_within_its_period() -> None:
-    """SPEC 5.4: Pods policy allows periodStartReplicas + value; the period start excludes older events."""
+    """docs/protocols.md#hpa-behavior: Pods policy allows periodStartReplicas + value; the period start excludes older
+    events."""
     controller = make_controller(behavior={"scaleUp": {"policies": [pods(1, 60)]}})
     assert sync(controller, 0, 2, "100").desired_replicas == 3
     limited = sync(controller, 15, 3, "100")
@@ -95,13 +100,13 @@ def test_pods_policy_counts_changes_within_its_period() -> None:
 @pytest.mark.parametrize(
     ("scale_up", "current", "usage", "expected", "fact"),
     [
-        (rules(policies=[percent(50, 60)]), 3, "100", 5, "SPEC 5.4: Percent up = ceil(3 * 1.5) = 5"),
-        (rules(selectPolicy="Max"), 10, "1000", 20, "SPEC 5.4: Max of Pods 14 and Percent 20"),
-        (rules(selectPolicy="Min"), 10, "1000", 14, "SPEC 5.4: Min of Pods 14 and Percent 20"),
-        (rules(selectPolicy="Disabled"), 3, "100", 3, "SPEC 5.4: selectPolicy Disabled: no scale-up"),
-        (rules(), 1, "100", 5, "SPEC 5.4: default up from 1: Pods 4 -> 5 beats Percent 100 -> 2"),
-        (rules(), 0, "50", 4, "SPEC 5.5: from 0 the defaults allow up to 4"),
-        (rules(policies=[percent(100)]), 0, "50", 0, "SPEC 5.4: from 0 a Percent-only scale-up allows 0 (stall)"),
+        (rules(policies=[percent(50, 60)]), 3, "100", 5, "hpa-behavior: Percent up = ceil(3 * 1.5) = 5"),
+        (rules(selectPolicy="Max"), 10, "1000", 20, "hpa-behavior: Max of Pods 14 and Percent 20"),
+        (rules(selectPolicy="Min"), 10, "1000", 14, "hpa-behavior: Min of Pods 14 and Percent 20"),
+        (rules(selectPolicy="Disabled"), 3, "100", 3, "hpa-behavior: selectPolicy Disabled: no scale-up"),
+        (rules(), 1, "100", 5, "hpa-behavior: default up from 1: Pods 4 -> 5 beats Percent 100 -> 2"),
+        (rules(), 0, "50", 4, "hpa-scale-to-zero: from 0 the defaults allow up to 4"),
+        (rules(policies=[percent(100)]), 0, "50", 0, "hpa-behavior: from 0 a Percent-only scale-up allows 0 (stall)"),
     ],
 )
 def test_scale_up_policies(scale_up: dict[str, Any], current: int, usage: str, expected: int, fact: str) -> None:
@@ -114,7 +119,7 @@ def test_scale_up_policies(scale_up: dict[str, Any], current: int, usage: str, e
 
 
 def test_percent_only_scale_up_from_zero_stalls_for_good() -> None:
-    """SPEC 5.4 trap: 0 x (1 + p) = 0, so every sync stays at 0 while the backlog grows."""
+    """docs/protocols.md#hpa-behavior trap: 0 x (1 + p) = 0, so every sync stays at 0 while the backlog grows."""
     controller = make_controller(
         min_replicas=0, scaled_to_zero=True, behavior={"scaleUp": {"policies": [percent(900)]}}
     )
@@ -125,8 +130,8 @@ def test_percent_only_scale_up_from_zero_stalls_for_good() -> None:
 @pytest.mark.parametrize(
     ("scale_down", "current", "usage", "expected", "reason", "fact"),
     [
-        (rules(policies=[pods(1, 60)]), 5, "0", 4, "ScaleDownLimit", "SPEC 5.4: Pods down = start - value"),
-        (rules(policies=[percent(50)]), 5, "10", 2, "ScaleDownLimit", "SPEC 5.4: Percent down truncates 5*0.5"),
+        (rules(policies=[pods(1, 60)]), 5, "0", 4, "ScaleDownLimit", "hpa-behavior: Pods down = start - value"),
+        (rules(policies=[percent(50)]), 5, "10", 2, "ScaleDownLimit", "hpa-behavior: Percent down truncates 5*0.5"),
         (rules(policies=[pods(1), percent(50)]), 10, "10", 5, "ScaleDownLimit", "Max on scale-down = biggest change"),
         (
             rules(policies=[pods(1), percent(50)], selectPolicy="Min"),
@@ -136,8 +141,8 @@ def test_percent_only_scale_up_from_zero_stalls_for_good() -> None:
             "ScaleDownLimit",
             "Min on scale-down = smallest change",
         ),
-        (rules(selectPolicy="Disabled"), 5, "0", 5, "ScaleDownLimit", "SPEC 5.4: Disabled: no scale-down"),
-        (rules(), 5, "10", 1, "DesiredWithinRange", "SPEC 5.4: default Percent 100/15s allows all the way down"),
+        (rules(selectPolicy="Disabled"), 5, "0", 5, "ScaleDownLimit", "hpa-behavior: Disabled: no scale-down"),
+        (rules(), 5, "10", 1, "DesiredWithinRange", "hpa-behavior: default Percent 100/15s allows all the way down"),
     ],
 )
 def test_scale_down_policies(
@@ -152,7 +157,7 @@ def test_scale_down_policies(
 
 
 def test_scale_down_period_remembers_what_was_removed() -> None:
-    """SPEC 5.4: periodStartReplicas = current - added + removed within the period."""
+    """docs/protocols.md#hpa-behavior: periodStartReplicas = current - added + removed within the period."""
     controller = make_controller(
         min_replicas=0, behavior={"scaleDown": {"stabilizationWindowSeconds": 0, "policies": [pods(1, 60)]}}
     )
@@ -164,9 +169,9 @@ def test_scale_down_period_remembers_what_was_removed() -> None:
 @pytest.mark.parametrize(
     ("min_replicas", "max_replicas", "current", "usage", "expected", "reason", "fact"),
     [
-        (1, 5, 4, "100", 5, "TooManyReplicas", "SPEC 5.4: clamped to maxReplicas below the rate limit"),
-        (3, 10, 5, "10", 3, "TooFewReplicas", "SPEC 5.4: clamped to minReplicas above the rate limit"),
-        (1, 10, 4, "60", 6, "DesiredWithinRange", "SPEC 5.4: nothing to limit"),
+        (1, 5, 4, "100", 5, "TooManyReplicas", "hpa-behavior: clamped to maxReplicas below the rate limit"),
+        (3, 10, 5, "10", 3, "TooFewReplicas", "hpa-behavior: clamped to minReplicas above the rate limit"),
+        (1, 10, 4, "60", 6, "DesiredWithinRange", "hpa-behavior: nothing to limit"),
     ],
 )
 def test_min_max_clamp(
@@ -183,9 +188,9 @@ def test_min_max_clamp(
 @pytest.mark.parametrize(
     ("current", "max_replicas", "expected", "reason", "fact"),
     [
-        (1, 100, 4, "ScaleUpLimit", "SPEC 5.4 legacy: max(2*1, 4) = 4"),
-        (3, 100, 6, "ScaleUpLimit", "SPEC 5.4 legacy: max(2*3, 4) = 6"),
-        (10, 15, 15, "TooManyReplicas", "SPEC 5.4 legacy: maxReplicas below the limit 20"),
+        (1, 100, 4, "ScaleUpLimit", "hpa-behavior legacy: max(2*1, 4) = 4"),
+        (3, 100, 6, "ScaleUpLimit", "hpa-behavior legacy: max(2*3, 4) = 6"),
+        (10, 15, 15, "TooManyReplicas", "hpa-behavior legacy: maxReplicas below the limit 20"),
     ],
 )
 def test_legacy_scale_up_limit(current: int, max_replicas: int, expected: int, reason: str, fact: str) -> None:
@@ -196,7 +201,8 @@ def test_legacy_scale_up_limit(current: int, max_replicas: int, expected: int, r
 
 
 def test_legacy_downscale_window_comes_from_the_flag() -> None:
-    """SPEC 5.4 legacy: only the downscale window (from the flag), then no rate limit on the way down."""
+    """docs/protocols.md#hpa-behavior legacy: only the downscale window (from the flag), then no rate limit on the way
+    down."""
     controller = make_controller()
     sync(controller, 0, 8, "80")
     assert sync(controller, 15, 8, "20").desired_replicas == 8

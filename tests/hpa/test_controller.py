@@ -1,4 +1,6 @@
-"""The reconcile around the math: scale to and from zero, conditions, failed metrics (SPEC 5.2, 5.4, 5.5, 1.3)."""
+"""The reconcile around the math: scale to and from zero, conditions, failed metrics
+(docs/protocols.md#hpa-replica-math, docs/protocols.md#hpa-behavior, docs/protocols.md#hpa-scale-to-zero,
+docs/protocols.md#em-response)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ def has_scaled_to_zero(decision: Decision) -> bool:
 
 
 def test_scaled_to_zero_lifecycle() -> None:
-    """SPEC 5.5 as v1.37 runs it (checked in tests/e2e/test_08_hpa_table.py): set on rescales only; True once
-    the HPA itself scales to 0; False/NotScaledToZero after waking."""
+    """docs/protocols.md#hpa-scale-to-zero as v1.37 runs it (checked in tests/e2e/test_08_hpa_table.py): set on rescales
+    only; True once the HPA itself scales to 0; False/NotScaledToZero after waking."""
     controller = make_controller(min_replicas=0, behavior=FAST_DOWN)
     decision, replicas = follow(controller, 0, 2, "20")
     assert not has_scaled_to_zero(decision), "no rescale: the condition is not written"
@@ -55,7 +57,8 @@ def test_woken_with_min_replicas_raised_since_the_metrics_decide() -> None:
 
 
 def test_no_wake_for_a_workload_someone_else_set_to_zero() -> None:
-    """SPEC 5.5: without ScaledToZero=True, 0 replicas means "paused": ScalingDisabled, no change."""
+    """docs/protocols.md#hpa-scale-to-zero: without ScaledToZero=True, 0 replicas means "paused": ScalingDisabled, no
+    change."""
     controller = make_controller(min_replicas=0, behavior=FAST_DOWN)
     follow(controller, 0, 3, "30")  # running: ScaledToZero=False
     decision = sync(controller, 15, 0, "500")  # a person (or proxy) set replicas 1 -> 0
@@ -65,7 +68,8 @@ def test_no_wake_for_a_workload_someone_else_set_to_zero() -> None:
 
 
 def test_fresh_hpa_at_zero_never_scales() -> None:
-    """SPEC 5.5 KEP caveat: a fresh replicas: 0 Deployment with a minReplicas: 0 HPA never scales."""
+    """docs/protocols.md#hpa-scale-to-zero KEP caveat: a fresh replicas: 0 Deployment with a minReplicas: 0 HPA never
+    scales."""
     controller = make_controller(min_replicas=0)
     for tick in range(3):
         decision = sync(controller, tick * 15, 0, "500")
@@ -74,7 +78,8 @@ def test_fresh_hpa_at_zero_never_scales() -> None:
 
 
 def test_min_replicas_above_zero_and_target_at_zero_is_paused() -> None:
-    """SPEC 5.5 legacy convention: spec.replicas 0 with minReplicas != 0 -> ScalingDisabled with its message."""
+    """docs/protocols.md#hpa-scale-to-zero legacy convention: spec.replicas 0 with minReplicas != 0 -> ScalingDisabled
+    with its message."""
     decision = sync(make_controller(min_replicas=2), 0, 0, "500")
     assert decision.desired_replicas == 0
     active = next(c for c in decision.conditions if c.type == "ScalingActive")
@@ -83,7 +88,8 @@ def test_min_replicas_above_zero_and_target_at_zero_is_paused() -> None:
 
 
 def test_controllers_without_the_condition_compute_from_zero() -> None:
-    """SPEC 5.5 legacy controller: replicas == 0 && minReplicas == 0 -> metrics are computed (0 -> N math)."""
+    """docs/protocols.md#hpa-scale-to-zero legacy controller: replicas == 0 && minReplicas == 0 -> metrics are computed
+    (0 -> N math)."""
     controller = HorizontalController(make_spec(min_replicas=0), scaled_to_zero_condition=False)
     decision = sync(controller, 0, 0, "25")
     assert decision.desired_replicas == 3
@@ -91,7 +97,8 @@ def test_controllers_without_the_condition_compute_from_zero() -> None:
 
 
 def test_value_target_with_a_pod_not_ready_is_kept_only_by_the_down_window() -> None:
-    """SPEC 5.2 trap: Value target, replicas 1, pod not Ready -> proposal 0; only the down window keeps the pod."""
+    """docs/protocols.md#hpa-replica-math trap: Value target, replicas 1, pod not Ready -> proposal 0; only the down
+    window keeps the pod."""
     woken_with_history = make_controller(min_replicas=0, target=("Value", "10"), behavior={}, scaled_to_zero=True)
     follow(woken_with_history, 0, 1, "10")  # an earlier sync recommended 1
     decision = sync(woken_with_history, 15, 1, "50", ready=0)
@@ -106,7 +113,8 @@ def test_value_target_with_a_pod_not_ready_is_kept_only_by_the_down_window() -> 
 
 
 def test_average_value_wakes_regardless_of_readiness() -> None:
-    """SPEC 5.2: AverageValue never looks at readiness, which is why it suits scale-from-zero."""
+    """docs/protocols.md#hpa-replica-math: AverageValue never looks at readiness, which is why it suits
+    scale-from-zero."""
     controller = make_controller(min_replicas=0, behavior={}, scaled_to_zero=True)
     follow(controller, 0, 0, "0")
     decision = sync(controller, 15, 1, "50", ready=0)
@@ -114,7 +122,8 @@ def test_average_value_wakes_regardless_of_readiness() -> None:
 
 
 def test_all_metrics_failing_holds_the_current_count() -> None:
-    """SPEC 1.3/1.4/5.4: an error (e.g. empty items) -> ScalingActive=False FailedGetExternalMetric, no scaling."""
+    """docs/protocols.md#em-response, docs/protocols.md#em-errors, docs/protocols.md#hpa-behavior: an error (e.g. empty
+    items) -> ScalingActive=False FailedGetExternalMetric, no scaling."""
     controller = make_controller(min_replicas=1, behavior={})
     decision = controller.sync(0, 3, 3, 3, [MetricFailure("no metrics returned from external metrics API")])
     assert (decision.desired_replicas, decision.rescale, decision.proposal) == (3, False, None)
@@ -178,7 +187,7 @@ def test_a_failed_metric_blocks_a_scale_down() -> None:
 
 
 def test_the_largest_proposal_wins() -> None:
-    """SPEC 5.2/horizontal.go: with several metrics, the largest replica proposal is used."""
+    """docs/protocols.md#hpa-replica-math: with several metrics, the largest replica proposal is used."""
     controller = make_controller(metrics=two_metrics(), behavior={})
     decision = controller.sync(0, 2, 2, 2, [quantity_milli("30"), quantity_milli("50")])
     assert (decision.proposal, decision.desired_replicas) == (5, 5)

@@ -73,7 +73,8 @@ def condition(result: dict[str, Any], kind: str) -> tuple[str, str, str]:
 
 
 def test_what_if_from_the_command_line(manifests: Path) -> None:
-    """SPEC 5.5 from zero with --scaled-to-zero: AverageValue ceil(35/1) = 35, limited by the default Pods 4 to 4.
+    """docs/protocols.md#hpa-scale-to-zero from zero with --scaled-to-zero: AverageValue ceil(35/1) = 35, limited by the
+    default Pods 4 to 4.
 
     The Value HPA at 2 replicas (2 ready): ratio 45/10 = 4.5 -> ceil(4.5*2) = 9, legacy limit max(2*2, 4) = 4.
     Runs the installed entry point in a subprocess, as a user would.
@@ -86,12 +87,12 @@ def test_what_if_from_the_command_line(manifests: Path) -> None:
     assert (worker["currentReplicas"], worker["recommendation"], worker["desiredReplicas"]) == (0, 35, 4)
     assert worker["limits"]["reason"] == "ScaleUpLimit"
     assert condition(worker, "ScaledToZero")[:2] == ("False", "NotScaledToZero")
-    # minReplicas 1 and replicas 0: a paused workload, metrics not even read (SPEC 5.5).
+    # minReplicas 1 and replicas 0: a paused workload, metrics not even read (docs/protocols.md#hpa-scale-to-zero).
     assert (web["desiredReplicas"], condition(web, "ScalingActive")[1]) == (0, "ScalingDisabled")
 
 
 def test_value_target_uses_ready_pods(manifests: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """SPEC 5.2: Value -> ceil(4.5 * readyPods); with 1 of 2 pods ready, ceil(4.5) = 5."""
+    """docs/protocols.md#hpa-replica-math: Value -> ceil(4.5 * readyPods); with 1 of 2 pods ready, ceil(4.5) = 5."""
     code, results = explain_json(
         capsys, "-f", str(manifests), "--set", "queue=45", "--set", "s0-jobs=0", "--replicas", "2", "--ready-pods", "1"
     )
@@ -125,7 +126,8 @@ def test_table_names_every_step(
 def test_reads_the_adapter_over_https(
     manifests: Path, metrics_standin: MetricsStandIn, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """SPEC 1.2/1.3/5.1: lower-cased name, encoded selector, items' MilliValue summed (1500m + 2 = 3.5 -> 4)."""
+    """docs/protocols.md#em-list-call, docs/protocols.md#em-response, docs/protocols.md#hpa-calls: lower-cased name,
+    encoded selector, items' MilliValue summed (1500m + 2 = 3.5 -> 4)."""
     metrics_standin.values["s0-jobs"] = ["1500m", "2"]
     kube = metrics_standin.kube
     code, results = explain_json(capsys, *from_standin(manifests, metrics_standin, 1, "--ca-file", str(kube.ca_file)))
@@ -167,7 +169,8 @@ def test_insecure_skip_tls_verify(
 def test_errors_are_shown_as_the_hpa_would(
     response: str, expected: str, manifests: Path, metrics_standin: MetricsStandIn, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """SPEC 1.3/1.4: Status errors and empty lists -> ScalingActive=False FailedGetExternalMetric, no scaling."""
+    """docs/protocols.md#em-response, docs/protocols.md#em-errors: Status errors and empty lists -> ScalingActive=False
+    FailedGetExternalMetric, no scaling."""
     if response == "forbidden":
         metrics_standin.errors["s0-jobs"] = (403, "Forbidden", 's0-jobs.external.metrics.k8s.io is forbidden: User "u"')
     elif response == "empty":
@@ -212,7 +215,8 @@ def pod(name: str, ready: bool) -> dict[str, Any]:
 def test_reads_scale_pods_and_metrics_through_a_kubeconfig(
     tmp_path: Path, metrics_standin: MetricsStandIn, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """SPEC 8.2 scale (spec.replicas omitted at 0), pods Running+Ready, metrics via the apiserver path."""
+    """docs/protocols.md#scale-subresource scale (spec.replicas omitted at 0), pods Running+Ready, metrics via the
+    apiserver path."""
     kube = metrics_standin.kube
     selectors: list[str | None] = []
 

@@ -72,11 +72,11 @@ def external(name: str, selector: Mapping[str, object], kind: str, quantity: str
 def test_explain_reads_the_running_adapter(
     adapter_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Known answers at 2 replicas, 2 ready (SPEC 5.2):
+    """Known answers at 2 replicas, 2 ready (docs/protocols.md#hpa-replica-math):
 
-    - orders, AverageValue 500: ceil(1500 / 500) = 3 (the name is sent lower-cased, SPEC 1.2);
+    - orders, AverageValue 500: ceil(1500 / 500) = 3 (the name is sent lower-cased, docs/protocols.md#em-list-call);
     - orders+emails (1500.5), Value 1000: ratio 1.5005 -> ceil(1.5005 * 2) = 4;
-    - an unknown metric: 404 Status -> FailedGetExternalMetric (SPEC 1.4), no scaling.
+    - an unknown metric: 404 Status -> FailedGetExternalMetric (docs/protocols.md#em-errors), no scaling.
     """
     orders = hpa_document(
         name="orders",

@@ -40,7 +40,8 @@ def parse_one(document: dict[str, object]) -> ExternalMetric:
 
 
 def test_selector_serialized_like_client_go() -> None:
-    """SPEC 1.2: requirements sorted by key and comma-joined; In values sorted; path name lower-cased."""
+    """docs/protocols.md#em-list-call: requirements sorted by key and comma-joined; In values sorted; path name
+    lower-cased."""
     metric = parse_one(hpa_document(metrics=[external("S0-Jobs", SELECTOR)]))
     assert metric.selector is not None
     assert metric.selector.query() == "env in (a,b),!legacy,queue=jobs,tier"
@@ -52,13 +53,14 @@ def test_selector_serialized_like_client_go() -> None:
 
 @pytest.mark.parametrize("selector", [None, {}], ids=["nil", "empty"])
 def test_nil_and_empty_selectors_send_no_parameter(selector: object) -> None:
-    """SPEC 1.2: a nil and an empty {} selector both give no labelSelector parameter."""
+    """docs/protocols.md#em-list-call: a nil and an empty {} selector both give no labelSelector parameter."""
     metric = parse_one(hpa_document(metrics=[external(selector=selector)]))
     assert "?" not in external_metric_path("ns", metric)
 
 
 def test_selector_in_error_messages_is_go_formatted() -> None:
-    """SPEC 1.4: the HPA prints the selector with %+v inside 'unable to get external metric ns/name/<selector>'."""
+    """docs/protocols.md#em-errors: the HPA prints the selector with %+v inside 'unable to get external metric
+    ns/name/<selector>'."""
     metric = parse_one(hpa_document(metrics=[external(selector={"matchLabels": {"queue": "jobs"}})]))
     assert metric.label == (
         "external metric queue(&LabelSelector{MatchLabels:map[string]string{queue: jobs,},"
@@ -87,7 +89,8 @@ def test_defaults() -> None:
 
 
 def test_tolerance_and_status() -> None:
-    """SPEC 5.3: tolerance is a Quantity ('50m' = 0.05); a manifest's status gives ScaledToZero (SPEC 5.5)."""
+    """docs/protocols.md#hpa-tolerance: tolerance is a Quantity ('50m' = 0.05); a manifest's status gives ScaledToZero
+    (docs/protocols.md#hpa-scale-to-zero)."""
     document = hpa_document(
         min_replicas=0, behavior={"scaleDown": {"tolerance": "50m"}, "scaleUp": {"tolerance": 0.01}}
     )

@@ -16,7 +16,8 @@ NANO = Decimal("1e-9")
 
 @given(st.decimals(min_value=Decimal("-1e15"), max_value=Decimal("1e15"), allow_nan=False, places=12))
 def test_parse_reads_back_what_the_formatter_writes(value: Decimal) -> None:
-    """SPEC 2.2/2.3: format then parse gives the value rounded up (away from zero) to a multiple of 1e-9."""
+    """docs/protocols.md#quantity-precision, docs/protocols.md#quantity-canonical: format then parse gives the value
+    rounded up (away from zero) to a multiple of 1e-9."""
     rounded = value.quantize(NANO, rounding="ROUND_UP") if value else value
     assert parse_quantity(format_quantity(value)) == rounded
 
@@ -31,8 +32,9 @@ def test_parse_reads_back_what_the_formatter_writes(value: Decimal) -> None:
 def test_followed_decisions_stay_in_range_and_within_the_rate(
     min_replicas: int, span: int, usages: list[int], scale_down_window: int
 ) -> None:
-    """SPEC 5.4: once inside [min, max], every decision stays there, and one 15 s step up never exceeds the
-    default policies' max(start + 4, 2 * start) (no earlier scale-up inside the 15 s period at that spacing)."""
+    """docs/protocols.md#hpa-behavior: once inside [min, max], every decision stays there, and one 15 s step up never
+    exceeds the default policies' max(start + 4, 2 * start)
+    (no earlier scale-up inside the 15 s period at that spacing)."""
     max_replicas = max(min_replicas, 1) + span
     controller = make_controller(
         min_replicas=min_replicas,

@@ -1,4 +1,5 @@
-"""Per-metric proposals (SPEC 5.2) and tolerance (SPEC 5.3), table-driven; each row names the fact it checks."""
+"""Per-metric proposals (docs/protocols.md#hpa-replica-math) and tolerance (docs/protocols.md#hpa-tolerance),
+table-driven; each row names the fact it checks."""
 
 from __future__ import annotations
 
@@ -20,14 +21,14 @@ def target(kind: str, text: str) -> MetricTarget:
 @pytest.mark.parametrize(
     ("kind", "target_text", "usage", "spec_replicas", "status_replicas", "pods", "expected", "fact"),
     [
-        ("Value", "100", "105", 3, 3, Pods(3, 3), 3, "SPEC 5.2: Value within tolerance keeps currentReplicas"),
-        ("Value", "100", "250", 3, 3, Pods(3, 3), 8, "SPEC 5.2: Value -> ceil(usageRatio * readyPods) = ceil(2.5*3)"),
-        ("Value", "100", "250", 3, 3, Pods(3, 2), 5, "SPEC 5.2: Value counts only Running+Ready pods: ceil(2.5*2)"),
-        ("Value", "100", "105", 0, 0, Pods(0, 0), 2, "SPEC 5.3: no tolerance for Value from zero: ceil(1.05) = 2"),
-        ("Value", "100", "0", 0, 0, Pods(0, 0), 0, "SPEC 5.5: Value from zero with usage 0 -> 0"),
-        ("Value", "100", "500", 1, 1, Pods(1, 0), 0, "SPEC 5.2 trap: Value + not-yet-ready pod -> proposal 0"),
-        ("Value", "10", "0", 4, 4, Pods(4, 4), 0, "SPEC 5.5: metric drops to 0 -> ceil(0*ready) = 0"),
-        ("AverageValue", "5", "23", 2, 2, Pods(2, 2), 5, "SPEC 5.2: AverageValue -> ceil(usage/target) = ceil(4.6)"),
+        ("Value", "100", "105", 3, 3, Pods(3, 3), 3, "hpa-replica-math: Value within tolerance keeps currentReplicas"),
+        ("Value", "100", "250", 3, 3, Pods(3, 3), 8, "hpa-replica-math: Value -> ceil(ratio * ready) = ceil(2.5*3)"),
+        ("Value", "100", "250", 3, 3, Pods(3, 2), 5, "hpa-replica-math: Value counts Running+Ready pods: ceil(2.5*2)"),
+        ("Value", "100", "105", 0, 0, Pods(0, 0), 2, "hpa-tolerance: no tolerance for Value from zero: ceil(1.05) = 2"),
+        ("Value", "100", "0", 0, 0, Pods(0, 0), 0, "hpa-scale-to-zero: Value from zero with usage 0 -> 0"),
+        ("Value", "100", "500", 1, 1, Pods(1, 0), 0, "hpa-replica-math trap: Value + not-yet-ready pod -> proposal 0"),
+        ("Value", "10", "0", 4, 4, Pods(4, 4), 0, "hpa-scale-to-zero: metric drops to 0 -> ceil(0*ready) = 0"),
+        ("AverageValue", "5", "23", 2, 2, Pods(2, 2), 5, "hpa-replica-math: AverageValue -> ceil(23/5) = ceil(4.6)"),
         (
             "AverageValue",
             "5",
@@ -36,9 +37,9 @@ def target(kind: str, text: str) -> MetricTarget:
             4,
             Pods(4, 4),
             4,
-            "SPEC 5.2: AverageValue within tolerance keeps statusReplicas",
+            "hpa-replica-math: AverageValue within tolerance keeps statusReplicas",
         ),
-        ("AverageValue", "5", "21", 9, 4, Pods(4, 4), 4, "SPEC 5.2: AverageValue uses status.replicas, not spec"),
+        ("AverageValue", "5", "21", 9, 4, Pods(4, 4), 4, "hpa-replica-math: AverageValue reads status.replicas"),
         (
             "AverageValue",
             "5",
@@ -47,12 +48,12 @@ def target(kind: str, text: str) -> MetricTarget:
             0,
             Pods(0, 0),
             1,
-            "SPEC 5.2: AverageValue from 0 with usage>0 -> ceil(usage/target)",
+            "hpa-replica-math: AverageValue from 0 with usage>0 -> ceil(usage/target)",
         ),
-        ("AverageValue", "5", "0", 0, 0, Pods(0, 0), 0, "SPEC 5.2: AverageValue from 0 with usage 0 (NaN ratio) -> 0"),
-        ("AverageValue", "5", "50", 3, 3, Pods(3, 0), 10, "SPEC 5.2: AverageValue never looks at readiness"),
-        ("AverageValue", "500m", "1n", 1, 1, Pods(1, 1), 1, "SPEC 2.2: 1n reads as 1m, ceil(1/500) = 1"),
-        ("AverageValue", "1", "1e10", 1, 1, Pods(1, 1), 2**31 - 1, "SPEC 5.2: proposals are capped at MaxInt32"),
+        ("AverageValue", "5", "0", 0, 0, Pods(0, 0), 0, "hpa-replica-math: AverageValue, 0 replicas, usage 0 -> 0"),
+        ("AverageValue", "5", "50", 3, 3, Pods(3, 0), 10, "hpa-replica-math: AverageValue never looks at readiness"),
+        ("AverageValue", "500m", "1n", 1, 1, Pods(1, 1), 1, "quantity-precision: 1n reads as 1m, ceil(1/500) = 1"),
+        ("AverageValue", "1", "1e10", 1, 1, Pods(1, 1), 2**31 - 1, "hpa-replica-math: proposals capped at MaxInt32"),
     ],
 )
 def test_proposal(
@@ -70,13 +71,14 @@ def test_proposal(
 
 
 def test_value_with_no_pods_listed_is_an_error() -> None:
-    """SPEC 5.2: readyPods 'error if 0 pods listed' (outside tolerance, current != 0)."""
+    """docs/protocols.md#hpa-replica-math: readyPods 'error if 0 pods listed' (outside tolerance, current != 0)."""
     with pytest.raises(ReplicaCountError, match="no pods returned by selector"):
         propose(target("Value", "10"), 50_000, 2, 2, Pods(0, 0), DEFAULT)
 
 
 def test_ratio_and_current_status() -> None:
-    """SPEC 5.2: status current.value = usage; current.averageValue = usage / statusReplicas."""
+    """docs/protocols.md#hpa-replica-math: status current.value = usage; current.averageValue = usage /
+    statusReplicas."""
     value = propose(target("Value", "10"), 25_000, 2, 2, Pods(2, 2), DEFAULT)
     assert (value.ratio, value.current) == (2.5, "25")
     average = propose(target("AverageValue", "10"), 25_000, 2, 2, Pods(2, 2), DEFAULT)
@@ -86,7 +88,8 @@ def test_ratio_and_current_status() -> None:
     assert from_zero.current is None
 
 
-# SPEC 5.3 API doc example: a 100Mi target with 5% down / 1% up tolerance scales below 95Mi or above 101Mi.
+# docs/protocols.md#hpa-tolerance API doc example: a 100Mi target with 5% down / 1% up tolerance scales below 95Mi or
+# above 101Mi.
 @pytest.mark.parametrize(
     ("usage", "within"),
     [("94Mi", False), ("95Mi", True), ("100Mi", True), ("101Mi", True), ("101.5Mi", False)],
@@ -101,12 +104,12 @@ def test_per_direction_tolerance_api_doc_example(usage: str, within: bool) -> No
 @pytest.mark.parametrize(
     ("ratio", "within", "fact"),
     [
-        (0.9, True, "SPEC 5.3: the band is inclusive at 1 - 0.1"),
-        (1.1, True, "SPEC 5.3: the band is inclusive at 1 + 0.1"),
-        (0.8999, False, "SPEC 5.3: below the band"),
-        (1.1001, False, "SPEC 5.3: above the band"),
-        (math.nan, False, "SPEC 5.2: a NaN ratio is never within tolerance"),
-        (math.inf, False, "SPEC 5.2: +Inf is never within tolerance"),
+        (0.9, True, "hpa-tolerance: the band is inclusive at 1 - 0.1"),
+        (1.1, True, "hpa-tolerance: the band is inclusive at 1 + 0.1"),
+        (0.8999, False, "hpa-tolerance: below the band"),
+        (1.1001, False, "hpa-tolerance: above the band"),
+        (math.nan, False, "hpa-replica-math: a NaN ratio is never within tolerance"),
+        (math.inf, False, "hpa-replica-math: +Inf is never within tolerance"),
     ],
 )
 def test_default_tolerance(ratio: float, within: bool, fact: str) -> None:
@@ -114,6 +117,6 @@ def test_default_tolerance(ratio: float, within: bool, fact: str) -> None:
 
 
 def test_usage_sum_caps_at_max_int64() -> None:
-    """SPEC 5.2: usage = sum of MilliValue; positive overflow is capped at MaxInt64."""
+    """docs/protocols.md#hpa-replica-math: usage = sum of MilliValue; positive overflow is capped at MaxInt64."""
     assert sum_usage([1500, 500]) == 2000
     assert sum_usage([MAX_INT64, 1]) == MAX_INT64

@@ -1,4 +1,4 @@
-"""Lag on a real broker, in every case the issue lists, read through the source as the cache does."""
+"""Lag on a real broker, in every case docs/protocols.md#kafka-lag lists, read through the source as the cache does."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The lag rules (SPEC 7.1 and the issue's fixes) and the config checks, without a broker."""
+"""The lag rules (docs/protocols.md#kafka-lag, with the differences in kafka_lag.py) and the config checks, without a
+broker."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The proxy's routes on the Kubernetes API stand-in: the scale subresource and EndpointSlices, in SPEC 8's shapes."""
+"""The proxy's routes on the Kubernetes API stand-in: the scale subresource and EndpointSlices, in the shapes of
+docs/protocols.md#wake-path."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def endpoint_slice(
     port_name: str = "http",
     version: str = "v1",
 ) -> dict[str, Any]:
-    """An EndpointSlice as SPEC 8.1 describes it: `conditions` keys are omitted when nil."""
+    """An EndpointSlice as docs/protocols.md#endpointslices describes it: `conditions` keys are omitted when nil."""
     return {
         "kind": "EndpointSlice",
         "apiVersion": f"discovery.k8s.io/{version}",
@@ -40,7 +41,8 @@ def endpoint_slice(
 
 
 class ScaleStandIn:
-    """One Deployment's scale subresource (SPEC 8.2): GET, and merge PATCH with a resourceVersion precondition."""
+    """One Deployment's scale subresource (docs/protocols.md#scale-subresource): GET, and merge PATCH with a
+    resourceVersion precondition."""
 
     def __init__(self, standin: KubeStandIn, namespace: str, name: str, replicas: int = 0) -> None:
         self.replicas = replicas

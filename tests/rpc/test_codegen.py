@@ -1,4 +1,5 @@
-"""The committed generated code is what the .proto files produce, and the .proto matches SPEC 6 field for field."""
+"""The committed generated code is what the .proto files produce, and the .proto matches
+docs/protocols.md#keda-external-scaler field for field."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def test_regenerating_gives_the_committed_files(tmp_path: Path) -> None:
         assert fresh.read_bytes() == old.read_bytes(), f"{old} is stale: run python -m adapter.rpc.codegen"
 
 
-# SPEC 6, as a table: message -> {field: (number, type, label)}.
+# docs/protocols.md#keda-external-scaler, as a table: message -> {field: (number, type, label)}.
 _DOUBLE, _INT64, _STRING, _BOOL, _MESSAGE = 1, 3, 9, 8, 11
 SPEC_FIELDS = {
     "ScaledObjectRef": {"name": (1, _STRING), "namespace": (2, _STRING), "scalerMetadata": (3, _MESSAGE)},

@@ -1,4 +1,5 @@
-"""KEDA's external scaler against `zeroscale serve` (static values), called the way KEDA calls it (SPEC 6)."""
+"""KEDA's external scaler against `zeroscale serve` (static values), called the way KEDA calls it
+(docs/protocols.md#keda-external-scaler)."""
 
 from __future__ import annotations
 
