@@ -46,17 +46,18 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class Limits:
-    """The bounds of one listener; `connections_key` is the config key its connection limit comes from."""
+    """The bounds of one listener (from `server:`, see adapter.api.run.listener_limits); `connections_key` is
+    the config key its connection limit comes from."""
 
     max_header_bytes: int
     max_connections: int
     header_timeout: float
     idle_timeout: float
-    body_timeout: float = 30.0
-    response_timeout: float = 60.0
-    max_body_bytes: int = 65_536
-    max_buffered_bytes: int = 65_536
-    connections_key: str = "server.max_connections"
+    body_timeout: float
+    response_timeout: float
+    max_body_bytes: int
+    max_buffered_bytes: int
+    connections_key: str
 
 
 class Phase(enum.Enum):
@@ -150,7 +151,7 @@ class Connection(asyncio.Protocol):
         self._head_fed = 0  # raw bytes fed since the current head began (approximately, to one piece)
         self._reading = True
         self._write_paused = False
-        self._stopped = False  # or failed: nothing more is parsed on this connection
+        self._stopped = False  # after an Upgrade or a refused request: nothing more is parsed
         self._failure: tuple[int, str] | None = None  # an error answer owed after the requests in progress
         self._closing = False
         self.peer_certificate: bytes | None = None

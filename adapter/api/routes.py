@@ -8,16 +8,17 @@ and then routed: discovery documents, the list call, or a 404 Status.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from urllib.parse import parse_qs, unquote
 
 from adapter.api import documents, negotiate
 from adapter.api.authn import Authenticator, Unauthenticated, User
 from adapter.api.authz import Attributes, Authorizer
+from adapter.api.delegate import Delegate
 from adapter.api.http import Request, Response
 from adapter.kube.client import KubeError
 from adapter.metrics.cache import MetricCache, Reading
+from adapter.metrics.catalogue import namespace_problem
 from adapter.metrics.errors import MetricError
 from adapter.metrics.quantity import format_quantity
 from adapter.telemetry import api as telemetry
@@ -26,8 +27,6 @@ log = logging.getLogger(__name__)
 # One line per request at DEBUG: what the aggregator and the HPA controller ask, and what they got.
 access_log = logging.getLogger("adapter.api.access")
 
-# A namespace name, as Kubernetes validates it (DNS-1123 label); checked after percent-decoding.
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 HEALTH_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
 _OK = Response(200, b"ok", "text/plain; charset=utf-8")
 _GROUP_PATH = f"/apis/{documents.GROUP}"
@@ -53,13 +52,18 @@ class ExternalMetricsAPI:
         cache: MetricCache,
         authenticator: Authenticator | None,
         authorizer: Authorizer | None,
+        delegate: Delegate | None = None,
     ) -> None:
         self._cache = cache
         if (authenticator is None) != (authorizer is None):
             raise ValueError("authentication and authorization are on together or off together")
         self._authenticator = authenticator
         self._authorizer = authorizer
+        self._ours = frozenset(cache.catalogue.names())
         self._resource_list = documents.api_resource_list(cache.catalogue.names())
+        # Names outside ours go to the delegate; discovery is the union, rebuilt when its list changes.
+        self._delegate = delegate
+        self._union: tuple[tuple[str, ...], bytes] = ((), self._resource_list)
         self._rendered: dict[tuple[str, str, str], tuple[Reading, bytes]] = {}
 
     async def __call__(self, request: Request) -> Response:
@@ -89,14 +93,10 @@ class ExternalMetricsAPI:
         if "%" in path:
             segments = [unquote(segment) for segment in segments]
         is_list = len(segments) == 7 and path.startswith(_VERSION_PATH + "/namespaces/")
-        if is_list and not _NAMESPACE.fullmatch(segments[5]):
+        problem = namespace_problem(segments[5]) if is_list else None
+        if problem is not None:
             # Before any review: a name Kubernetes cannot have costs no TokenReview or SubjectAccessReview.
-            return "list", _status(
-                400,
-                "BadRequest",
-                f"invalid namespace {segments[5]!r}: a namespace is a DNS-1123 label (lower-case letters, digits "
-                "and '-', starting and ending with a letter or digit, at most 63 characters)",
-            )
+            return "list", _status(400, "BadRequest", problem)
         route = "list" if is_list else "discovery" if path in _DISCOVERY or path == _VERSION_PATH else "other"
         if self._authenticator is not None:
             attributes = (
@@ -112,7 +112,7 @@ class ExternalMetricsAPI:
         if is_list:
             return route, await self._list(segments[5], segments[6], query)
         if path == _VERSION_PATH:
-            return route, Response(200, self._resource_list)
+            return route, Response(200, self._discovery())
         document = _DISCOVERY.get(path)
         if document is not None:
             return route, Response(200, document)
@@ -134,8 +134,18 @@ class ExternalMetricsAPI:
             return None
         return _forbidden(user, attributes, decision.reason)
 
+    def _discovery(self) -> bytes:
+        if self._delegate is None:
+            return self._resource_list
+        theirs = self._delegate.names()
+        if theirs is not self._union[0]:
+            self._union = (theirs, documents.api_resource_list(sorted(self._ours.union(theirs))))
+        return self._union[1]
+
     async def _list(self, namespace: str, metric: str, query: str) -> Response:
         selector = parse_qs(query).get("labelSelector", [""])[0] if query else ""
+        if self._delegate is not None and metric.lower() not in self._ours:
+            return await self._delegate.list(namespace, metric, selector)
         try:
             reading = await self._cache.read(metric, namespace, selector)
         except MetricError as err:

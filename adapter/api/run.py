@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from adapter.api.authn import Authenticator, TokenReviewer, TrustBundle
 from adapter.api.authz import Authorizer
+from adapter.api.delegate import Delegate
 from adapter.api.http import HTTPServer, Limits, Request, Response
 from adapter.api.routes import HEALTH_PATHS, ExternalMetricsAPI
 from adapter.api.tls import ServingTLS, TLSError
@@ -130,8 +131,14 @@ async def serve(config: ZeroscaleConfig, stop: asyncio.Event) -> int:
     background.append(asyncio.create_task(_reload_certificates(tls, server.tls.reload_interval)))
 
     sources = {source.name: build_source(source) for source in config.sources}
-    cache = MetricCache(Catalogue(config.metrics), sources, config.cache)
-    api = HTTPServer(ExternalMetricsAPI(cache, authenticator, authorizer), listener_limits(server, "api"), "api")
+    catalogue = Catalogue(config.metrics)
+    cache = MetricCache(catalogue, sources, config.cache)
+    delegate = None if config.delegate is None else Delegate(config.delegate, catalogue.names())
+    if delegate is not None:
+        log.info("metric names Zeroscale does not serve go to the external metrics delegate (%s)", delegate.name)
+        background.append(asyncio.create_task(delegate.run(), name="delegate discovery"))
+    handler = ExternalMetricsAPI(cache, authenticator, authorizer, delegate)
+    api = HTTPServer(handler, listener_limits(server, "api"), "api")
     metrics = HTTPServer(_metrics_endpoint, listener_limits(server, "metrics"), "metrics")
     code = 0
     scaler: RunningServer | None = None
@@ -160,6 +167,8 @@ async def serve(config: ZeroscaleConfig, stop: asyncio.Event) -> int:
     if scaler is not None:
         await scaler.stop()
     await cache.close()
+    if delegate is not None:
+        await delegate.close()
     for source in sources.values():
         with contextlib.suppress(Exception):
             await source.close()

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from adapter.config.delegate import DelegateConfig
 from adapter.config.grpc import GRPCConfig
 from adapter.config.http import HTTPMetric, HTTPSource
 from adapter.config.kafka import KafkaMetric, KafkaSource
@@ -34,6 +35,8 @@ class ZeroscaleConfig(BaseSettings):
     grpc: GRPCConfig = Field(default_factory=GRPCConfig)
     sources: list[SourceConfig] = Field(default_factory=list)
     metrics: list[MetricConfig] = Field(default_factory=list)
+    # Another external metrics API server answering the metric names not in `metrics` (adapter/api/delegate.py).
+    delegate: DelegateConfig | None = None
 
     @classmethod
     def settings_customise_sources(

@@ -31,13 +31,23 @@ class RouteLimits(Strict):
     # How long a request waits for a ready endpoint (504 beyond).
     hold_timeout: Duration = 120.0
     connect_timeout: Duration = 5.0
-    # From the request's last byte sent to the response head (504 beyond).
+    # From the request's head to its body's last byte: the whole body must arrive within this (408 beyond).
+    # Raise it on a route that takes large uploads from slow clients.
+    body_timeout: Duration = Field(default=60.0, gt=0)
+    # From the request's last byte sent to the response head, and then the longest silence within the
+    # response body while the client keeps reading (504 before the head; the response is cut off after).
     response_timeout: Duration = 60.0
     # Concurrent requests per endpoint; more wait in the queue, so a burst spreads over pods as they come up.
     endpoint_concurrency: int = Field(default=256, ge=1)
     # Idle keep-alive connections kept per endpoint.
     max_idle_connections: int = Field(default=128, ge=0)
     retry_after: int = Field(default=5, ge=0)
+    # An upstream's response head (interim answers included): larger is a 502 (httptools buffers it until it ends).
+    max_response_head_bytes: int = Field(default=64 * 1024, ge=1024)
+    # Open upgraded (WebSocket) tunnels; one more upgrade request is answered 503 with Retry-After.
+    max_tunnels: int = Field(default=1000, ge=1)
+    # A tunnel with no byte in either direction for this long is closed.
+    tunnel_idle_timeout: Duration = Field(default=300.0, gt=0)
 
 
 class ServiceUpstream(Strict):
@@ -177,11 +187,17 @@ class ProxyConfig(Strict):
     admin_bind: str = "0.0.0.0"
     admin_port: int = Field(default=9090, ge=0, le=65535)
     max_connections: int = Field(default=10_000, ge=1)
+    # Connections at once on the admin port (metrics, probes); more are closed unanswered.
+    admin_max_connections: int = Field(default=64, ge=1)
     max_request_line_bytes: int = Field(default=8192, ge=64)
     max_header_bytes: int = Field(default=16_384, ge=256)
     max_headers: int = Field(default=100, ge=4)
     header_timeout: Duration = 10.0
     idle_timeout: Duration = 75.0
+    # A client that reads none of its response for this long (the proxy's send buffer stays full) is cut off.
+    send_timeout: Duration = Field(default=60.0, gt=0)
+    # Bytes read from a client past the request being answered (pipelined requests); more are refused with 503.
+    max_pipelined_bytes: int = Field(default=64 * 1024, ge=1024)
     # SIGTERM: held and in-flight requests get this long to finish; the rest are answered 503.
     grace_period: Duration = 25.0
     via: bool = False

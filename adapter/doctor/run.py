@@ -32,6 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--service-account", default=default.service_account, help="the adapter's ServiceAccount (default: %(default)s)"
     )
     parser.add_argument(
+        "--deployment",
+        default=default.deployment,
+        help="the adapter's Deployment, whose mounted config is read for the gRPC check (default: %(default)s)",
+    )
+    parser.add_argument(
         "--serving-secret",
         default=default.serving_secret,
         help="the serving certificate (default: %(default)s)",
@@ -71,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         service=args.service,
         namespace=args.namespace,
         service_account=args.service_account,
+        deployment=args.deployment,
         serving_secret=args.serving_secret,
         hpa_namespace=args.hpa_namespace,
     )

@@ -87,7 +87,7 @@ class Endpoint:
         return f"{host}:{self.port}"
 
 
-def _tls_context(
+def client_tls_context(
     ca_file: Path | None,
     ca_data: bytes | None,
     cert: tuple[Path, Path] | None,
@@ -161,7 +161,7 @@ def _from_kubeconfig(config: KubeAPIConfig, path: Path) -> Endpoint:
     cert_data = (data_of(user, "client-certificate-data"), data_of(user, "client-key-data"))
     tls = None
     if scheme == "https":
-        tls = _tls_context(
+        tls = client_tls_context(
             config.ca_file or file_of(cluster, "certificate-authority"),
             None if config.ca_file else data_of(cluster, "certificate-authority-data"),
             (cert_file, key_file) if cert_file and key_file else None,
@@ -203,7 +203,7 @@ def resolve_endpoint(config: KubeAPIConfig) -> Endpoint:
         if config.client_cert_file and config.client_key_file
         else None
     )
-    tls = _tls_context(ca_file, None, cert, None, False) if scheme == "https" else None
+    tls = client_tls_context(ca_file, None, cert, None, False) if scheme == "https" else None
     return Endpoint(scheme, host, port, tls, host, token_file)
 
 
@@ -235,6 +235,7 @@ class _Response:
         self.headers_done = False
         self.complete = False
         self.chunks: list[bytes] = []
+        self.size = 0  # body bytes received, whether or not taken
         self.received = False
 
     def on_message_begin(self) -> None:
@@ -247,6 +248,7 @@ class _Response:
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
+        self.size += len(body)
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
@@ -270,8 +272,9 @@ class _Connection:
 class _Exchange:
     """One request written on a connection and its response read as it arrives."""
 
-    def __init__(self, connection: _Connection) -> None:
+    def __init__(self, connection: _Connection, peer: str = "the Kubernetes API") -> None:
         self.connection = connection
+        self.peer = peer
         self.response = _Response()
         self.parser = httptools.HttpResponseParser(self.response)
 
@@ -286,26 +289,33 @@ class _Exchange:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as err:
-            raise KubeConnectionError(f"malformed HTTP response from the Kubernetes API: {err}") from None
+            raise KubeConnectionError(f"malformed HTTP response from {self.peer}: {err}") from None
         return True
 
     async def read_headers(self) -> int:
         while not self.response.headers_done:
             if not await self.read_more():
-                raise _ClosedBeforeAnswer(self.response.received)
+                raise _ClosedBeforeAnswer(self.response.received, self.peer)
         status: int = self.parser.get_status_code()
         return status
 
-    async def read_body(self) -> bytes:
+    async def read_body(self, limit: int | None = None) -> bytes:
+        """The whole body; KubeConnectionError once it passes `limit` bytes."""
         while not self.response.complete:
             if not await self.read_more() and not self.response.complete:
-                raise KubeConnectionError("the Kubernetes API closed the connection in the middle of a response")
+                raise KubeConnectionError(f"{self.peer} closed the connection in the middle of a response")
+            if limit is not None and self.response.size > limit:
+                raise ResponseTooLarge(f"{self.peer} answered with more than {limit} bytes")
         return self.response.take_body()
 
 
+class ResponseTooLarge(KubeConnectionError):
+    """An answer larger than the client's `max_response_bytes`."""
+
+
 class _ClosedBeforeAnswer(Exception):
-    def __init__(self, received: bool) -> None:
-        super().__init__("the Kubernetes API closed the connection before answering")
+    def __init__(self, received: bool, peer: str) -> None:
+        super().__init__(f"{peer} closed the connection before answering")
         self.received = received
 
 
@@ -326,9 +336,18 @@ def _api_error(status: int, body: bytes, secrets: tuple[str | None, ...]) -> Kub
 class KubeClient:
     """Calls the Kubernetes API. One per process; close() when done."""
 
-    def __init__(self, endpoint: Endpoint, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        timeout: float = 10.0,
+        peer: str = "the Kubernetes API",
+        max_response_bytes: int | None = None,
+    ) -> None:
+        """`peer` names the server in error messages; `max_response_bytes` bounds an answer (not a watch)."""
         self._endpoint = endpoint
         self._timeout = timeout
+        self._peer = peer
+        self._max_response_bytes = max_response_bytes
         self._token = _TokenSource(endpoint)
         self._idle: list[_Connection] = []
 
@@ -367,16 +386,16 @@ class KubeClient:
                 status, data = await self._exchange_with_retry(method, path, body, content_type)
         except TimeoutError:
             raise KubeConnectionError(
-                f"{method} {path}: no answer from the Kubernetes API within {self._timeout:g}s"
+                f"{method} {path}: no answer from {self._peer} within {self._timeout:g}s"
             ) from None
         if status >= 400:
             raise _api_error(status, data, (secret, self._token.get()))
         try:
             decoded = json.loads(data) if data else {}
         except ValueError:
-            raise KubeConnectionError(f"{method} {path}: the Kubernetes API answered {status} with non-JSON") from None
+            raise KubeConnectionError(f"{method} {path}: {self._peer} answered {status} with non-JSON") from None
         if not isinstance(decoded, dict):
-            raise KubeConnectionError(f"{method} {path}: the Kubernetes API answered {status} with a non-object")
+            raise KubeConnectionError(f"{method} {path}: {self._peer} answered {status} with a non-object")
         return status, decoded
 
     async def watch(self, path: str, resource_version: str | None = None) -> AsyncIterator[dict[str, Any]]:
@@ -393,7 +412,7 @@ class KubeClient:
         except TimeoutError:
             raise KubeConnectionError(f"watch {path}: cannot connect within {self._timeout:g}s") from None
         try:
-            exchange = _Exchange(connection)
+            exchange = _Exchange(connection, self._peer)
             try:
                 async with asyncio.timeout(self._timeout):
                     self._send(connection, "GET", full_path, b"", "application/json")
@@ -436,7 +455,7 @@ class KubeClient:
                 server_hostname=endpoint.server_hostname if endpoint.ssl else None,
             )
         except (OSError, ssl.SSLError) as err:
-            raise KubeConnectionError(f"cannot connect to the Kubernetes API at {endpoint.netloc}: {err}") from None
+            raise KubeConnectionError(f"cannot connect to {self._peer} at {endpoint.netloc}: {err}") from None
         return _Connection(reader, writer)
 
     def _send(self, connection: _Connection, method: str, path: str, body: bytes, content_type: str) -> None:
@@ -460,10 +479,10 @@ class KubeClient:
             reused = bool(self._idle)
             connection = self._idle.pop() if reused else await self._connect()
             try:
-                exchange = _Exchange(connection)
+                exchange = _Exchange(connection, self._peer)
                 self._send(connection, method, path, body, content_type)
                 status = await exchange.read_headers()
-                data = await exchange.read_body()
+                data = await exchange.read_body(self._max_response_bytes)
             except _ClosedBeforeAnswer as err:
                 connection.close()
                 if reused and not err.received:

@@ -160,17 +160,17 @@ class MetricCache:
     def _create(self, key: SeriesKey, query: SourceQuery) -> _Series:
         # New series are refused, live ones never evicted: what one caller asks must not fail another's answer.
         if len(self._series) >= self._config.max_series:
-            telemetry.SERIES_REFUSED.labels("max_series").inc()
-            raise MetricUnavailable(
+            raise self._refuse(
+                "max_series",
                 f"the cache already holds {len(self._series)} series (cache.max_series); "
-                "raise cache.max_series or narrow the HPAs' selectors"
+                "raise cache.max_series or narrow the HPAs' selectors",
             )
         in_namespace = self._per_namespace.get(key.namespace, 0)
         if in_namespace >= self._config.max_series_per_namespace:
-            telemetry.SERIES_REFUSED.labels("max_series_per_namespace").inc()
-            raise MetricUnavailable(
+            raise self._refuse(
+                "max_series_per_namespace",
                 f"namespace {key.namespace} already has {in_namespace} series in the cache "
-                "(cache.max_series_per_namespace); raise it or narrow the selectors used in this namespace"
+                "(cache.max_series_per_namespace); raise it or narrow the selectors used in this namespace",
             )
         self._per_namespace[key.namespace] = in_namespace + 1
         source = self._sources[query.metric.source]
@@ -181,6 +181,13 @@ class MetricCache:
         source.watch(query)
         series.loop_task = asyncio.create_task(self._keep_warm(series), name=f"series {key}")
         return series
+
+    def _refuse(self, limit: str, message: str) -> MetricUnavailable:
+        telemetry.SERIES_REFUSED.labels(limit).inc()
+        suppressed = self._warnings.allow(limit)
+        if suppressed is not None:
+            log.warning("new series refused: %s%s", message, held_back(suppressed))
+        return MetricUnavailable(message)
 
     def _remember(self, request: tuple[str, str, str], series: _Series) -> None:
         if len(series.requests) < _REQUEST_FORMS_PER_SERIES:

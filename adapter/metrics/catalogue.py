@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -9,6 +10,20 @@ from adapter.config.base import MetricBase
 from adapter.metrics.errors import BadSelector, MetricNotFound
 from adapter.metrics.selector import Selector, SelectorError, parse_selector
 from adapter.sources.base import SourceQuery
+
+# A namespace name as Kubernetes validates it: a DNS-1123 label.
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def namespace_problem(namespace: str) -> str | None:
+    """Why `namespace` is not a name Kubernetes allows (answered 400), or None. Every caller's namespace,
+    HTTP or gRPC, is checked: each distinct one takes a share of the series table."""
+    if _NAMESPACE.fullmatch(namespace):
+        return None
+    return (
+        f"invalid namespace {namespace!r}: a namespace is a DNS-1123 label (lower-case letters, digits "
+        "and '-', starting and ending with a letter or digit, at most 63 characters)"
+    )
 
 
 @dataclass(frozen=True)
@@ -36,6 +51,9 @@ class Catalogue:
 
     def resolve(self, name: str, namespace: str, selector_text: str) -> tuple[SeriesKey, SourceQuery]:
         """Check a request against the metric's declared labels and patterns; raise MetricError."""
+        problem = namespace_problem(namespace)
+        if problem is not None:
+            raise BadSelector(problem)
         metric = self.metric(name)
         if metric.namespaces and namespace not in metric.namespaces:
             raise MetricNotFound(f"the server could not find the metric {name} for namespace {namespace}")

@@ -1,4 +1,9 @@
-"""The proxy's admin port: Prometheus metrics, liveness and readiness. One request per connection."""
+"""The proxy's admin port: Prometheus metrics, liveness and readiness. One request per connection.
+
+Unauthenticated (metrics carry no secrets; the port belongs on a cluster-internal address), so it is
+bounded like the proxy port: at most `admin_max_connections` at once, and each connection gets
+_DEADLINE seconds in all, to send its request and to read the answer.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,10 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from adapter.telemetry import proxy as telemetry
+
 _MAX_HEAD = 8192
-_READ_TIMEOUT = 5.0
+_DEADLINE = 5.0
 
 
 def _reply(status: str, content_type: str, body: bytes) -> bytes:
@@ -18,33 +25,42 @@ def _reply(status: str, content_type: str, body: bytes) -> bytes:
     ).encode() + body
 
 
-async def start_admin(host: str, port: int, ready: Callable[[], bool]) -> asyncio.Server:
+def _answer(head: bytes, ready: Callable[[], bool]) -> bytes:
+    parts = head.split(b" ", 2)
+    path = parts[1].split(b"?", 1)[0] if len(parts) > 1 else b""
+    if path == b"/metrics":
+        return _reply("200 OK", CONTENT_TYPE_LATEST, generate_latest())
+    if path in (b"/healthz", b"/livez"):
+        return _reply("200 OK", "text/plain", b"ok\n")
+    if path == b"/readyz":
+        if ready():
+            return _reply("200 OK", "text/plain", b"ok\n")
+        return _reply("503 Service Unavailable", "text/plain", b"draining\n")
+    return _reply("404 Not Found", "text/plain", b"not found\n")
+
+
+async def start_admin(host: str, port: int, ready: Callable[[], bool], max_connections: int) -> asyncio.Server:
     """Serve /metrics, /healthz and /readyz (503 once the proxy is draining)."""
+    open_connections = 0
+    refused = telemetry.LIMIT_HITS.labels("", "admin_max_connections")
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(_READ_TIMEOUT):
-                head = await reader.readuntil(b"\r\n\r\n")
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-            writer.close()
+        nonlocal open_connections
+        if open_connections >= max_connections:
+            refused.inc()
+            writer.transport.abort()
             return
-        parts = head.split(b" ", 2)
-        path = parts[1].split(b"?", 1)[0] if len(parts) > 1 else b""
-        if path == b"/metrics":
-            response = _reply("200 OK", CONTENT_TYPE_LATEST, generate_latest())
-        elif path in (b"/healthz", b"/livez"):
-            response = _reply("200 OK", "text/plain", b"ok\n")
-        elif path == b"/readyz":
-            response = (
-                _reply("200 OK", "text/plain", b"ok\n")
-                if ready()
-                else _reply("503 Service Unavailable", "text/plain", b"draining\n")
-            )
-        else:
-            response = _reply("404 Not Found", "text/plain", b"not found\n")
-        writer.write(response)
-        with contextlib.suppress(ConnectionError):
-            await writer.drain()
-        writer.close()
+        open_connections += 1
+        try:
+            async with asyncio.timeout(_DEADLINE):
+                head = await reader.readuntil(b"\r\n\r\n")
+                writer.write(_answer(head, ready))
+                await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            writer.transport.abort()
+        finally:
+            open_connections -= 1
+            with contextlib.suppress(ConnectionError):
+                writer.close()
 
     return await asyncio.start_server(handle, host, port, limit=_MAX_HEAD)

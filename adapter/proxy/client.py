@@ -1,13 +1,20 @@
 """The client side: one asyncio Protocol per accepted connection, httptools callbacks, no framework.
 
 Requests are answered in order. A pipelined request waits (parsed, body buffered within the held-body
-limit) until the one before it is answered; reading pauses while one is waiting. The proxy's own errors
+limit) until the one before it is answered; reading pauses while one is waiting, and bytes read past the
+request being answered are kept unparsed, at most `max_pipelined_bytes` of them. The proxy's own errors
 always close the connection: the rest of a rejected request's body is never read.
+
+Every phase has a deadline, checked by the server's sweeper (one task for all connections, no timer per
+request): the head (`header_timeout`), the body (the route's `body_timeout`), the response (the upstream's
+`response_timeout`, and `send_timeout` for a client that stops reading), the idle keep-alive wait
+(`idle_timeout`) and an idle tunnel (the route's `tunnel_idle_timeout`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 from time import monotonic
 from typing import TYPE_CHECKING, NoReturn
@@ -15,10 +22,21 @@ from typing import TYPE_CHECKING, NoReturn
 import httptools
 
 from adapter.proxy.exchange import DONE, Exchange
-from adapter.proxy.http1 import CONTINUE, HOP_BY_HOP, IDEMPOTENT, REPLACED, connection_tokens, error_response
+from adapter.proxy.http1 import (
+    CONTINUE,
+    FRAMING,
+    HOP_BY_HOP,
+    IDEMPOTENT,
+    REPLACED,
+    connection_tokens,
+    error_response,
+    transfer_codings,
+    trim,
+)
 from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
+    from adapter.proxy.route import Route
     from adapter.proxy.server import ProxyServer
     from adapter.proxy.upstream import UpstreamConnection
 
@@ -27,9 +45,17 @@ _PAUSE_BODY, _PAUSE_UPSTREAM, _PAUSE_PIPELINE = 1, 2, 4
 # Bytes a client may send after an upgrade request before the upstream has answered it.
 _MAX_EARLY_TUNNEL_BYTES = 64 * 1024
 _MAX_PIPELINED = 16
+# A chunked body is parsed in slices of at most this, so parsing can stop soon after the request being
+# served: what follows is kept as bytes (bounded by max_pipelined_bytes), not as parsed requests.
+_SLICE = 16 * 1024
+_HEAD_END = b"\r\n\r\n"
+# How long a closing connection keeps reading (and dropping) what the client still sends.
+_LINGER = 2.0
+# RFC 3986 host (reg-name, IPv4 or IP-literal) with an optional port: what a Host header or an authority may be.
+_HOST_VALUE = re.compile(rb"(?:[A-Za-z0-9\-._~!$&'()*+,;=%]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]*)?")
 
 # Request headers the proxy looks at, by kind; _DROP: hop-by-hop or set by the proxy itself (http1.py).
-_HOST, _LENGTH, _TE, _CONNECTION, _UPGRADE, _EXPECT, _XFF, _DROP = range(8)
+_HOST, _LENGTH, _TE, _CONNECTION, _UPGRADE, _EXPECT, _XFF, _FORWARDED, _DROP = range(9)
 _SPECIAL = {
     **dict.fromkeys(HOP_BY_HOP | REPLACED, _DROP),
     b"host": _HOST,
@@ -39,6 +65,7 @@ _SPECIAL = {
     b"upgrade": _UPGRADE,
     b"expect": _EXPECT,
     b"x-forwarded-for": _XFF,
+    b"forwarded": _FORWARDED,
 }
 
 
@@ -51,6 +78,49 @@ class _Rejected(Exception):
 
 
 class ClientConnection(asyncio.Protocol):
+    # Slots, not a __dict__: a proxy holds many idle connections, each one of these.
+    __slots__ = (
+        "_active",
+        "_ahead",
+        "_ahead_bytes",
+        "_body_left",
+        "_chunk_empty",
+        "_closed",
+        "_config",
+        "_early",
+        "_forwarded",
+        "_forwarded_node",
+        "_head_bytes",
+        "_header_bytes",
+        "_header_timeout",
+        "_headers",
+        "_idle_timeout",
+        "_in_headers",
+        "_max_head",
+        "_max_header_bytes",
+        "_max_headers",
+        "_max_url",
+        "_parser",
+        "_parsing",
+        "_paused_upstream",
+        "_pauses",
+        "_peer",
+        "_refusal",
+        "_rejected",
+        "_tunnel",
+        "_tunnel_deadline",
+        "_tunnel_idle",
+        "_tunnel_route",
+        "_tunnel_seen",
+        "_url",
+        "_waiting",
+        "deadline",
+        "server",
+        "transport",
+        "tunnel_reads",
+        "write_deadline",
+    )
+
     def __init__(self, server: ProxyServer) -> None:
         self.server = server
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
@@ -81,7 +151,26 @@ class ClientConnection(asyncio.Protocol):
         # When the header or idle timeout runs out (monotonic seconds, 0: none); the server's sweeper checks it.
         self.deadline = 0.0
         self._forwarded = b""
+        self._forwarded_node = b""
         self._peer = b""
+        # Bytes read past the request being answered, unparsed until it is (None: none kept).
+        self._ahead: list[bytes] | None = None
+        self._ahead_bytes = 0
+        # Bytes of the Content-Length body being parsed still to come (read stepwise: see _feed_stepwise).
+        self._body_left = 0
+        # A chunk header was read and no data after it yet: the last chunk's trailers may be coming.
+        self._chunk_empty = False
+        # The proxy's answer to a refused pipelined request, written once the requests before it are answered.
+        self._refusal: tuple[int, str] | None = None
+        # When a client that stopped reading its response is cut off (monotonic seconds, 0: it reads).
+        self.write_deadline = 0.0
+        # A tunnel's activity (bumped on every read, both directions), as last seen by the sweeper, and until when
+        # it may stay the same.
+        self.tunnel_reads = 0
+        self._tunnel_seen = -1
+        self._tunnel_deadline = 0.0
+        self._tunnel_idle = 0.0
+        self._tunnel_route: Route | None = None
 
     # --- asyncio callbacks ---
 
@@ -95,34 +184,121 @@ class ClientConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self._peer = str(peer[0]).encode() if peer else b"unknown"
         self._forwarded = b"X-Forwarded-For: %b\r\nX-Forwarded-Proto: http\r\n" % self._peer
+        # RFC 7239 6: an IPv6 node is quoted and bracketed.
+        self._forwarded_node = b'"[%b]"' % self._peer if b":" in self._peer else self._peer
         self._arm(self._config.header_timeout)
 
     def data_received(self, data: bytes) -> None:
         if self._tunnel is not None:
+            self.tunnel_reads += 1
             self._tunnel.transport.write(data)
             return
         if self._early is not None:
-            self._early.append(data)
-            if sum(map(len, self._early)) > _MAX_EARLY_TUNNEL_BYTES:
-                self.abort()
+            self._keep_early(data)
             return
-        if self._closed:
+        if self._closed or self._rejected:
             return
+        parsing = self._parsing
+        if self._ahead is not None or (parsing is not None and parsing is not self._active):
+            # Past the request being answered (a waiting request's body included): kept as bytes.
+            self._keep_ahead(data)
+            return
+        if parsing is None:
+            end = data.find(_HEAD_END)
+            if end == -1 or end == len(data) - 4:
+                # The common case: one request without a body, or part of a head.
+                self._feed(data)
+                return
+        self._feed_stepwise(data)
+
+    def _feed(self, data: bytes | memoryview) -> None:
         if self._parsing is None:
             # Between bodies everything is head: httptools buffers a header until it ends, so the
             # limit is enforced on the bytes received, not only in on_header.
             self._head_bytes += len(data)
+        # The same for a chunked body's trailer section (httptools buffers trailer lines too): bytes fed
+        # while the last chunk header has been read and no data followed are counted as head.
+        in_chunk_head = self._chunk_empty
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
             rest = data[upgrade.args[0] :]
-            self._early = [rest] if rest else []
+            self._early = [bytes(rest)] if rest else []
         except httptools.HttpParserError as err:
             if not self._rejected:
                 self._bad_request(str(err))
         else:
-            if self._head_bytes > self._max_head and self._parsing is None and not self._rejected:
-                self._refuse(431, f"the request head is larger than {self._config.max_header_bytes} bytes")
+            if in_chunk_head and self._chunk_empty:
+                self._head_bytes += len(data)
+            if self._head_bytes > self._max_head and not self._rejected:
+                if self._parsing is None:
+                    self._refuse(
+                        431,
+                        f"the request head is larger than {self._config.max_header_bytes} bytes"
+                        " (proxy.max_header_bytes)",
+                    )
+                elif self._chunk_empty:
+                    self._refuse(
+                        431,
+                        f"the request trailers are larger than {self._config.max_header_bytes} bytes"
+                        " (proxy.max_header_bytes)",
+                    )
+
+    def _feed_stepwise(self, data: bytes) -> None:
+        """A read holding more than one head: parse it message by message (a head, then its body), and keep
+        what lies past the request being answered unparsed, so pipelining costs bytes, not parsed requests."""
+        view = memoryview(data)
+        size = len(data)
+        at = 0
+        while at < size:
+            parsing = self._parsing
+            if parsing is None:
+                end = data.find(_HEAD_END, at)
+                stop = size if end == -1 else end + 4
+            elif parsing.chunked or self._body_left <= 0:
+                stop = min(size, at + _SLICE)
+            else:
+                stop = min(size, at + self._body_left)
+            self._feed(view[at:stop])
+            at = stop
+            if self._closed or self._rejected or at >= size:
+                return
+            if self._early is not None:
+                self._keep_early(bytes(view[at:]))
+                return
+            if self._active is not None and (self._waiting or self._parsing is None):
+                self._keep_ahead(bytes(view[at:]))
+                return
+
+    def _keep_early(self, data: bytes) -> None:
+        assert self._early is not None
+        self._early.append(data)
+        if sum(map(len, self._early)) > _MAX_EARLY_TUNNEL_BYTES:
+            self.abort()
+
+    def _keep_ahead(self, data: bytes) -> None:
+        """Bytes past the request being answered: kept unparsed, reading paused, within max_pipelined_bytes."""
+        if self._ahead is None:
+            self._ahead = []
+            self._pause(_PAUSE_PIPELINE)
+        self._ahead.append(data)
+        self._ahead_bytes += len(data)
+        if self._ahead_bytes > self._config.max_pipelined_bytes:
+            self._ahead = None
+            self._ahead_bytes = 0
+            telemetry.LIMIT_HITS.labels("", "max_pipelined_bytes").inc()
+            self._refuse(
+                503,
+                f"more than {self._config.max_pipelined_bytes} bytes were sent ahead of an unanswered request "
+                "(raise proxy.max_pipelined_bytes, or wait for each response)",
+            )
+
+    def _parse_ahead(self) -> None:
+        """The request being answered is done: parse what was read past it."""
+        ahead, self._ahead = self._ahead, None
+        self._ahead_bytes = 0
+        if ahead:
+            self.data_received(b"".join(ahead))
 
     def eof_received(self) -> bool:
         # A half-closed client is treated as gone: nothing reliable can follow.
@@ -134,11 +310,8 @@ class ClientConnection(asyncio.Protocol):
         self.server.forget(self)
         tunnel, self._tunnel = self._tunnel, None
         if tunnel is not None:
-            # A tunnel the client closed is a finished exchange, not a client that gave up.
             tunnel.close()
-            active, self._active = self._active, None
-            if active is not None:
-                active.response_done(upstream_reusable=False)
+        self._end_tunnel()
         for exchange in (self._parsing, self._active, *self._waiting):
             if exchange is not None:
                 exchange.client_gone()
@@ -146,6 +319,8 @@ class ClientConnection(asyncio.Protocol):
         self._waiting.clear()
 
     def pause_writing(self) -> None:
+        # The client reads slower than the upstream answers: fine for a while, not forever.
+        self.write_deadline = monotonic() + self._config.send_timeout
         upstream = self._current_upstream()
         if upstream is not None and not upstream.closed:
             upstream.transport.pause_reading()
@@ -153,6 +328,7 @@ class ClientConnection(asyncio.Protocol):
             self._paused_upstream = upstream
 
     def resume_writing(self) -> None:
+        self.write_deadline = 0.0
         upstream, self._paused_upstream = self._paused_upstream, None
         if upstream is not None and not upstream.closed:
             upstream.transport.resume_reading()
@@ -170,16 +346,23 @@ class ClientConnection(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self._url += url
         if len(self._url) > self._max_url:
-            self._reject(414, f"the request target is longer than {self._config.max_request_line_bytes} bytes")
+            self._reject(
+                414,
+                f"the request target is longer than {self._config.max_request_line_bytes} bytes"
+                " (proxy.max_request_line_bytes)",
+            )
 
     def on_header(self, name: bytes, value: bytes) -> None:
         headers = self._headers
         headers.append((name, value))
         self._header_bytes += len(name) + len(value) + 4
         if self._header_bytes > self._max_header_bytes:
-            self._reject(431, f"the request headers are larger than {self._config.max_header_bytes} bytes")
+            self._reject(
+                431,
+                f"the request headers are larger than {self._config.max_header_bytes} bytes (proxy.max_header_bytes)",
+            )
         if len(headers) > self._max_headers:
-            self._reject(431, f"the request has more than {self._config.max_headers} headers")
+            self._reject(431, f"the request has more than {self._config.max_headers} headers (proxy.max_headers)")
 
     def on_headers_complete(self) -> None:
         self._in_headers = False
@@ -187,6 +370,7 @@ class ClientConnection(asyncio.Protocol):
         self.deadline = 0.0  # _cancel_timer, inlined
         exchange = self._exchange()
         self._parsing = exchange
+        self._body_left = exchange.content_length or 0
         if self._active is None:
             self._start(exchange)
         else:
@@ -194,13 +378,22 @@ class ClientConnection(asyncio.Protocol):
             if len(self._waiting) >= _MAX_PIPELINED:
                 self._pause(_PAUSE_PIPELINE)
 
+    def on_chunk_header(self) -> None:
+        self._chunk_empty = True
+        self._head_bytes = 0
+
     def on_body(self, body: bytes) -> None:
+        self._chunk_empty = False
+        self._body_left -= len(body)
         exchange = self._parsing
         if exchange is not None:
             exchange.body_data(body)
 
     def on_message_complete(self) -> None:
+        self._chunk_empty = False
         exchange, self._parsing = self._parsing, None
+        if exchange is self._active:
+            self.deadline = 0.0  # the body is in: its deadline is over
         if exchange is not None:
             exchange.body_end()
             if exchange is not self._active and exchange.state != DONE:
@@ -217,14 +410,17 @@ class ClientConnection(asyncio.Protocol):
             self._reject(505, "only HTTP/1.0 and HTTP/1.1 are served")
         if method == b"CONNECT":
             self._reject(405, "CONNECT is not served by this proxy")
+        http10 = version == "1.0"
         host: bytes | None = None
-        host_line: int | None = None
         forwarded_for = b""
+        forwarded = b""
         upgrade = b""
         tokens = _NO_TOKENS  # a new set only when there is a Connection header
         content_length: int | None = None
-        chunked = expect_continue = False
+        codings: list[bytes] | None = None
+        expect_continue = False
         # The request head as pieces, four a header line (name, ": ", value, CRLF), joined once at the end.
+        # Host and the framing headers are never copied from the client: the proxy writes its own below.
         parts = [method, b" ", b"", b" HTTP/1.1\r\n"]
         for name, value in self._headers:
             kind = _SPECIAL.get(name.lower())
@@ -233,69 +429,77 @@ class ClientConnection(asyncio.Protocol):
             elif kind == _HOST:
                 if host is not None:
                     self._reject(400, "the request has more than one Host header")
-                host = value
-                host_line = len(parts)
-                parts += (name, b": ", value, b"\r\n")
+                host = trim(value)
             elif kind == _LENGTH:
-                content_length = int(value)  # llhttp accepted only digits, and only one value
-                parts += (name, b": ", value, b"\r\n")
+                content_length = int(value)  # llhttp accepted only digits (and whitespace), and only one value
             elif kind == _TE:
-                codings = [c.strip().lower() for c in value.split(b",")]
-                if codings != [b"chunked"]:
-                    self._reject(501, "only Transfer-Encoding: chunked is accepted")
-                chunked = True
+                codings = transfer_codings(value) if codings is None else codings + transfer_codings(value)
             elif kind == _CONNECTION:
                 tokens = tokens | connection_tokens(value)
             elif kind == _UPGRADE:
-                upgrade = value
+                upgrade = trim(value)
             elif kind == _EXPECT:
-                if value.strip().lower() != b"100-continue":
+                if trim(value).lower() != b"100-continue":
                     self._reject(417, "only Expect: 100-continue is understood")
                 expect_continue = True
+            elif kind == _FORWARDED:
+                # RFC 7239: what the client claims stays, the hop the proxy saw is added last (below).
+                forwarded = trim(value) if not forwarded else forwarded + b", " + trim(value)
             elif kind == _XFF:
-                forwarded_for = value
-        if chunked and content_length is not None:
-            self._reject(400, "Content-Length and Transfer-Encoding together are refused")
-        if host is None and version == "1.1":
+                forwarded_for = trim(value) if not forwarded_for else forwarded_for + b", " + trim(value)
+        chunked = codings is not None and self._check_codings(codings, http10, content_length)
+        if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:
+            named = tokens & FRAMING
+            if named:
+                self._refuse_framing(
+                    "connection_names_framing",
+                    f"Connection names {b', '.join(sorted(named)).decode()}: "
+                    "framing and routing headers are never dropped",
+                )
+            # Headers the client named in Connection are hop-by-hop too.
+            lines = range(4, len(parts), 4)
+            parts[4:] = [piece for at in lines if parts[at].lower() not in tokens for piece in parts[at : at + 4]]
+        if host is None and not http10:
             self._reject(400, "an HTTP/1.1 request needs a Host header")
         url = self._url
-        if url.startswith((b"http://", b"https://")):
-            # Absolute form: the authority in the target is the host (RFC 9112 3.2.2).
-            scheme_end = url.index(b"//") + 2
-            path_start = url.find(b"/", scheme_end)
-            host = url[scheme_end:path_start] if path_start != -1 else url[scheme_end:]
-            url = url[path_start:] if path_start != -1 else b"/"
-            if host_line is not None:
-                parts[host_line] = b"Host"
-                parts[host_line + 2] = host
+        if url[:8].lower().startswith((b"http://", b"https://")):
+            # Absolute form: the authority in the target is the host, whatever Host says (RFC 9112 3.2.2).
+            host, url = self._split_absolute(url)
         elif not url.startswith(b"/") and not (url == b"*" and method == b"OPTIONS"):
             self._reject(400, "the request target must be a path")
+        if host and _HOST_VALUE.fullmatch(host) is None:
+            self._refuse_framing("bad_host", "the Host is not a host name or address with an optional port")
         route = self.server.router.match(host or b"", url)
         if route is None:
             telemetry.ERRORS.labels("", "404").inc()
             self._reject(404, "no route for this host and path")
         is_upgrade = bool(upgrade) and b"upgrade" in tokens
+        if is_upgrade and route.tunnels >= route.limits.max_tunnels:
+            telemetry.LIMIT_HITS.labels(route.name, "max_tunnels").inc()
+            self._reject(
+                503,
+                f"route {route.name} has {route.limits.max_tunnels} open tunnels (raise its limits.max_tunnels)",
+            )
         parts[2] = url
-        if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:
-            # Headers the client named in Connection are hop-by-hop too.
-            lines = range(4, len(parts), 4)
-            parts[4:] = [piece for at in lines if parts[at].lower() not in tokens for piece in parts[at : at + 4]]
         if forwarded_for:
             parts.append(b"X-Forwarded-For: %b, %b\r\nX-Forwarded-Proto: http\r\n" % (forwarded_for, self._peer))
         else:
             parts.append(self._forwarded)
+        if forwarded:
+            parts.append(b"Forwarded: %b, for=%b;proto=http\r\n" % (forwarded, self._forwarded_node))
         if host is not None:
-            parts += (b"X-Forwarded-Host: ", host, b"\r\n")
+            parts += (b"Host: ", host, b"\r\nX-Forwarded-Host: ", host, b"\r\n")
         else:
             parts.append(b"Host: %b\r\n" % route.default_host)
         if self.server.via:
             parts.append(b"Via: %b zeroscale\r\n" % version.encode())
         if chunked:
             parts.append(b"Transfer-Encoding: chunked\r\n")
+        elif content_length is not None:
+            parts.append(b"Content-Length: %d\r\n" % content_length)
         if is_upgrade:
             parts.append(b"Connection: Upgrade\r\nUpgrade: %b\r\n" % upgrade)
         parts.append(b"\r\n")
-        http10 = version == "1.0"
         keep_alive = (b"keep-alive" in tokens) if http10 else (b"close" not in tokens)
         return Exchange(
             self,
@@ -312,13 +516,49 @@ class ClientConnection(asyncio.Protocol):
             method in IDEMPOTENT,
         )
 
+    def _check_codings(self, codings: list[bytes], http10: bool, content_length: int | None) -> bool:
+        """RFC 9112 6.1 and 6.3 for a request's Transfer-Encoding: True (chunked) or the request is refused."""
+        if http10:
+            self._refuse_framing("transfer_encoding_http10", "Transfer-Encoding in an HTTP/1.0 request is refused")
+        if content_length is not None:
+            self._refuse_framing("length_and_chunked", "Content-Length and Transfer-Encoding together are refused")
+        if not codings or codings[-1] != b"chunked":
+            self._refuse_framing("chunked_not_last", "a Transfer-Encoding must end with chunked")
+        if codings != [b"chunked"]:
+            self._reject(501, "only Transfer-Encoding: chunked is accepted")
+        return True
+
+    def _split_absolute(self, url: bytes) -> tuple[bytes, bytes]:
+        """(authority, origin-form target) of an absolute-form request target."""
+        rest = url[url.index(b"//") + 2 :]
+        end = len(rest)
+        for delimiter in (b"/", b"?", b"#"):
+            at = rest.find(delimiter)
+            if at != -1 and at < end:
+                end = at
+        authority, path = rest[:end], rest[end:]
+        if not authority or b"@" in authority:
+            self._refuse_framing("bad_host", "the request target's authority is empty or carries user information")
+        if not path.startswith(b"/"):
+            path = b"/" + path
+        return authority, path
+
+    def _refuse_framing(self, reason: str, message: str) -> NoReturn:
+        telemetry.REFUSED_MESSAGES.labels("request", reason).inc()
+        self._reject(400, message)
+
     def _start(self, exchange: Exchange) -> None:
         self._active = exchange
         route = exchange.route
+        if not exchange.body_done and (exchange.chunked or exchange.content_length):
+            # The body's deadline starts when the request is served: a pipelined one waited on the proxy.
+            self.deadline = monotonic() + route.limits.body_timeout
         if exchange.expect_continue and not exchange.body_done:
             limit = route.limits.max_held_body_bytes
             if (exchange.content_length or 0) > limit and not route.has_usable():
-                exchange.fail(413, f"the request body is larger than {limit} bytes while held")
+                exchange.fail(
+                    413, f"the request body is larger than {limit} bytes while held (limits.max_held_body_bytes)"
+                )
                 return
             self.transport.write(CONTINUE)
         route.submit(exchange)
@@ -343,25 +583,56 @@ class ClientConnection(asyncio.Protocol):
         if not reusable or self._early is not None or self.server.draining:
             self._close()
             return
+        if self._waiting:
+            following = self._waiting.popleft()
+            if self._refusal is not None and following is self._parsing:
+                # Its body was cut short by the refusal: the refusal is its answer.
+                self._parsing = None
+                self._active = following
+                following.fail(*self._refusal)
+                return
+            self._start(following)
+            if self._waiting:
+                return
+        if self._refusal is not None:
+            # Every request before the refused one is answered: now its answer, in order.
+            if self._active is None:
+                self._write_refusal(*self._refusal)
+            return
         if self._pauses:
             # Whatever paused reading belonged to the finished exchange.
             self._resume(_PAUSE_PIPELINE | _PAUSE_UPSTREAM | _PAUSE_BODY)
-        if self._waiting:
-            self._start(self._waiting.popleft())
-        elif self._parsing is None:
+        if self._ahead is not None:
+            self._parse_ahead()
+        elif self._parsing is None and self._active is None:
             self.deadline = monotonic() + self._idle_timeout  # _arm, inlined
 
     def start_tunnel(self, upstream: UpstreamConnection) -> None:
+        """The upstream relayed 101: from here bytes pass through, and the request is no longer pending.
+
+        A tunnel leaves the held/in-flight counts and its endpoint's request slot (it is not a request
+        waiting for a replica); it is counted in the route's open tunnels instead, and closed when idle.
+        """
+        exchange, self._active = self._active, None
         self._tunnel = upstream
+        if exchange is not None:
+            route = self._tunnel_route = exchange.route
+            route.tunnels += 1
+            self._tunnel_idle = route.limits.tunnel_idle_timeout
+            exchange.tunnel_opened()
         early, self._early = self._early or [], None
         for data in early:
             upstream.transport.write(data)
 
     def tunnel_closed(self) -> None:
-        exchange, self._active = self._active, None
-        if exchange is not None:
-            exchange.response_done(upstream_reusable=False)
+        self._tunnel = None
+        self._end_tunnel()
         self._close()
+
+    def _end_tunnel(self) -> None:
+        route, self._tunnel_route = self._tunnel_route, None
+        if route is not None:
+            route.tunnels -= 1
 
     def pause_reading_for_body(self) -> None:
         self._pause(_PAUSE_BODY)
@@ -405,32 +676,32 @@ class ClientConnection(asyncio.Protocol):
         raise _Rejected(message)
 
     def _refuse(self, code: int, message: str) -> None:
-        """Answer a request the proxy refuses before accepting it; nothing more is read from this client."""
-        if code != 404:
-            telemetry.ERRORS.labels("", str(code)).inc()
+        """Nothing more is read from this client; the answer goes out in order.
+
+        A request whose body this cuts short gets the answer itself: now if it is being served, else when
+        its turn comes. Otherwise the answer follows the requests before it (at once if there are none).
+        """
         self._rejected = True
-        if self._active is None:
-            self.transport.write(error_response(code, message))
-            self._close()
+        self._ahead = None
+        parsing = self._parsing
+        if parsing is not None and parsing.state != DONE and parsing is self._active:
+            parsing.fail(code, message)
+        elif self._active is None:
+            self._write_refusal(code, message)
         else:
-            # Let the request before it finish first.
+            self._refusal = (code, message)
             self._pause(_PAUSE_PIPELINE)
-            self._active.keep_alive = False
+
+    def _write_refusal(self, code: int, message: str) -> None:
+        if code != 404:  # counted with its route where the route is known
+            telemetry.ERRORS.labels("", str(code)).inc()
+        self.transport.write(error_response(code, message))
+        self._close()
 
     def _bad_request(self, reason: str) -> None:
-        exchange = self._parsing
-        if exchange is not None and exchange.state != DONE:
-            # The body broke off mid-way: the request must not reach the upstream as if complete.
-            exchange.fail(400, f"malformed request: {reason}")
-            return
-        self._rejected = True
-        telemetry.ERRORS.labels("", "400").inc()
-        if self._active is None:
-            self.transport.write(error_response(400, f"malformed request: {reason}"))
-            self._close()
-        else:
-            self._pause(_PAUSE_PIPELINE)
-            self._active.keep_alive = False
+        # A body that broke off mid-way is failed with it, so it never reaches the upstream as if complete;
+        # a pipelined one gets its 400 in order, after the answers before it (an abort would lose those).
+        self._refuse(400, f"malformed request: {reason}")
 
     def _pause(self, reason: int) -> None:
         if not self._pauses and not self._closed:
@@ -454,20 +725,67 @@ class ClientConnection(asyncio.Protocol):
         if self.deadline and now >= self.deadline:
             self.deadline = 0.0
             self._timed_out()
+        if self.write_deadline and now >= self.write_deadline:
+            self._write_timed_out()
+        if self._tunnel is not None:
+            self._check_tunnel(now)
+            return
         active = self._active
         if active is not None and active.upstream is not None:
             active.upstream.check_deadline(now)
 
     def _timed_out(self) -> None:
-        if self._in_headers:
-            telemetry.ERRORS.labels("", "408").inc()
-            self.transport.write(error_response(408, "the request headers did not arrive in time"))
-            self._close()
-        elif self._active is None and self._parsing is None:
+        if self._closed:
+            self.transport.abort()  # the lingering close is over
+            return
+        active = self._active
+        if self._in_headers and self._parsing is None:
+            telemetry.LIMIT_HITS.labels("", "header_timeout").inc()
+            self._refuse(408, "the request headers did not arrive in proxy.header_timeout")
+        elif active is not None and active is self._parsing and active.state != DONE:
+            # The body stopped short: answered at once, so it stops counting as in flight now.
+            limits = active.route.limits
+            telemetry.LIMIT_HITS.labels(active.route.name, "body_timeout").inc()
+            active.fail(
+                408,
+                f"the request body did not arrive within {limits.body_timeout:g} s "
+                f"(route {active.route.name}: limits.body_timeout)",
+            )
+        elif active is None and self._parsing is None:
             self._close()
 
+    def _write_timed_out(self) -> None:
+        """The client has read nothing for send_timeout: cut it off (its exchange ends as a client gone)."""
+        self.write_deadline = 0.0
+        route = self._active.route.name if self._active is not None else ""
+        telemetry.LIMIT_HITS.labels(route, "send_timeout").inc()
+        self.abort()
+
+    def _check_tunnel(self, now: float) -> None:
+        """Closes a tunnel after tunnel_idle_timeout without a byte in either direction."""
+        if self.tunnel_reads != self._tunnel_seen:
+            self._tunnel_seen = self.tunnel_reads
+            self._tunnel_deadline = now + self._tunnel_idle
+        elif now >= self._tunnel_deadline:
+            route = self._tunnel_route
+            telemetry.LIMIT_HITS.labels(route.name if route else "", "tunnel_idle_timeout").inc()
+            self.abort()
+
     def _close(self) -> None:
+        """Close after the last answer: a lingering close, so that answer is not lost to a reset.
+
+        Closing a socket with unread bytes (a refused body, pipelined requests) sends a reset that can
+        destroy the answer before the client reads it; so the write side is shut, and what still comes
+        is read and dropped until the client closes, for at most _LINGER seconds (then: abort).
+        """
         if not self._closed:
             self._closed = True
-            self._cancel_timer()
-            self.transport.close()
+            self.write_deadline = 0.0
+            transport = self.transport
+            if transport.is_closing() or not transport.can_write_eof():
+                transport.close()
+                return
+            self.deadline = monotonic() + _LINGER
+            transport.write_eof()
+            self._pauses = 0
+            transport.resume_reading()

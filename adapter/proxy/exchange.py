@@ -124,9 +124,17 @@ class Exchange:
         """The bounds on buffered bodies: 413 for this request, 503 when the route holds too many bytes."""
         limits = self.route.limits
         if self.body_size > limits.max_held_body_bytes:
-            self.fail(413, f"the request body is larger than {limits.max_held_body_bytes} bytes while held")
+            self.fail(
+                413,
+                f"the request body is larger than {limits.max_held_body_bytes} bytes while held"
+                " (limits.max_held_body_bytes)",
+            )
         elif self.state == QUEUED and self.route.counts.held_bytes > limits.max_held_bytes:
-            self.fail(503, "the proxy holds too many request bytes for this route", retry_after=limits.retry_after)
+            self.fail(
+                503,
+                "the proxy holds too many request bytes for this route (limits.max_held_bytes)",
+                retry_after=limits.retry_after,
+            )
 
     def body_end(self) -> None:
         self.body_done = True
@@ -194,12 +202,12 @@ class Exchange:
             return False
         return not self.written or self.replay is not None
 
-    def upstream_lost(self, reason: str) -> None:
-        """The upstream connection broke before the response was complete."""
+    def upstream_lost(self, reason: str, *, replied: bool) -> None:
+        """The upstream connection broke before the response was complete (`replied`: after some of it came)."""
         self.upstream = None
         if self.state == DONE:
             return
-        if self.retriable():
+        if not replied and self.retriable():
             telemetry.RETRIES.labels(self.route.name).inc()
             self.route.retry(self)
         elif self.response_started:
@@ -224,13 +232,21 @@ class Exchange:
         self._end()
         self.client.exchange_finished(self, reusable=self.body_done and self.keep_alive)
 
+    def tunnel_opened(self) -> None:
+        """The upgrade succeeded: the connection now belongs to the tunnel, and the request has ended."""
+        upstream, self.upstream = self.upstream, None
+        if upstream is not None:
+            upstream.exchange = None
+        if self.state != DONE:
+            self._end()
+
     # --- endings ---
 
     def hold_expired(self) -> None:
         self.timer = None
         if self.state == QUEUED or (self.state == ASSIGNED and self.upstream is None):
             timeout = self.route.limits.hold_timeout
-            self.fail(504, f"the workload did not become ready in {timeout:g} s")
+            self.fail(504, f"the workload did not become ready in {timeout:g} s (limits.hold_timeout)")
 
     def fail(self, code: int, message: str, *, retry_after: int | None = None) -> None:
         """Answer the client with an error of the proxy's own (or cut it off if a response already began)."""

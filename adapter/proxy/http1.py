@@ -19,6 +19,11 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
+# Headers the framing and the routing of a message rest on. RFC 9110 7.6.1 lets a peer name extra hop-by-hop
+# headers in Connection, but a proxy that removed these would forward a body without its length (the next
+# request or response on a pooled connection then starts inside it) or a request without its Host: a message
+# whose Connection names one of them is refused, never rewritten.
+FRAMING = frozenset({b"content-length", b"transfer-encoding", b"host"})
 # Set by the proxy itself; a client's own values are replaced (X-Forwarded-For is appended to instead).
 REPLACED = frozenset({b"x-forwarded-proto", b"x-forwarded-host", b"expect"})
 
@@ -45,8 +50,21 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data)
 
 
+_OWS = b" \t"
+
+
 def connection_tokens(value: bytes) -> set[bytes]:
-    return {token.strip().lower() for token in value.split(b",") if token.strip()}
+    return {token.strip(_OWS).lower() for token in value.split(b",") if token.strip(_OWS)}
+
+
+def transfer_codings(value: bytes) -> list[bytes]:
+    """The codings of a Transfer-Encoding value, lower-cased, parameters kept (so `chunked;x` is not chunked)."""
+    return [coding.strip(_OWS).lower() for coding in value.split(b",") if coding.strip(_OWS)]
+
+
+def trim(value: bytes) -> bytes:
+    """A header value without the optional whitespace RFC 9110 5.5 allows around it."""
+    return value.strip(_OWS)
 
 
 def error_response(code: int, message: str, *, retry_after: int | None = None, close: bool = True) -> bytes:

@@ -20,27 +20,19 @@ from typing import Any
 from adapter.config.proxy import ScaleTarget
 from adapter.kube.client import KubeAPIError, KubeClient, KubeError
 from adapter.kube.hpas import list_hpas, scaled_to_zero, targets, watch_hpas
+from adapter.kube.watching import WatchTask, apply_event
 
 log = logging.getLogger(__name__)
 _BACKOFF_START, _BACKOFF_MAX = 0.5, 30.0
 
 
-class HPAIntent:
+class HPAIntent(WatchTask):
     """The HPAs of one namespace, kept current by a watch."""
 
     def __init__(self, kube: KubeClient, namespace: str) -> None:
         self._kube = kube
         self.namespace = namespace
         self._hpas: dict[str, dict[str, Any]] | None = None  # None until the first list
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
 
     @property
     def synced(self) -> bool:
@@ -76,7 +68,7 @@ class HPAIntent:
                 path, hpas, version = await list_hpas(self._kube, self.namespace)
                 self._hpas = hpas
                 async for event in watch_hpas(self._kube, path, version):
-                    _apply(hpas, event)
+                    apply_event(hpas, event)
                 backoff = _BACKOFF_START
                 continue
             except KubeAPIError as err:
@@ -88,15 +80,3 @@ class HPAIntent:
                 log.warning("HPA watch in %s failed: %s", self.namespace, err)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _BACKOFF_MAX)
-
-
-def _apply(hpas: dict[str, dict[str, Any]], event: dict[str, Any]) -> None:
-    kind = event.get("type")
-    obj = event.get("object") or {}
-    name = (obj.get("metadata") or {}).get("name")
-    if not name or kind not in ("ADDED", "MODIFIED", "DELETED"):
-        return  # BOOKMARK and the like
-    if kind == "DELETED":
-        hpas.pop(name, None)
-    else:
-        hpas[name] = obj

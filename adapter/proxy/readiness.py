@@ -13,6 +13,7 @@ from typing import Any
 from adapter.config.proxy import AddressUpstream, ServiceUpstream
 from adapter.kube.client import KubeAPIError, KubeClient, KubeError
 from adapter.kube.endpointslices import list_slices, ready_addresses, watch_slices
+from adapter.kube.watching import WatchTask, apply_event
 from adapter.proxy.route import Route
 
 log = logging.getLogger(__name__)
@@ -32,21 +33,12 @@ def probe_address(upstream: ServiceUpstream | AddressUpstream) -> str:
     )
 
 
-class EndpointSliceWatcher:
+class EndpointSliceWatcher(WatchTask):
     def __init__(self, kube: KubeClient, route: Route, upstream: ServiceUpstream, *, fallback: bool) -> None:
         self._kube = kube
         self._route = route
         self._upstream = upstream
         self._fallback = fallback
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
         upstream = self._upstream
@@ -56,7 +48,7 @@ class EndpointSliceWatcher:
                 path, slices, version = await list_slices(self._kube, upstream.namespace, upstream.service)
                 self._apply(slices)
                 async for event in watch_slices(self._kube, path, version):
-                    if self._event(slices, event):
+                    if apply_event(slices, event):
                         self._apply(slices)
                 backoff = _BACKOFF_START
                 continue
@@ -71,19 +63,6 @@ class EndpointSliceWatcher:
                 log.warning("route %s: EndpointSlice watch failed: %s", self._route.name, err)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _BACKOFF_MAX)
-
-    @staticmethod
-    def _event(slices: dict[str, dict[str, Any]], event: dict[str, Any]) -> bool:
-        kind = event.get("type")
-        obj = event.get("object") or {}
-        name = (obj.get("metadata") or {}).get("name")
-        if not name or kind not in ("ADDED", "MODIFIED", "DELETED"):
-            return False  # BOOKMARK and the like
-        if kind == "DELETED":
-            slices.pop(name, None)
-        else:
-            slices[name] = obj
-        return True
 
     def _apply(self, slices: dict[str, dict[str, Any]]) -> None:
         self._route.set_endpoints(ready_addresses(slices.values(), self._upstream.port))

@@ -45,6 +45,9 @@ class Route:
         self._endpoints: list[Endpoint] = []
         self._rr = 0
         self._cap = config.limits.endpoint_concurrency
+        # Upgraded connections open through this route (not requests: they hold no endpoint slot).
+        self.tunnels = 0
+        telemetry.OPEN_TUNNELS.labels(self.name).set_function(lambda: self.tunnels)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._prober: asyncio.Task[None] | None = None
         self._probe_now = asyncio.Event()
@@ -121,7 +124,7 @@ class Route:
         if len(self.queue) >= self.limits.max_held_requests:
             exchange.fail(
                 503,
-                f"the proxy already holds {len(self.queue)} requests for this route",
+                f"the proxy already holds {len(self.queue)} requests for this route (limits.max_held_requests)",
                 retry_after=self.limits.retry_after,
             )
             return

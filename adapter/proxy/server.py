@@ -28,6 +28,8 @@ _BACKLOG = 4096
 _MIN_TICK, _MAX_TICK = 0.01, 1.0
 # Upstream connections (pooled, bounded per endpoint), the admin port, the Kubernetes API.
 _SPARE_DESCRIPTORS = 4096
+# Refused connections are counted each; logged at most this often (seconds).
+_REFUSAL_LOG_INTERVAL = 10.0
 
 
 class ProxyServer:
@@ -48,12 +50,20 @@ class ProxyServer:
         self._wakers: list[Waker] = []
         self.intents: dict[str, HPAIntent] = {}  # the HPA watches of wake: scale routes, by namespace
         self._sweeper: asyncio.Task[None] | None = None
+        self._refusals_logged_at = -_REFUSAL_LOG_INTERVAL
         telemetry.CONNECTIONS.set_function(lambda: len(self.connections))
 
     # --- connections ---
 
     def admit(self, connection: ClientConnection) -> bool:
         if len(self.connections) >= self.config.max_connections:
+            now = time.monotonic()
+            if now >= self._refusals_logged_at + _REFUSAL_LOG_INTERVAL:
+                self._refusals_logged_at = now
+                log.warning(
+                    "refusing client connections: proxy.max_connections=%d are open (raise it to admit more)",
+                    self.config.max_connections,
+                )
             return False
         self.connections.add(connection)
         return True
@@ -92,18 +102,29 @@ class ProxyServer:
         self._server = await self.loop.create_server(
             lambda: ClientConnection(self), self.config.bind, self.config.port, backlog=_BACKLOG
         )
-        self._admin = await start_admin(self.config.admin_bind, self.config.admin_port, lambda: not self.draining)
+        self._admin = await start_admin(
+            self.config.admin_bind, self.config.admin_port, lambda: not self.draining, self.config.admin_max_connections
+        )
         self._sweeper = self.loop.create_task(self._sweep())
         log.info("proxy listening on %s:%d, admin on %d", self.config.bind, self.port, self.admin_port)
 
     async def _sweep(self) -> None:
-        """Header, idle and response timeouts: deadlines are set on the hot path, checked here a few times a second.
+        """Every connection's deadlines (head, body, response, send, idle, tunnel idle): set on the hot path as
+        plain numbers, checked here a few times a second.
 
         The tick is a quarter of the shortest timeout (at most 1 s), so a timeout fires at most 25% late.
         """
         config = self.config
+        limits = [route.limits for route in self.routes.values()]
         shortest = min(
-            [config.header_timeout, config.idle_timeout, *(r.limits.response_timeout for r in self.routes.values())]
+            [
+                config.header_timeout,
+                config.idle_timeout,
+                config.send_timeout,
+                *(limit.response_timeout for limit in limits),
+                *(limit.body_timeout for limit in limits),
+                *(limit.tunnel_idle_timeout for limit in limits),
+            ]
         )
         tick = min(max(shortest / 4, _MIN_TICK), _MAX_TICK)
         while True:
@@ -201,6 +222,9 @@ class ProxyServer:
             connection.shut_down()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        for connection in list(self.connections):
+            # Lingering closes end here (the sweeper that would end them is gone); written answers still flush.
+            connection.transport.close()
         for watcher in self._watchers:
             await watcher.close()
         for intent in self.intents.values():
@@ -216,10 +240,16 @@ class ProxyServer:
         log.info("proxy stopped")
 
 
-async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None) -> None:
-    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None) -> int:
+    """Run until SIGTERM or SIGINT, then shut down gracefully; 1 if a port cannot be listened on."""
     server = ProxyServer(config)
-    await server.start()
+    try:
+        await server.start()
+    except OSError as err:
+        # A port in use or a bad bind address: one line, as `serve` does, not a traceback.
+        log.error("cannot listen: %s", err)
+        await server.shutdown(grace=0)
+        return 1
     counts_server = None
     if counts is not None and counts.enabled:
         from adapter.rpc.counts import start_counts_server  # gRPC loads only when the count stream is on
@@ -233,6 +263,7 @@ async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None) -
     await server.shutdown()
     if counts_server is not None:
         await counts_server.stop()
+    return 0
 
 
 def run_proxy(config: ProxyConfig, counts: CountsServerConfig | None = None) -> int:
@@ -243,5 +274,4 @@ def run_proxy(config: ProxyConfig, counts: CountsServerConfig | None = None) -> 
         return 2
     # Each client connection takes a descriptor, and so does each pooled upstream connection.
     raise_open_files_limit(config.max_connections + _SPARE_DESCRIPTORS, f"max_connections={config.max_connections}")
-    uvloop.run(serve(config, counts))
-    return 0
+    return uvloop.run(serve(config, counts))

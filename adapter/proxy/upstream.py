@@ -15,7 +15,17 @@ from typing import TYPE_CHECKING
 import httptools
 
 from adapter.proxy.exchange import ASSIGNED
-from adapter.proxy.http1 import CHUNK_END, HOP_BY_HOP, chunk, connection_tokens, status_line
+from adapter.proxy.http1 import (
+    CHUNK_END,
+    FRAMING,
+    HOP_BY_HOP,
+    chunk,
+    connection_tokens,
+    status_line,
+    transfer_codings,
+    trim,
+)
+from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
     from adapter.proxy.client import ClientConnection
@@ -33,15 +43,35 @@ _PLAIN_TOKENS = {
 _NO_TOKENS: frozenset[bytes] = frozenset()
 
 
+class _BadResponse(Exception):
+    """Raised in a parser callback: the response cannot be forwarded (the reason is for the 502)."""
+
+
 class _HeadResponse:
     """Parser callbacks for the answer to a HEAD request: httptools cannot be told there is no body,
-    so this parser is used for one response and dropped after its head."""
+    so this parser is used for one response and dropped after its head. Any byte past that head (a
+    body, a second response) is an upstream error: the connection's framing can no longer be trusted."""
 
-    __slots__ = ("on_header", "on_headers_complete")
+    __slots__ = ("connection", "head_seen", "on_header")
 
     def __init__(self, connection: UpstreamConnection) -> None:
+        self.connection = connection
         self.on_header = connection.on_header
-        self.on_headers_complete = connection.on_headers_complete
+        self.head_seen = False
+
+    def on_headers_complete(self) -> None:
+        self.connection.on_headers_complete()
+        self.head_seen = self.connection.exchange is not None and not self.connection.interim
+
+    def on_message_begin(self) -> None:
+        if self.head_seen:
+            raise _BadResponse("sent a second response after the head of a HEAD response", "bytes_after_head")
+
+    def on_body(self, _body: bytes) -> None:
+        raise _BadResponse("sent a body after the head of a HEAD response", "bytes_after_head")
+
+    def on_chunk_header(self) -> None:
+        raise _BadResponse("sent a body after the head of a HEAD response", "bytes_after_head")
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -60,14 +90,23 @@ class UpstreamConnection(asyncio.Protocol):
         self._has_length = False
         self._out: list[bytes] = []
         self._sink: asyncio.Transport | None = None
-        self._interim = False
+        self.interim = False
         self._upgrading = False
         self._client_chunked = False
         self._until_close = False
         self._tunnel: ClientConnection | None = None
-        # When the response head is due (monotonic seconds, 0: not waiting), and the timeout it came from.
+        # When the response head is due, then when the body must have moved again (monotonic seconds, 0: not
+        # waiting), and the timeout it came from; reads are counted so the sweeper sees a body moving.
         self.deadline = 0.0
         self._timeout = 0.0
+        self._reads = 0
+        self._reads_seen = 0
+        # The answer to a HEAD request whose head arrived in the read being parsed: finished after that read.
+        self._head_answer: bool | None = None
+        # Bytes received for the response head (interim answers included) of the exchange.
+        self._head_bytes = 0
+        # The response head is in _out, not yet written to the client (a refusal may still replace it).
+        self._unsent_head = False
 
     # --- asyncio callbacks ---
 
@@ -76,24 +115,45 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._tunnel is not None:
+            self._tunnel.tunnel_reads += 1
             self._tunnel.transport.write(data)
             return
         if self.exchange is None:
             # Bytes nobody asked for: the connection's framing can no longer be trusted.
             self.close()
             return
+        self._reads += 1
+        exchange = self.exchange
+        if not exchange.response_started:
+            # httptools buffers a header line until it ends: the head's bound is on the bytes received.
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
             self._flush()
             self._start_tunnel(data[upgrade.args[0] :])
             return
-        except httptools.HttpParserError:
-            self._flush()
-            self._lost("sent a malformed response")
+        except httptools.HttpParserError as err:
+            self._refused(err.__context__ if isinstance(err.__context__, _BadResponse) else None)
             return
-        if self._out:
+        if self._head_answer is not None:
+            self._finish_head_answer()
+        elif self._out:
             self._flush()
+        elif (
+            not exchange.response_started
+            and self._head_bytes > exchange.route.limits.max_response_head_bytes
+            and self.exchange is exchange
+        ):
+            limit = exchange.route.limits.max_response_head_bytes
+            telemetry.LIMIT_HITS.labels(exchange.route.name, "max_response_head_bytes").inc()
+            self._refused(
+                _BadResponse(
+                    f"sent a response head larger than {limit} bytes (route {exchange.route.name}: "
+                    "limits.max_response_head_bytes)",
+                    "head_too_large",
+                )
+            )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -151,10 +211,9 @@ class UpstreamConnection(asyncio.Protocol):
         status = self._parser.get_status_code()
         if status < 200 and status != 101:
             # 100 Continue and other interim answers: the proxy already told the client to go on.
-            self._interim = True
+            self.interim = True
             return
-        self._interim = False
-        self.deadline = 0.0  # the response timeout is over
+        self.interim = False
         route = exchange.route
         if exchange.sent_at:
             route.stats.upstream_seconds.observe(monotonic() - exchange.sent_at)
@@ -165,24 +224,22 @@ class UpstreamConnection(asyncio.Protocol):
         exchange.response_started = True
         self._sink = exchange.client.transport
         self._out.append(head)
+        self._unsent_head = True
         if exchange.cold:
             route.first_byte()
         if status == 101:
             self._upgrading = True
         elif exchange.is_head:
             # Asked here only (the version costs a string format): other responses ask should_keep_alive.
-            upstream_keep_alive = not upstream_close and self._parser.get_http_version() == "1.1"
-            # The head is the whole answer; a fresh parser reads the next response on this connection.
-            self._parser = httptools.HttpResponseParser(self)
-            self._flush()
-            exchange.response_done(upstream_reusable=upstream_keep_alive)
+            # The head is the whole answer, sent once the rest of this read shows nothing follows it.
+            self._head_answer = not upstream_close and self._parser.get_http_version() == "1.1"
 
     def on_body(self, body: bytes) -> None:
         self._out.append(chunk(body) if self._client_chunked else body)
 
     def on_message_complete(self) -> None:
-        if self._interim or self._upgrading:
-            self._interim = False
+        if self.interim or self._upgrading:
+            self.interim = False
             return
         exchange = self.exchange
         if exchange is None:
@@ -200,6 +257,7 @@ class UpstreamConnection(asyncio.Protocol):
     def use_for(self, exchange: Exchange) -> None:
         """Bind the connection to `exchange` before its request is written."""
         self.exchange = exchange
+        self._head_bytes = 0
         self._until_close = False
         self._client_chunked = False
         if exchange.is_head:
@@ -212,11 +270,24 @@ class UpstreamConnection(asyncio.Protocol):
 
     def check_deadline(self, now: float) -> None:
         if self.deadline and now >= self.deadline:
-            self._response_timeout()
+            if self.reads_moved() or self.reading_paused:
+                # The body is still coming, or the client is the slow one (its own send_timeout covers that).
+                self.deadline = now + self._timeout
+            else:
+                self._response_timeout()
+
+    def reads_moved(self) -> bool:
+        """Whether a response byte arrived since the last call (only after the head: before it, the head is due)."""
+        exchange = self.exchange
+        if exchange is None or not exchange.response_started or self._reads == self._reads_seen:
+            return False
+        self._reads_seen = self._reads
+        return True
 
     def release(self) -> None:
         self.exchange = None
         self._sink = None
+        self.deadline = 0.0
         if self.reading_paused:
             # Paused for a slow client whose response has now been handed over in full: the next user reads.
             self.reading_paused = False
@@ -238,17 +309,25 @@ class UpstreamConnection(asyncio.Protocol):
         """The head for the client from the pieces on_header kept, and whether the upstream said Connection: close."""
         parts = lines
         parts[0] = status_line(status)
-        chunked = False
+        codings: list[bytes] = []
         tokens = _NO_TOKENS
         upgrade = b""
         for lower, value in hop:
             if lower == b"connection":
                 tokens = tokens | (_PLAIN_TOKENS.get(value) or connection_tokens(value))
             elif lower == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
+                codings += transfer_codings(value)
             elif lower == b"upgrade":
-                upgrade = value
+                upgrade = trim(value)
+        # The body is re-framed for the client: only chunked (which the parser removes) can be carried over.
+        if codings and codings != [b"chunked"]:
+            raise _BadResponse("sent a Transfer-Encoding other than chunked", "transfer_coding")
+        chunked = bool(codings)
         if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:
+            if not tokens.isdisjoint(FRAMING):
+                raise _BadResponse(
+                    "named a framing header in Connection (it would be forwarded unframed)", "connection_names_framing"
+                )
             # Headers the upstream named in Connection are hop-by-hop too.
             at_names = range(1, len(parts), 4)
             parts[1:] = [piece for at in at_names if parts[at].lower() not in tokens for piece in parts[at : at + 4]]
@@ -278,6 +357,7 @@ class UpstreamConnection(asyncio.Protocol):
         return b"".join(parts), b"close" in tokens
 
     def _flush(self) -> None:
+        self._unsent_head = False
         if self._out:
             if self._sink is not None:
                 self._sink.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
@@ -293,17 +373,49 @@ class UpstreamConnection(asyncio.Protocol):
         if rest:
             exchange.client.transport.write(rest)
 
+    def _finish_head_answer(self) -> None:
+        """The head of a HEAD response arrived and nothing after it: that is the whole answer."""
+        reusable, self._head_answer = bool(self._head_answer), None
+        # A fresh parser reads the next response on this connection.
+        self._parser = httptools.HttpResponseParser(self)
+        self._flush()
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.response_done(upstream_reusable=reusable)
+
+    def _refused(self, bad: _BadResponse | None) -> None:
+        """A response that cannot be forwarded: 502 if nothing of it reached the client, else cut off; the
+        connection is closed, never pooled."""
+        self._head_answer = None
+        reason = bad.args[0] if bad is not None else "sent a malformed response"
+        if bad is not None:
+            telemetry.REFUSED_MESSAGES.labels("response", bad.args[1]).inc()
+        exchange = self.exchange
+        if exchange is not None and (self._unsent_head or bad is not None):
+            # The upstream answered, badly: no retry. A head still here is replaced by the 502.
+            if self._unsent_head:
+                self._out = []
+                self._unsent_head = False
+                exchange.response_started = False
+            self.exchange = None
+            self.close()
+            exchange.fail(502, f"the upstream {reason}")
+            return
+        self._flush()
+        self._lost(reason)
+
     def _lost(self, reason: str) -> None:
         exchange, self.exchange = self.exchange, None
         self.close()
         if exchange is not None:
-            exchange.upstream_lost(reason)
+            # A response byte came back (even a malformed one): the upstream acted on the request, no retry.
+            exchange.upstream_lost(reason, replied=self._head_bytes > 0)
 
     def _response_timeout(self) -> None:
         exchange, self.exchange = self.exchange, None
         self.close()
         if exchange is not None:
-            exchange.fail(504, f"the upstream did not answer in {self._timeout:g} s")
+            exchange.fail(504, f"the upstream did not answer in {self._timeout:g} s (limits.response_timeout)")
 
     def _cancel_timer(self) -> None:
         self.deadline = 0.0

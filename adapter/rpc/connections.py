@@ -16,10 +16,10 @@ import re
 from pathlib import Path
 
 from adapter.telemetry import rpc as telemetry
-from adapter.telemetry.throttled import ThrottledLog
+from adapter.telemetry.throttle import LogThrottle, held_back
 
 log = logging.getLogger(__name__)
-_throttled = ThrottledLog(log, interval=30.0)
+_throttle = LogThrottle(30.0)
 
 _TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 # Reading the table costs the kernel a line per socket of the pod: a few times a minute is enough for a gauge.
@@ -61,14 +61,16 @@ class ConnectionWatch:
             full = open_now >= self._limit
             if full and not self._full:
                 telemetry.GRPC_CONNECTIONS_FULL.labels(self._server).inc()
-                _throttled.warn(
-                    self._server,
-                    "grpc.%s: %d connections open, the cap: new ones are closed at accept "
-                    "(raise grpc.%s.max_connections, or find who holds them)",
-                    self._server,
-                    open_now,
-                    self._server,
-                )
+                held = _throttle.allow(self._server)
+                if held is not None:
+                    log.warning(
+                        "grpc.%s: %d connections open, the cap: new ones are closed at accept "
+                        "(raise grpc.%s.max_connections, or find who holds them)%s",
+                        self._server,
+                        open_now,
+                        self._server,
+                        held_back(held),
+                    )
             self._full = full
             await asyncio.sleep(_SAMPLE_SECONDS)
 

@@ -16,14 +16,14 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 
 from adapter.config.grpc import GRPCServerConfig
 from adapter.rpc.connections import ConnectionWatch
-from adapter.rpc.garbage import GarbageInterceptor
+from adapter.rpc.guard import CORE_LIMIT_FACTOR, RequestGuard
 from adapter.rpc.latency import LatencyInterceptor
 from adapter.rpc.tls import ReloadingServerCredentials
 from adapter.telemetry import rpc as telemetry
-from adapter.telemetry.throttled import ThrottledLog
+from adapter.telemetry.throttle import LogThrottle, held_back
 
 log = logging.getLogger(__name__)
-_throttled = ThrottledLog(log)
+_throttle = LogThrottle(10.0)
 
 _GRACE_SECONDS = 1.0
 
@@ -39,7 +39,8 @@ def server_options(config: GRPCServerConfig) -> list[tuple[str, int]]:
         ("grpc.http2.min_ping_interval_without_data_ms", int(config.min_client_ping_interval * 1000)),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.max_concurrent_streams", config.max_concurrent_streams),
-        ("grpc.max_receive_message_length", config.max_message_bytes),
+        # RequestGuard refuses what is over max_message_bytes, naming the key; gRPC what is far over.
+        ("grpc.max_receive_message_length", config.max_message_bytes * CORE_LIMIT_FACTOR),
         # gRPC closes a connection beyond this at accept: counted from accept, handshake or not.
         ("grpc.max_allowed_incoming_connections", config.max_connections),
         # Accept to the client's HTTP/2 SETTINGS: a connection that says nothing is closed.
@@ -129,7 +130,9 @@ class _Slot:
         if refusal is not None:
             limit, message = refusal
             telemetry.GRPC_STREAMS_REFUSED.labels(slots._server, limit).inc()
-            _throttled.warn(f"{slots._server}/{limit}", "grpc.%s: %s refused: %s", slots._server, self._method, message)
+            held = _throttle.allow((slots._server, limit))
+            if held is not None:
+                log.warning("grpc.%s: %s refused: %s%s", slots._server, self._method, message, held_back(held))
             await self._context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         slots._take(self._peer, self._wake)
         telemetry.GRPC_STREAMS.labels(slots._server, self._method).inc()
@@ -187,7 +190,8 @@ async def start_server(
 ) -> RunningServer:
     """Listen on `config.bind:port` with the given services added by `register`; raise OSError if that fails."""
     server = grpc.aio.server(
-        options=server_options(config), interceptors=[GarbageInterceptor(name), LatencyInterceptor(name)]
+        options=server_options(config),
+        interceptors=[RequestGuard(name, config.max_message_bytes), LatencyInterceptor(name)],
     )
     register(server)
     health = _Health(slots)

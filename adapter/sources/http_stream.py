@@ -25,10 +25,10 @@ from adapter.config.http import HTTPSource
 from adapter.rpc.generated import proxycounts_pb2 as pb
 from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
 from adapter.telemetry import rpc as telemetry
-from adapter.telemetry.throttled import ThrottledLog
+from adapter.telemetry.throttle import LogThrottle, held_back
 
 log = logging.getLogger(__name__)
-_throttled = ThrottledLog(log)
+_throttle = LogThrottle(10.0)
 
 # (held, inflight) per route
 Counts = dict[str, tuple[int, int]]
@@ -119,6 +119,13 @@ def _channel(address: str, config: HTTPSource) -> grpc.aio.Channel:
     return grpc.aio.secure_channel(address, credentials, options=options)
 
 
+def _warn(source: str, replica: Replica) -> None:
+    """One line per replica per interval about why its counts are not used."""
+    held = _throttle.allow((source, replica.address))
+    if held is not None:
+        log.warning("http source %s: %s%s", source, replica.failure, held_back(held))
+
+
 def bad_count(message: pb.CountsUpdate, max_count: int) -> str | None:
     """What is wrong with the first count outside 0..max_count, or None when all are sane."""
     for route in message.routes:
@@ -185,7 +192,7 @@ class Subscription:
         config, replica = self._config, self.replica
         telemetry.PROXY_SUBSCRIPTIONS_REFUSED.labels(config.name).inc()
         replica.fail(f"{replica.address} {what}")
-        _throttled.warn(replica.address, "http source %s: %s", config.name, replica.failure)
+        _warn(config.name, replica)
         self._on_update(replica, set(replica.counts))
 
     async def _stream(self, channel: grpc.aio.Channel) -> bool:
@@ -245,7 +252,7 @@ class Subscription:
         if problem is not None:
             telemetry.PROXY_COUNTS_REJECTED.labels(config.name).inc()
             replica.fail(f"{replica.address} sent {problem}")
-            _throttled.warn(replica.address, "http source %s: counts refused: %s", config.name, replica.failure)
+            _warn(config.name, replica)
             replica.heard_at = now  # alive and wrong: an error for the metric, not a replica to forget
             self._on_update(replica, set(previous) | {route.route for route in message.routes})
             return

@@ -68,9 +68,15 @@ class ReadExport:
         self._held[group] = held
 
     def lag(self, metric: str, group: str, lags: Iterable[PartitionLag]) -> None:
-        """A metric's lag per partition of a group (before persistent-lag exclusion)."""
+        """A metric's lag per partition of a group (before persistent-lag exclusion), for the partitions
+        whose facts are exported: a group forgotten while a series computed its lag gets none."""
+        held = self._held.get(group)
+        if not held:
+            return
         owned = self._groups.setdefault(group, set())
         for p in lags:
+            if (p.topic, p.partition) not in held:
+                continue
             key = self._set(telemetry.PARTITION_LAG, (metric, group, p.topic, str(p.partition)), p.lag_with_persistent)
             if key in self._children:
                 owned.add(key)

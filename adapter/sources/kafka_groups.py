@@ -94,6 +94,7 @@ class GroupReader:
         self._clock = clock
         self._latest: dict[str, GroupOffsets] = {}
         self._in_flight: dict[str, tuple[frozenset[str], asyncio.Future[GroupOffsets]]] = {}
+        self._forgotten: set[str] = set()  # forgotten while a round read them: their result is not kept
         self._next: _Round | None = None
         self._reads = itertools.count(1)
         self._rounds: set[asyncio.Task[None]] = set()
@@ -113,11 +114,15 @@ class GroupReader:
         return await asyncio.shield(self._join(group, topics))
 
     def forget(self, group: str) -> None:
-        """Nobody reads the group any more."""
+        """Nobody reads the group any more (also the round reading it now: its result serves its
+        waiters but is neither kept nor told)."""
+        if group in self._in_flight:
+            self._forgotten.add(group)
         if self._latest.pop(group, None) is not None:
             self._on_forget(group)
 
     def _join(self, group: str, topics: frozenset[str]) -> asyncio.Future[GroupOffsets]:
+        self._forgotten.discard(group)  # asked for again
         if self._next is None:
             self._next = _Round({}, {})
             asyncio.get_running_loop().call_soon(self._start_round)
@@ -165,8 +170,11 @@ class GroupReader:
                 del self._in_flight[group]
             outcome = outcomes[group]
             if isinstance(outcome, GroupOffsets):
-                self._latest[group] = outcome
-                self._on_read(outcome)
+                if group in self._forgotten:
+                    self._forgotten.discard(group)
+                else:
+                    self._latest[group] = outcome
+                    self._on_read(outcome)
                 future.set_result(outcome)
             else:
                 future.set_exception(outcome)

@@ -24,7 +24,7 @@ from aiokafka.structs import TopicPartition
 
 from adapter.sources.base import SourceError
 from adapter.sources.kafka_connection import KafkaConnection
-from adapter.sources.kafka_protocol import MultiGroupUnsupported, OffsetFetchGroups
+from adapter.sources.kafka_protocol import ListOffsets, OffsetFetchGroups, VersionUnsupported
 
 # ListOffsets timestamps with a special meaning.
 LATEST = -1
@@ -156,7 +156,7 @@ class CommittedReader:
         if node not in self._single:
             try:
                 response = await self._conn.send(node, OffsetFetchGroups(groups), "OffsetFetch")
-            except MultiGroupUnsupported:
+            except VersionUnsupported:
                 self._single.add(node)
             except SourceError as err:
                 for group in groups:
@@ -256,9 +256,12 @@ async def log_offsets(
             by_leader[leader][tp.topic].append((tp.partition, timestamp))
 
     async def ask(leader: int, topics: dict[str, list[tuple[int, int]]]) -> None:
-        request = OffsetRequest(_CONSUMER_REPLICA, _READ_UNCOMMITTED, list(topics.items()))
+        fields = (_CONSUMER_REPLICA, _READ_UNCOMMITTED, list(topics.items()))
         try:
-            response = await conn.send(leader, request, "ListOffsets")
+            try:
+                response = await conn.send(leader, ListOffsets(*fields), "ListOffsets")
+            except VersionUnsupported:  # a broker older than Kafka 2.0: aiokafka's own, v1 or v2
+                response = await conn.send(leader, OffsetRequest(*fields), "ListOffsets")
         except SourceError as err:
             for topic, entries in topics.items():
                 for partition, _ in entries:

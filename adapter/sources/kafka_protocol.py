@@ -1,10 +1,15 @@
-"""OffsetFetch v8 (KIP-709): the committed offsets of many groups in one request per coordinator.
+"""OffsetFetch v8 (KIP-709): the committed offsets of many groups in one request per coordinator;
+and ListOffsets v3 with an answer read directly.
 
 aiokafka defines requests as data (a Schema of typed fields) and sends whatever Request it is given,
 negotiating the version per connection from the broker's ApiVersions; it defines OffsetFetch only up
 to v3, one group per request. This is v8, declared the same way on aiokafka's own types. v8 is a
 flexible version: compact strings and arrays (lengths as unsigned varints, plus one) and a tagged-field
 buffer closing every structure; the request header is v2 and the response header v1.
+
+ListOffsets v3 is aiokafka's own request; only its answer is read here, directly (one struct per
+partition), as is OffsetFetch v8's: aiokafka's generic reader makes some thirty calls a partition, and
+a round of many groups reads thousands of partitions.
 
 Request v8:  groups [group_id, topics (nullable: null = every committed topic)
                      [name, partition_indexes [int32]]], require_stable
@@ -14,19 +19,40 @@ Response v8: throttle_time_ms, groups [group_id, topics [name, partitions [parti
 
 from __future__ import annotations
 
+import struct
+from io import BytesIO
 from typing import Any
 
 from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.offset import OffsetRequest_v3, OffsetResponse_v3
 from aiokafka.protocol.types import Boolean, CompactArray, CompactString, Int16, Int32, Int64, Schema, TaggedFields
 
 # aiokafka ships no type information (mypy sees its classes as Any), hence the ignores on subclassing.
+_LIST_OFFSETS = 2
+_LIST_OFFSETS_VERSION = 3
 _OFFSET_FETCH = 9
 _MULTI_GROUP_VERSION = 8
 _NO_TAGS: dict[int, bytes] = {}
 
 
-class MultiGroupUnsupported(Exception):
-    """The broker's ApiVersions stops below OffsetFetch v8: ask group by group."""
+# A partition's fixed head in the response: partition_index, committed_offset, committed_leader_epoch.
+_PARTITION_HEAD = struct.Struct(">iqi")
+# A ListOffsets v3 answer's partition: partition, error_code, timestamp, offset.
+_LOG_OFFSET = struct.Struct(">ihqq")
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+
+
+class VersionUnsupported(Exception):
+    """The broker's ApiVersions lacks the version of a request defined here: use aiokafka's own."""
+
+
+def _require(versions: dict[int, tuple[int, int]], api_key: int, version: int, api: str) -> None:
+    """Refuse to build a request the broker cannot read. aiokafka calls prepare() with the connection's
+    negotiated versions before anything is written, so nothing is sent."""
+    low, high = versions.get(api_key, (0, -1))
+    if not low <= version <= high:
+        raise VersionUnsupported(f"{api} v{low}-v{high}")
 
 
 class OffsetFetchResponseV8(Response):  # type: ignore[misc]
@@ -62,6 +88,70 @@ class OffsetFetchResponseV8(Response):  # type: ignore[misc]
         ),
         ("tags", TaggedFields),
     )
+
+    @classmethod
+    def decode(cls, data: BytesIO | bytes) -> OffsetFetchResponseV8:
+        """What SCHEMA decodes, read directly."""
+        buf = data.read() if isinstance(data, BytesIO) else data
+        (throttle,) = _INT32.unpack_from(buf, 0)
+        count, pos = _uvarint(buf, 4)
+        groups = []
+        for _ in range(count - 1):
+            group, pos = _string(buf, pos)
+            topic_count, pos = _uvarint(buf, pos)
+            topics = []
+            for _ in range(topic_count - 1):
+                name, pos = _string(buf, pos)
+                partition_count, pos = _uvarint(buf, pos)
+                partitions = []
+                for _ in range(partition_count - 1):
+                    index, offset, epoch = _PARTITION_HEAD.unpack_from(buf, pos)
+                    metadata, pos = _string(buf, pos + _PARTITION_HEAD.size)
+                    (error,) = _INT16.unpack_from(buf, pos)
+                    tags, pos = _tags(buf, pos + 2)
+                    partitions.append((index, offset, epoch, metadata, error, tags))
+                tags, pos = _tags(buf, pos)
+                topics.append((name, partitions, tags))
+            (error,) = _INT16.unpack_from(buf, pos)
+            tags, pos = _tags(buf, pos + 2)
+            groups.append((group, topics, error, tags))
+        tags, pos = _tags(buf, pos)
+        if pos != len(buf):
+            raise ValueError(f"OffsetFetch v8 answer: {len(buf) - pos} bytes left over")
+        return cls(throttle, groups, tags)
+
+
+def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    """An unsigned varint (7 bits a byte, low first) at pos, and the position after it."""
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _string(buf: bytes, pos: int) -> tuple[str | None, int]:
+    """A compact nullable string: its length plus one as a varint (0: null), then UTF-8."""
+    length, pos = _uvarint(buf, pos)
+    if length == 0:
+        return None, pos
+    end = pos + length - 1
+    return buf[pos:end].decode(), end
+
+
+def _tags(buf: bytes, pos: int) -> tuple[dict[int, bytes], int]:
+    """A tagged-field buffer: a count, then (tag, size, bytes) each."""
+    count, pos = _uvarint(buf, pos)
+    tags = {}
+    for _ in range(count):
+        tag, pos = _uvarint(buf, pos)
+        size, pos = _uvarint(buf, pos)
+        tags[tag] = buf[pos : pos + size]
+        pos += size
+    return tags, pos
 
 
 class OffsetFetchRequestV8(RequestStruct):  # type: ignore[misc]
@@ -99,10 +189,7 @@ class OffsetFetchGroups(Request[OffsetFetchRequestV8]):  # type: ignore[misc]
         self._groups = groups
 
     def prepare(self, versions: dict[int, tuple[int, int]]) -> OffsetFetchRequestV8:
-        # Called by aiokafka with the connection's negotiated versions, before anything is written.
-        low, high = versions.get(_OFFSET_FETCH, (0, -1))
-        if not low <= _MULTI_GROUP_VERSION <= high:
-            raise MultiGroupUnsupported(f"OffsetFetch v{low}-v{high}")
+        _require(versions, _OFFSET_FETCH, _MULTI_GROUP_VERSION, "OffsetFetch")
         request: OffsetFetchRequestV8 = super().prepare(versions)
         return request
 
@@ -110,3 +197,47 @@ class OffsetFetchGroups(Request[OffsetFetchRequestV8]):  # type: ignore[misc]
         # require_stable false: offsets of open transactions are not waited for (a lag reader, not a consumer)
         groups: list[Any] = [(group, None, _NO_TAGS) for group in self._groups]
         return request_struct_class(groups, False, _NO_TAGS)
+
+
+class ListOffsetsResponseV3(OffsetResponse_v3):  # type: ignore[misc]
+    """throttle_time_ms, topics [topic, partitions [partition, error_code, timestamp, offset]]."""
+
+    @classmethod
+    def decode(cls, data: BytesIO | bytes) -> ListOffsetsResponseV3:
+        """What SCHEMA decodes, read directly."""
+        buf = data.read() if isinstance(data, BytesIO) else data
+        throttle, count = struct.unpack_from(">ii", buf, 0)
+        pos = 8
+        topics = []
+        for _ in range(count):
+            (length,) = _INT16.unpack_from(buf, pos)
+            topic = buf[pos + 2 : pos + 2 + length].decode()
+            (partition_count,) = _INT32.unpack_from(buf, pos + 2 + length)
+            pos += 6 + length
+            partitions = list(_LOG_OFFSET.iter_unpack(buf[pos : pos + partition_count * _LOG_OFFSET.size]))
+            pos += partition_count * _LOG_OFFSET.size
+            topics.append((topic, partitions))
+        if pos != len(buf):
+            raise ValueError(f"ListOffsets v3 answer: {len(buf) - pos} bytes left over")
+        return cls(throttle, topics)
+
+
+class ListOffsetsRequestV3(OffsetRequest_v3):  # type: ignore[misc]
+    RESPONSE_TYPE = ListOffsetsResponseV3
+
+
+class ListOffsets(Request[ListOffsetsRequestV3]):  # type: ignore[misc]
+    """Log offsets of partitions: (topic, [(partition, timestamp)]), LATEST or EARLIEST as timestamp."""
+
+    API_KEY = _LIST_OFFSETS
+
+    def __init__(self, replica_id: int, isolation_level: int, topics: list[tuple[str, list[tuple[int, int]]]]):
+        self._fields = (replica_id, isolation_level, topics)
+
+    def prepare(self, versions: dict[int, tuple[int, int]]) -> ListOffsetsRequestV3:
+        _require(versions, _LIST_OFFSETS, _LIST_OFFSETS_VERSION, "ListOffsets")
+        request: ListOffsetsRequestV3 = super().prepare(versions)
+        return request
+
+    def build(self, request_struct_class: type[ListOffsetsRequestV3]) -> ListOffsetsRequestV3:
+        return request_struct_class(*self._fields)

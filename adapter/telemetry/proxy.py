@@ -22,7 +22,7 @@ HELD_REQUESTS = Gauge("zeroscale_proxy_held_requests", "Requests waiting for a r
 HELD_BYTES = Gauge("zeroscale_proxy_held_body_bytes", "Request body bytes buffered while not yet upstream", ["route"])
 INFLIGHT_REQUESTS = Gauge(
     "zeroscale_proxy_inflight_requests",
-    "Requests sent upstream and not yet answered (open tunnels included)",
+    "Requests sent upstream and not yet answered (an upgraded tunnel leaves this count at its 101)",
     ["route"],
 )
 READY_ENDPOINTS = Gauge("zeroscale_proxy_ready_endpoints", "Endpoints the route may forward to", ["route"])
@@ -68,6 +68,19 @@ TARGET_REPLICAS = Gauge(
     "zeroscale_proxy_target_replicas",
     "spec.replicas of a route's scale target, read at start, whenever its endpoints change, and when waking it",
     ["route", "namespace", "kind", "name"],
+)
+REFUSED_MESSAGES = Counter(
+    "zeroscale_proxy_refused_messages_total",
+    "Requests (400) and upstream responses (502) refused for how they are framed or routed, by side and reason",
+    ["side", "reason"],
+)
+LIMIT_HITS = Counter(
+    "zeroscale_proxy_limit_hits_total",
+    "Requests answered or connections closed because a limit or timeout ran out, by the config key that sets it",
+    ["route", "limit"],
+)
+OPEN_TUNNELS = Gauge(
+    "zeroscale_proxy_open_tunnels", "Upgraded (WebSocket) connections open through the route", ["route"]
 )
 UPSTREAM_CONNECTS = Counter(
     "zeroscale_proxy_upstream_connections_total", "Upstream connections opened, by result", ["route", "result"]

@@ -20,11 +20,18 @@ kube_module_dir() {
   if [ "$K8S_VERSION" = "$(pinned_version)" ]; then echo "$K8S_DIR/kubernetes"; else echo "$ZS_K8S_HOME/modules/v$K8S_VERSION"; fi
 }
 
-# The build directory: keyed by the version and a hash of every pin and of the build recipe, so a change
-# to any of them builds afresh and nothing else does.
+# A short hash of files' contents (pins and recipes): what a build directory is keyed by.
+content_key() { cat "$@" | sha256sum | cut -c1-12; }
+
+# Bumped when the build recipe (flags, what is built) changes, so that builds of the old recipe are not reused.
+RECIPE=1
+# The build directory: keyed by the version and a hash of every pin and of the recipe's number, so a change to
+# either builds afresh and nothing else does. Builds of other pins stay (another checkout may use them):
+# remove $ZS_K8S_HOME/build/<dir> by hand when no checkout needs it.
 build_dir() {
-  local key
-  key=$(cat "$K8S_DIR/build" "$(kube_module_dir)/go.mod" "$K8S_DIR/etcd/go.mod" "$K8S_DIR/etcd/go.sum" \
-    $( [ -f "$(kube_module_dir)/go.sum" ] && echo "$(kube_module_dir)/go.sum" ) | sha256sum | cut -c1-12)
+  local key kube_mod
+  kube_mod="$(kube_module_dir)"
+  key=$( { echo "recipe $RECIPE"; cat "$kube_mod/go.mod" "$kube_mod/go.sum" "$K8S_DIR/etcd/go.mod" "$K8S_DIR/etcd/go.sum"; } \
+    2>/dev/null | sha256sum | cut -c1-12)
   echo "$ZS_K8S_HOME/build/v$K8S_VERSION-$key"
 }

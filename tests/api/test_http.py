@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from adapter.api.http import HTTPServer, Limits
+from adapter.api.http import HTTPServer
 from adapter.api.routes import ExternalMetricsAPI
 from adapter.config.server import CacheConfig
 from adapter.config.static import StaticMetric
@@ -17,6 +17,7 @@ from adapter.metrics.catalogue import Catalogue
 from adapter.sources.base import Sample, Source, SourceError, SourceQuery
 from adapter.telemetry import api as telemetry
 from tests.api.httpclient import Answer, read_answer, request_bytes
+from tests.security.api_serving import api_limits
 
 LIST = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/jobs"
 
@@ -61,7 +62,7 @@ class Served:
             writer.close()
 
 
-LIMITS = Limits(max_header_bytes=2048, max_connections=8, header_timeout=0.5, idle_timeout=0.5, body_timeout=0.5)
+LIMITS = api_limits(max_header_bytes=2048, max_connections=8, header_timeout=0.5, idle_timeout=0.5, body_timeout=0.5)
 
 
 @pytest.fixture

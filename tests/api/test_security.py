@@ -312,7 +312,7 @@ async def _eventually(attempt: Any) -> Answer:
 def test_auth_off_counts_the_grpc_scaler_listener() -> None:
     loopback = {"auth": {"enabled": False}, "bind": "127.0.0.1", "metrics_bind": "127.0.0.1"}
     assert unsafe_without_auth(ZeroscaleConfig.model_validate({"server": loopback})) is None
-    scaler = {"enabled": True, "bind": "0.0.0.0", "allow_plaintext": True}
+    scaler = {"enabled": True, "bind": "0.0.0.0", "allow_plaintext": True, "allow_unauthenticated": True}
     problem = unsafe_without_auth(ZeroscaleConfig.model_validate({"server": loopback, "grpc": {"scaler": scaler}}))
     assert problem is not None
     assert "grpc.scaler.bind='0.0.0.0'" in problem

@@ -62,7 +62,7 @@ def test_the_schemas_cover_kubernetes_1_37() -> None:
 
 
 def test_every_overlay_is_known() -> None:
-    assert set(OVERLAYS) == {"cert-manager", "certs", "keda", "monitoring"}
+    assert set(OVERLAYS) == {"beside-keda", "cert-manager", "certs", "keda", "monitoring"}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -269,6 +269,36 @@ def test_keda_overlay_leaves_the_apiservice_to_keda(rendered: dict[str, Objects]
     assert ("APIService", "v1beta1.external.metrics.k8s.io") not in kinds
     assert ("ClusterRole", "zeroscale-external-metrics-reader") not in kinds
     assert ("Deployment", ADAPTER) in kinds
+
+
+def test_beside_keda_takes_the_apiservice_and_delegates_to_kedas_metrics_server(
+    rendered: dict[str, Objects], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects = rendered["beside-keda"]
+    ref = find(objects, "APIService", "v1beta1.external.metrics.k8s.io")["spec"]["service"]
+    assert (ref["namespace"], ref["name"]) == (NAMESPACE, ADAPTER)
+    # Zeroscale's own identity may do exactly what the delegate authorizes: list external metrics, nothing else.
+    role = find(objects, "ClusterRole", "zeroscale-delegate-external-metrics")
+    assert role["rules"] == [{"apiGroups": ["external.metrics.k8s.io"], "resources": ["*"], "verbs": ["list"]}]
+    binding = find(objects, "ClusterRoleBinding", "zeroscale-delegate-external-metrics")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ADAPTER, "namespace": NAMESPACE}]
+    # The container's environment over the shared config names KEDA's metrics server and a mounted CA.
+    deployment = find(objects, "Deployment", ADAPTER)
+    (adapter,) = deployment["spec"]["template"]["spec"]["containers"]
+    monkeypatch.delenv("ZEROSCALE_CONFIG", raising=False)
+    for variable in adapter["env"]:
+        monkeypatch.setenv(variable["name"], variable["value"])
+    delegate = base_config().delegate
+    assert delegate is not None
+    assert delegate.address() == ("keda-operator-metrics-apiserver.keda.svc", 443)
+    mounts = {mount["name"]: mount["mountPath"] for mount in adapter["volumeMounts"]}
+    volumes = {volume["name"]: volume for volume in deployment["spec"]["template"]["spec"]["volumes"]}
+    (ca_volume,) = [name for name, path in mounts.items() if delegate.ca_file and delegate.ca_file.parent == Path(path)]
+    assert volumes[ca_volume]["secret"]["secretName"] == "keda-metrics-ca"
+    text = (DEPLOY / "overlays" / "beside-keda" / "kustomization.yaml").read_text()
+    assert "--enable-apiservice-patching=false" in text
+    assert "To undo" in text
 
 
 def test_the_sidecar_is_configured_by_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -43,7 +43,11 @@ CALLS: dict[tuple[str, str], set[Call]] = {
         ("patch", "apps", "deployments/scale"),
         ("patch", "apps", "statefulsets/scale"),
     },
+    # To the external metrics delegate (KEDA's metrics server), as Zeroscale: it authorizes a list of the metric.
+    ("adapter/api/delegate.py", "GET"): {("list", "external.metrics.k8s.io", "*")},
 }
+# Made only when `delegate:` is configured: granted by deploy/overlays/beside-keda alone.
+DELEGATE_SITES = {("adapter/api/delegate.py", "GET")}
 
 # Built-in roles the manifests bind, as the bootstrap policy defines them (they are not in deploy/).
 BUILT_IN: dict[str, list[dict[str, Any]]] = {
@@ -127,9 +131,10 @@ def _strings(path: Path) -> str:
     )
 
 
-def needed_by(service_account: str) -> set[Call]:
+def needed_by(service_account: str, delegate: bool = False) -> set[Call]:
     modules = reachable(ENTRY_POINTS[service_account])
-    return {call for site, module in kube_call_sites().items() if module in modules for call in CALLS[site]}
+    sites = {site: module for site, module in kube_call_sites().items() if delegate or site not in DELEGATE_SITES}
+    return {call for site, module in sites.items() if module in modules for call in CALLS[site]}
 
 
 def granted(objects: Objects, service_account: str) -> set[Call]:
@@ -188,6 +193,12 @@ def test_the_adapter_is_granted_exactly_its_calls(installation: Objects) -> None
     assert granted(installation, "zeroscale-adapter") == needed | BUILT_IN_EXTRA
 
 
+def test_beside_keda_also_grants_exactly_the_delegate_call(rendered: dict[str, Objects]) -> None:
+    needed = needed_by("zeroscale-adapter", delegate=True)
+    assert needed - needed_by("zeroscale-adapter") == {("list", "external.metrics.k8s.io", "*")}
+    assert granted(rendered["beside-keda"], "zeroscale-adapter") == needed | BUILT_IN_EXTRA
+
+
 def test_the_proxy_is_granted_exactly_its_calls(installation: Objects) -> None:
     needed = needed_by("zeroscale-proxy")
     assert ("patch", "apps", "deployments/scale") in needed
@@ -210,7 +221,7 @@ def test_the_hpa_controller_may_get_and_list_external_metrics(installation: Obje
 
 
 def test_nothing_else_is_bound(rendered: dict[str, Objects], chart_default: Objects) -> None:
-    """Every binding in every overlay and in the chart is one of the four above: no other subject gets anything."""
+    """Every binding in every overlay and in the chart is one of the five above: no other subject gets anything."""
     names = {
         obj["metadata"]["name"]
         for objects in [*rendered.values(), chart_default]
@@ -220,6 +231,7 @@ def test_nothing_else_is_bound(rendered: dict[str, Objects], chart_default: Obje
     assert names == {
         "zeroscale-adapter:system:auth-delegator",
         "zeroscale-adapter-auth-reader",
+        "zeroscale-delegate-external-metrics",
         "zeroscale-hpa-external-metrics",
         "zeroscale-proxy",
     }

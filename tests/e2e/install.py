@@ -42,9 +42,10 @@ def shipped(name: str) -> list[dict[str, Any]]:
     return documents
 
 
-def make_certs(out_dir: Path) -> Path:
-    """`zeroscale certs` for the shipped Service; returns the directory of ca.crt, tls.crt, tls.key."""
+def make_certs(out_dir: Path, *dns_names: str) -> Path:
+    """`zeroscale certs` for the shipped Service and `dns_names`; returns the directory of ca.crt, tls.crt, tls.key."""
     command = [sys.executable, "-m", "adapter", "certs", "--service", SERVICE, "--namespace", NAMESPACE]
+    command += [f"--dns-name={name}" for name in dns_names]
     subprocess.run([*command, "--days", "90", "--out-dir", str(out_dir)], check=True, capture_output=True, timeout=60)
     return out_dir
 

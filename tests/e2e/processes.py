@@ -14,42 +14,25 @@ import yaml
 from tests.netutil import wait_for_port
 
 
-class Zeroscale:
-    """One `zeroscale COMMAND --config FILE` process; kill() and start() again keep its config and ports."""
+class Managed:
+    """A process in its own session with its output in `log_file`; kill() and start again keep its settings."""
 
-    def __init__(self, command: str, workdir: Path, config: dict[str, Any], port: int, log_level: str = "INFO") -> None:
-        self.command = command
-        self.log_level = log_level
-        self.workdir = workdir
-        self.port = port
-        self.config_file = workdir / f"{command}.yaml"
-        self.config_file.write_text(yaml.safe_dump(config), encoding="utf-8")
-        self.log_file = workdir / f"{command}.log"
+    def __init__(self, log_file: Path) -> None:
+        self.log_file = log_file
         self._process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 30.0) -> Zeroscale:
+    def launch(self, command: list[str], env: dict[str, str] | None = None) -> None:
         with self.log_file.open("ab") as log:
             self._process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "adapter",
-                    "--log-level",
-                    self.log_level,
-                    self.command,
-                    "--config",
-                    str(self.config_file),
-                ],
+                command,
+                env=None if env is None else {**os.environ, **env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        try:
-            wait_for_port(self.port, timeout=timeout)
-        except TimeoutError:
-            self.stop()
-            raise RuntimeError(f"zeroscale {self.command} did not listen:\n{self.log_tail()}") from None
-        return self
+
+    def exited(self) -> bool:
+        return self._process is not None and self._process.poll() is not None
 
     def kill(self) -> None:
         """SIGKILL: no goodbye, as when a node dies."""
@@ -73,3 +56,26 @@ class Zeroscale:
         if not self.log_file.exists():
             return "(no log)"
         return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+
+
+class Zeroscale(Managed):
+    """One `zeroscale COMMAND --config FILE` process; kill() and start() again keep its config and ports."""
+
+    def __init__(self, command: str, workdir: Path, config: dict[str, Any], port: int, log_level: str = "INFO") -> None:
+        super().__init__(workdir / f"{command}.log")
+        self.command = command
+        self.log_level = log_level
+        self.workdir = workdir
+        self.port = port
+        self.config_file = workdir / f"{command}.yaml"
+        self.config_file.write_text(yaml.safe_dump(config), encoding="utf-8")
+
+    def start(self, timeout: float = 30.0) -> Zeroscale:
+        command = [sys.executable, "-m", "adapter", "--log-level", self.log_level, self.command]
+        self.launch([*command, "--config", str(self.config_file)])
+        try:
+            wait_for_port(self.port, timeout=timeout)
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"zeroscale {self.command} did not listen:\n{self.log_tail()}") from None
+        return self

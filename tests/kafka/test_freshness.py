@@ -100,3 +100,25 @@ async def test_a_produce_flips_stream_is_active_without_waiting_for_the_interval
     finally:
         stop.set()
         assert await asyncio.wait_for(task, 10) == 0
+
+
+async def test_a_group_dropped_while_it_is_read_leaves_no_series(
+    kafka: KafkaDriver, broker: KafkaBroker, name: str
+) -> None:
+    await kafka.topic(name, 1)
+    await kafka.produce(name, {0: 2})
+    await kafka.commit(name, {(name, 0): 1})
+    source = KafkaLag(source_config(broker.bootstrap, **DEFAULT_AGES))
+    metric = lag_metric(source.name)
+    _key, query = Catalogue([metric]).resolve(metric.name, "default", f"group={name}")
+    try:
+        await source.check()  # connected: the read below is in flight at once
+        source.watch(query)  # as the cache does for a new series, then reads it...
+        reading = asyncio.create_task(source.query(query))
+        for _ in range(3):  # ...and drops it (idle) while that read is at the broker
+            await asyncio.sleep(0)
+        source.unwatch(query)
+        assert sum(sample.value for sample in await reading) == 1
+        assert exported(source, name) == set()
+    finally:
+        await source.close()

@@ -1,11 +1,20 @@
 """OffsetFetch v8 on the wire, byte for byte against the layout of Kafka's OffsetFetchRequest.json and
-OffsetFetchResponse.json (flexible: compact lengths are unsigned varints plus one, tagged fields)."""
+OffsetFetchResponse.json (flexible: compact lengths are unsigned varints plus one, tagged fields); the
+answers read directly (OffsetFetch v8, ListOffsets v3) equal what the declared schemas read."""
 
 from __future__ import annotations
 
+from io import BytesIO
+
 import pytest
 
-from adapter.sources.kafka_protocol import MultiGroupUnsupported, OffsetFetchGroups, OffsetFetchResponseV8
+from adapter.sources.kafka_protocol import (
+    ListOffsets,
+    ListOffsetsResponseV3,
+    OffsetFetchGroups,
+    OffsetFetchResponseV8,
+    VersionUnsupported,
+)
 
 
 def test_the_request_lists_the_groups_with_null_topics() -> None:
@@ -19,7 +28,7 @@ def test_the_request_lists_the_groups_with_null_topics() -> None:
 
 
 def test_a_broker_without_v8_is_refused_before_anything_is_sent() -> None:
-    with pytest.raises(MultiGroupUnsupported):
+    with pytest.raises(VersionUnsupported):
         OffsetFetchGroups(["a"]).prepare({9: (1, 7)})
 
 
@@ -43,8 +52,38 @@ def test_the_response_gives_each_group_its_offsets_and_error() -> None:
         + b"h"
         + bytes([1])  # topics: empty
         + bytes([0, 69, 0])  # group error 69 (GROUP_ID_NOT_FOUND), tags
-        + bytes([0])  # response tags
+        + bytes([1, 0, 1])  # response tags: one, tag 0, one byte
+        + b"z"
     )
     response = OffsetFetchResponseV8.decode(payload)
     groups = [(group, topics, error) for group, topics, error, _tags in response.groups]
     assert groups == [("g", [("t", [(4, 42, -1, None, 0, {})], {})], 0), ("h", [], 69)]
+    assert response.tags == {0: b"z"}
+
+
+def test_the_direct_reader_reads_what_the_schema_reads() -> None:
+    # More than 127 partitions (a two-byte varint), null and set metadata, non-ASCII names. (Tagged fields
+    # are in the hand-made answer above: aiokafka's TaggedFields.encode leaves out each field's size.)
+    no_tags: dict[int, bytes] = {}
+    partitions = [(p, p * 1000, -1, None if p % 2 else "m", 0, no_tags) for p in range(130)]
+    groups: list[object] = [
+        (f"group-é{g}", [(f"topic-{t}", partitions, {}) for t in range(2)], g % 3, {}) for g in range(3)
+    ]
+    payload = OffsetFetchResponseV8.SCHEMA.encode([7, groups, {}])
+    response = OffsetFetchResponseV8.decode(BytesIO(payload))
+    assert (response.throttle_time_ms, response.groups, response.tags) == (7, groups, {})
+    assert list(OffsetFetchResponseV8.SCHEMA.decode(BytesIO(payload))) == [7, groups, {}]
+
+
+def test_list_offsets_answers_read_directly_as_the_schema_reads() -> None:
+    topics = [(f"topic-{t}", [(p, 0 if p % 7 else 6, -1, p * 10) for p in range(t + 1)]) for t in range(40)]
+    payload = ListOffsetsResponseV3.SCHEMA.encode([3, topics])
+    response = ListOffsetsResponseV3.decode(BytesIO(payload))
+    assert (response.throttle_time_ms, response.topics) == (3, topics)
+    assert list(ListOffsetsResponseV3.SCHEMA.decode(BytesIO(payload))) == [3, topics]
+
+
+def test_list_offsets_before_v3_is_left_to_aiokafka() -> None:
+    with pytest.raises(VersionUnsupported):
+        ListOffsets(-1, 0, [("t", [(0, -1)])]).prepare({2: (0, 2)})
+    assert ListOffsets(-1, 0, [("t", [(0, -1)])]).prepare({2: (1, 10)}).API_VERSION == 3

@@ -63,6 +63,31 @@ async def read_response(reader: asyncio.StreamReader, *, head_only: bool = False
     return Response(state.parser.get_status_code(), state.headers, b"".join(state.body))
 
 
+class Responses:
+    """Successive responses on one connection (pipelined answers may share a read), with one parser."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self.reader = reader
+        self.done: list[Response] = []
+        self._state = _ResponseReader()
+        self._state.on_message_complete = self._complete  # type: ignore[method-assign]
+        self._state.parser = httptools.HttpResponseParser(self._state)
+
+    def _complete(self) -> None:
+        state = self._state
+        self.done.append(Response(state.parser.get_status_code(), state.headers, b"".join(state.body)))
+        state.headers, state.body = {}, []
+
+    async def next(self, within: float = 5.0) -> Response:
+        async with asyncio.timeout(within):
+            while not self.done:
+                data = await self.reader.read(65536)
+                if not data:
+                    raise ConnectionError("closed before a response")
+                self._state.parser.feed_data(data)
+        return self.done.pop(0)
+
+
 async def request(port: int, raw: bytes, *, within: float = 10.0) -> Response:
     """Send raw request bytes on a new connection and read one response."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -2,7 +2,8 @@
 
 Paths choose the behaviour:
 - `/echo...`: 200, body = the request body, headers `X-Seen-*` report what arrived (method, path,
-  forwarded headers, framing); `?chunked=1` answers chunked, `?close=1` close-delimited.
+  forwarded headers, framing); `?chunked=1` answers chunked, `?close=1` close-delimited; a HEAD
+  request gets the head alone, unless `?head_body=1` (a broken upstream that sends the body too).
 - `/slow?s=N`: answers after N seconds.
 - `/crash`: sends half a response, then closes the connection.
 - `/ws`: upgrades (101) and then echoes every byte back.
@@ -145,6 +146,8 @@ class Upstream:
             transport.close()
             return
         else:
-            transport.write(head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            # A HEAD answer has the head a GET would get, and no body (RFC 9110 9.3.2).
+            payload = b"" if seen.method == "HEAD" and not query.get("head_body") else body
+            transport.write(head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + payload)
         if not keep:
             transport.close()

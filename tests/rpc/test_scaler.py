@@ -158,6 +158,10 @@ async def test_messages_above_the_bound_are_refused(start_adapter: StartAdapter)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.IsActive(ref(padding="x" * 10_000))
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "is over grpc.scaler.max_message_bytes (4096)" in (refused.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as far_over:  # gRPC's own backstop, at 4 times the bound
+            await stub.IsActive(ref(padding="x" * 20_000))
+        assert far_over.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert (await stub.IsActive(ref())).result is True
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ssl
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
@@ -15,10 +16,17 @@ from typing import Any
 
 import uvloop
 
-from adapter.api.run import serve
+from adapter.api.http import Limits
+from adapter.api.run import listener_limits, serve
 from adapter.config import ZeroscaleConfig
+from adapter.config.server import ServerConfig
 from tests.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
 from tests.netutil import free_port
+
+
+def api_limits(**overrides: Any) -> Limits:
+    """The API listener's bounds from the default `server:` section, with some changed for a test."""
+    return dataclasses.replace(listener_limits(ServerConfig(), "api"), **overrides)
 
 
 def run(scenario: Coroutine[Any, Any, None], seconds: float = 60) -> None:

@@ -21,7 +21,7 @@ import pytest
 from adapter.api.http import HTTPServer, Limits, Request, Response
 from adapter.telemetry import api as telemetry
 from tests.netutil import free_port, wait_for_port
-from tests.security.api_serving import Ports, connect, read_all, run, serving
+from tests.security.api_serving import Ports, api_limits, connect, read_all, run, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 STALLED_POST = b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc"
@@ -182,7 +182,9 @@ async def _held_server(limits: Limits) -> AsyncIterator[tuple[int, HTTPServer, a
 
 
 def test_requests_read_ahead_of_their_answers_are_bounded_and_all_answered() -> None:
-    limits = Limits(max_header_bytes=4096, max_connections=8, header_timeout=5, idle_timeout=5, max_buffered_bytes=4096)
+    limits = api_limits(
+        max_header_bytes=4096, max_connections=8, header_timeout=5, idle_timeout=5, max_buffered_bytes=4096
+    )
 
     async def scenario() -> None:
         async with _held_server(limits) as (port, server, release, _):
@@ -208,7 +210,9 @@ def test_requests_read_ahead_of_their_answers_are_bounded_and_all_answered() -> 
 
 
 def test_an_answer_that_never_comes_closes_the_connection() -> None:
-    limits = Limits(max_header_bytes=4096, max_connections=8, header_timeout=5, idle_timeout=5, response_timeout=0.5)
+    limits = api_limits(
+        max_header_bytes=4096, max_connections=8, header_timeout=5, idle_timeout=5, response_timeout=0.5
+    )
 
     async def scenario() -> None:
         async with _held_server(limits) as (port, _, _, _):
@@ -223,7 +227,7 @@ def test_an_answer_that_never_comes_closes_the_connection() -> None:
 
 
 def test_header_values_lose_surrounding_whitespace() -> None:
-    limits = Limits(max_header_bytes=4096, max_connections=8, header_timeout=5, idle_timeout=5)
+    limits = api_limits(header_timeout=5, idle_timeout=5)
 
     async def scenario() -> None:
         values: list[str | None] = []
@@ -289,7 +293,7 @@ def test_serve_raises_the_open_files_limit_to_the_hard_limit_and_logs_it() -> No
 
 
 def test_an_error_behind_a_request_in_progress_is_answered_after_it_in_order() -> None:
-    limits = Limits(max_header_bytes=1024, max_connections=8, header_timeout=5, idle_timeout=5)
+    limits = api_limits(max_header_bytes=1024, max_connections=8, header_timeout=5, idle_timeout=5)
 
     async def scenario() -> None:
         async with _held_server(limits) as (port, _, release, _):
@@ -312,7 +316,7 @@ def test_an_error_behind_a_request_in_progress_is_answered_after_it_in_order() -
 def test_a_header_line_that_never_ends_is_431_once_it_passes_the_bound() -> None:
     """httptools gathers a header value silently until its line ends: without a bound on the raw bytes,
     one connection could buffer whatever it sent within header_timeout."""
-    limits = Limits(max_header_bytes=4096, max_connections=8, header_timeout=30, idle_timeout=30)
+    limits = api_limits(header_timeout=30, idle_timeout=30)
 
     async def scenario() -> None:
         async with _held_server(limits) as (port, _, _, _):
@@ -335,7 +339,9 @@ async def _connections_closed(server: HTTPServer) -> None:
 
 
 def test_a_client_that_does_not_read_its_answer_is_closed_at_the_response_deadline() -> None:
-    limits = Limits(max_header_bytes=4096, max_connections=8, header_timeout=30, idle_timeout=30, response_timeout=0.5)
+    limits = api_limits(
+        max_header_bytes=4096, max_connections=8, header_timeout=30, idle_timeout=30, response_timeout=0.5
+    )
     body = b"x" * 32_000_000  # more than the socket buffers hold
 
     async def scenario() -> None:

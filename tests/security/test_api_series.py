@@ -24,7 +24,7 @@ from adapter.metrics.errors import BadSelector, MetricUnavailable
 from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.sources.base import Source
 from adapter.telemetry import cache as telemetry
-from tests.adapter_inprocess import wait_listening
+from tests.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
 from tests.core.test_cache import Clock, ScriptedSource
 from tests.netutil import free_port
 from tests.rpc.conftest import adapter_config, ref, scaler_stub
@@ -126,13 +126,16 @@ async def test_equivalent_spellings_share_one_series() -> None:
     await cache.close()
 
 
-async def test_a_flood_of_selectors_in_one_namespace_leaves_other_namespaces_served() -> None:
+async def test_a_flood_of_selectors_in_one_namespace_leaves_other_namespaces_served(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The reported flood: 10,000 `queue>N` selectors filled cache.max_series and a new HPA got 503."""
     source = ScriptedSource()
     cache = _cache(source, max_series=1000, max_series_per_namespace=100)
     live = await cache.read("jobs", "prod", "queue=orders")
     refused = telemetry.SERIES_REFUSED.labels("max_series_per_namespace")._value.get()
     answered, refusals = 0, set()
+    caplog.set_level(logging.WARNING, logger="adapter.metrics.cache")
     for bound in range(10_000):
         try:
             await cache.read("jobs", "attacker", f"queue>{bound}")
@@ -145,6 +148,8 @@ async def test_a_flood_of_selectors_in_one_namespace_leaves_other_namespaces_ser
         "raise it or narrow the selectors used in this namespace"
     }
     assert telemetry.SERIES_REFUSED.labels("max_series_per_namespace")._value.get() == refused + 9_900
+    # Logged once (the clock stands still here), not 9,900 times.
+    assert [r.getMessage() for r in caplog.records] == [f"new series refused: {next(iter(refusals))}"]
     # The live series was not evicted, and a new HPA in another namespace is served.
     assert (await cache.read("jobs", "prod", "queue=orders")) is live
     assert (await cache.read("jobs", "staging", "queue=orders")).value == Decimal(7)
@@ -244,24 +249,48 @@ def _huge_source() -> dict[str, Any]:
     return {"name": "huge", "type": "static", "series": [{"value": "9223372036854775807"}]}
 
 
+async def _grpc_failure(sources: list[dict[str, Any]], metrics: list[dict[str, Any]], scaled: Any) -> Any:
+    """Start `serve()` with KEDA's scaler, call GetMetrics for `scaled` and return the error it answers."""
+    config = adapter_config(free_port(), sources, metrics)
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(config, stop))
+    await wait_listening(task, config.grpc.scaler.port, "the scaler")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{config.grpc.scaler.port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await scaler_stub(channel).GetMetrics(pb.GetMetricsRequest(scaledObjectRef=scaled))
+            return failed.value
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, 10) == 0
+
+
 def test_an_overflowing_value_is_an_error_on_the_grpc_scaler_too() -> None:
     """The scaler reads the same cache: KEDA gets UNAVAILABLE with the cause, never the wrapped number."""
 
     async def scenario() -> None:
         metrics = [{"name": "Demo-Queue-Depth", "type": "static", "source": "huge"}]
-        config = adapter_config(free_port(), [_huge_source()], metrics)
-        stop = asyncio.Event()
-        task = asyncio.create_task(serve(config, stop))
-        await wait_listening(task, config.grpc.scaler.port, "the scaler")
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{config.grpc.scaler.port}") as channel:
-                stub = scaler_stub(channel)
-                with pytest.raises(grpc.aio.AioRpcError) as failed:
-                    await stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref(selector="")))
-                assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
-                assert "too large for a Kubernetes Quantity" in (failed.value.details() or "")
-        finally:
-            stop.set()
-            assert await asyncio.wait_for(task, 10) == 0
+        failure = await _grpc_failure([_huge_source()], metrics, ref(selector=""))
+        assert failure.code() == grpc.StatusCode.UNAVAILABLE
+        assert "too large for a Kubernetes Quantity" in (failure.details() or "")
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("namespace", ["..", "", "default\x00", "kube-system/../default", "Default", "a" * 64])
+async def test_every_reader_of_the_cache_gets_namespaces_checked(namespace: str) -> None:
+    """The gRPC scaler reads the cache without the HTTP route's check: junk namespaces were series of their own."""
+    cache = _cache(ScriptedSource())
+    with pytest.raises(BadSelector, match="DNS-1123 label"):
+        await cache.read("jobs", namespace, "queue=a")
+    assert cache.series_count() == 0
+    await cache.close()
+
+
+def test_the_grpc_scaler_refuses_a_namespace_kubernetes_could_not_have() -> None:
+    async def scenario() -> None:
+        failure = await _grpc_failure(DEMO_SOURCES, DEMO_METRICS, ref(namespace="kube-system/../default"))
+        assert failure.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "DNS-1123 label" in (failure.details() or "")
 
     run(scenario())

@@ -70,6 +70,25 @@ def test_no_client_certificates_off_loopback_needs_allow_unauthenticated(server:
     assert not ZeroscaleConfig(grpc={server: {"enabled": True, "bind": "127.0.0.1"}}).grpc.unauthenticated()
 
 
+def test_serve_refuses_to_start_an_unauthenticated_scaler_off_loopback(tmp_path: Path) -> None:
+    config = {
+        "server": {"auth": {"enabled": False}, "bind": "127.0.0.1", "metrics_bind": "127.0.0.1"},
+        "grpc": {"scaler": {"enabled": True, "bind": "0.0.0.0", "allow_plaintext": True}},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [sys.executable, "-m", "adapter", "serve", "--config", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "grpc.scaler: without client certificates" in done.stdout + done.stderr
+    assert "allow_unauthenticated: true" in done.stdout + done.stderr
+
+
 def test_zeroscale_check_warns_about_an_unauthenticated_scaler(tmp_path: Path) -> None:
     config = {
         "server": {"auth": {"enabled": False}, "bind": "127.0.0.1", "metrics_bind": "127.0.0.1"},
@@ -289,6 +308,7 @@ async def test_undecodable_requests_are_one_line_each_no_traceback(
                     await send_garbage(channel, method, streaming)
                 assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
     assert not [record for record in caplog.records if record.exc_info or "Traceback" in record.getMessage()]
-    lines = [record for record in caplog.records if "cannot decode" in record.getMessage()]
+    lines = [record for record in caplog.records if "is not a valid" in record.getMessage()]
     assert 1 <= len(lines) <= len(methods)  # one per method per interval, not one per request
-    assert re.search(r"grpc\.scaler: IsActive got a request it cannot decode", "\n".join(r.getMessage() for r in lines))
+    said = "\n".join(record.getMessage() for record in lines)
+    assert re.search(r"grpc\.scaler: IsActive refused: the request is not a valid IsActive message", said)

@@ -1,0 +1,182 @@
+"""The delegate: another external metrics API server answering every metric name Zeroscale does not serve.
+
+Only one APIService can serve `v1beta1.external.metrics.k8s.io`. With `delegate:` set, Zeroscale holds it
+and forwards the list call for any name outside its own catalogue to the other server (KEDA's metrics
+server, prometheus-adapter), so the HPAs that server fed keep working.
+
+- Authorization stays ours: the routes check the original caller with our SubjectAccessReview before a
+  request reaches `list()`. The delegate is then called as Zeroscale itself (its service-account token):
+  GET /apis/external.metrics.k8s.io/v1beta1/namespaces/NS/METRIC, which a generic API server (KEDA's)
+  authorizes as `list` of resource METRIC, so Zeroscale needs exactly that (resources "*") there.
+- Our names win a collision; the first discovery that finds one logs a warning naming each.
+- The delegate's discovery is fetched at start and every `delegate.discovery_refresh` (sooner after a
+  failure). A failed fetch, or one that lists nothing (a metrics server with nothing is broken, not
+  empty), keeps the last good list and is logged; it never empties discovery.
+- Delegate down: its metrics answer 503 naming it; ours never wait on it. Every call has one deadline
+  (`delegate.timeout`, connect to last byte), a size bound and a cap on calls in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from adapter.api import documents
+from adapter.api.http import Response
+from adapter.config.delegate import DelegateConfig
+from adapter.kube.client import Endpoint, KubeAPIError, KubeClient, KubeError, ResponseTooLarge, client_tls_context
+from adapter.telemetry import delegate as telemetry
+
+log = logging.getLogger(__name__)
+
+_VERSION_PATH = f"/apis/{documents.GROUP_VERSION}"
+# After a failed discovery, try again this soon (or at discovery_refresh, if that is sooner).
+_RETRY_SECONDS = 5.0
+
+
+class DiscoveryError(Exception):
+    """The delegate's discovery document could not be had, or lists no metric."""
+
+
+def _endpoint(config: DelegateConfig) -> Endpoint:
+    host, port = config.address()
+    tls = client_tls_context(config.ca_file, None, None, None, False)
+    return Endpoint("https", host, port, tls, config.server_name or host, config.token_file)
+
+
+def _status(code: int, reason: str, message: str) -> Response:
+    return Response(code, documents.status(code, reason, message))
+
+
+class Delegate:
+    def __init__(self, config: DelegateConfig, ours: Iterable[str]) -> None:
+        self.name = config.describe()
+        self._config = config
+        self._ours = frozenset(name.lower() for name in ours)
+        self._client = KubeClient(
+            _endpoint(config),
+            config.timeout,
+            peer=f"the external metrics delegate ({self.name})",
+            max_response_bytes=config.max_response_bytes,
+        )
+        self._slots = asyncio.Semaphore(config.max_in_flight)
+        self._names: tuple[str, ...] = ()  # the delegate's names, ours removed; the last good discovery
+        self._collisions: frozenset[str] = frozenset()
+
+    def names(self) -> tuple[str, ...]:
+        """The delegate's metric names from its last good discovery, without those we serve ourselves."""
+        return self._names
+
+    async def refresh(self) -> None:
+        """Fetch the delegate's discovery once; raise DiscoveryError (the last good list is kept)."""
+        try:
+            _, document = await self._call(_VERSION_PATH)
+        except KubeError as err:
+            telemetry.DISCOVERIES.labels("error").inc()
+            raise DiscoveryError(f"discovery of the external metrics delegate ({self.name}) failed: {err}") from None
+        listed = _resource_names(document)
+        if not listed:
+            telemetry.DISCOVERIES.labels("empty").inc()
+            raise DiscoveryError(
+                f"the external metrics delegate ({self.name}) lists no metric in {documents.GROUP_VERSION}: "
+                "a working metrics server lists what it serves; check it (keeping its last good list)"
+            )
+        telemetry.DISCOVERIES.labels("ok").inc()
+        collisions = frozenset(listed) & self._ours
+        new = collisions - self._collisions
+        if new:
+            log.warning(
+                "metric names served both by Zeroscale and by the external metrics delegate (%s): %s; Zeroscale "
+                "answers them, the delegate's are unreachable (rename one side's metric)",
+                self.name,
+                ", ".join(sorted(new)),
+            )
+        self._collisions = collisions
+        self._names = tuple(sorted(frozenset(listed) - self._ours))
+        telemetry.METRICS.set(len(self._names))
+
+    async def run(self) -> None:
+        """Keep the discovery fresh until cancelled."""
+        while True:
+            try:
+                await self.refresh()
+                delay = self._config.discovery_refresh
+            except DiscoveryError as err:
+                log.error("%s", err)
+                delay = min(_RETRY_SECONDS, self._config.discovery_refresh)
+            await asyncio.sleep(delay)
+
+    async def list(self, namespace: str, metric: str, selector: str) -> Response:
+        """Forward one list call; the delegate's answer, or a Status naming the delegate."""
+        # A task of its own: deadlines need one, and a handler's first step runs outside any (api/http.py).
+        return await asyncio.get_running_loop().create_task(self._list(namespace, metric, selector))
+
+    async def _list(self, namespace: str, metric: str, selector: str) -> Response:
+        path = f"{_VERSION_PATH}/namespaces/{namespace}/{quote(metric, safe='')}"
+        if selector:
+            path += "?" + urlencode({"labelSelector": selector})
+        try:
+            _, document = await self._call(path)
+        except KubeAPIError as err:
+            # The delegate's own refusal (404 for a name it does not know either, 400, 500): passed on, named.
+            telemetry.REQUESTS.labels(f"{err.status // 100}xx").inc()
+            code = err.status if 400 <= err.status < 600 else 502
+            return _status(
+                code, err.reason or "Unknown", f"from the external metrics delegate ({self.name}): {err.message}"
+            )
+        except ResponseTooLarge as err:
+            telemetry.REQUESTS.labels("too-large").inc()
+            return _status(502, "BadGateway", f"{err} (delegate.max_response_bytes)")
+        except KubeError as err:
+            telemetry.REQUESTS.labels("unavailable").inc()
+            return _status(
+                503, "ServiceUnavailable", f"the external metrics delegate ({self.name}) is unavailable: {err}"
+            )
+        if document.get("kind") != "ExternalMetricValueList" or not isinstance(document.get("items"), list):
+            telemetry.REQUESTS.labels("malformed").inc()
+            return _status(
+                502,
+                "BadGateway",
+                f"the external metrics delegate ({self.name}) answered without an ExternalMetricValueList",
+            )
+        telemetry.REQUESTS.labels("ok").inc()
+        return Response(200, documents.encode(document))
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def _call(self, path: str) -> tuple[int, dict[str, Any]]:
+        # The wait for a slot counts against the same deadline as the call itself.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.timeout
+        try:
+            await asyncio.wait_for(self._slots.acquire(), self._config.timeout)
+        except TimeoutError:
+            telemetry.SATURATED.inc()
+            raise KubeError(
+                f"{self._config.max_in_flight} calls already in flight for longer than {self._config.timeout:g}s "
+                "(delegate.max_in_flight)"
+            ) from None
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._client.request("GET", path)
+        except TimeoutError:
+            raise KubeError(f"no answer within {self._config.timeout:g}s (delegate.timeout)") from None
+        finally:
+            self._slots.release()
+
+
+def _resource_names(document: dict[str, Any]) -> list[str]:
+    """The metric names of an APIResourceList; subresource entries ("x/status") are not metrics."""
+    resources = document.get("resources")
+    if document.get("kind") != "APIResourceList" or not isinstance(resources, list):
+        return []
+    names = []
+    for resource in resources:
+        name = resource.get("name") if isinstance(resource, dict) else None
+        if isinstance(name, str) and name and "/" not in name:
+            names.append(name.lower())
+    return names

@@ -1,0 +1,347 @@
+"""`delegate:`: unknown metric names forwarded to another external metrics API server.
+
+The delegate here is a second, real Zeroscale `serve()` over HTTPS with other metrics (and one colliding
+name), its certificate from its own trustme CA; both servers ask the same Kubernetes stand-in, so the
+order of the reviews shows who asked for whom. Delegates that misbehave at the connection level (silent,
+oversized) are raw TLS listeners, named as STAND-INs where they are made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+import trustme
+
+from adapter.api.delegate import Delegate, DiscoveryError
+from adapter.api.run import serve
+from adapter.config import ZeroscaleConfig
+from adapter.config.delegate import DelegateConfig
+from tests.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
+from tests.api.httpclient import Answer, fetch
+from tests.kube_standin import KubeStandIn
+from tests.netutil import free_port
+
+VERSION = "/apis/external.metrics.k8s.io/v1beta1"
+OURS = f"{VERSION}/namespaces/team-a/demo-queue-depth"
+THEIRS = f"{VERSION}/namespaces/team-a/s0-redis-jobs"
+ZEROSCALE_SA = "system:serviceaccount:zeroscale:zeroscale-adapter"
+# The delegate serves one name of its own and one that collides with ours.
+DELEGATE_SOURCES: list[dict[str, Any]] = [
+    {"name": "other", "type": "static", "series": [{"labels": {}, "value": 7}]},
+]
+DELEGATE_METRICS: list[dict[str, Any]] = [
+    {"name": "s0-redis-jobs", "type": "static", "source": "other"},
+    {"name": "demo-queue-depth", "type": "static", "source": "other"},
+]
+
+
+@dataclass
+class Servers:
+    front: int
+    delegate: int
+    delegate_ca: Path
+    token_file: Path
+
+
+@pytest.fixture
+async def start(kube: KubeStandIn) -> AsyncIterator[Callable[..., Awaitable[tuple[int, asyncio.Event]]]]:
+    """Start a `serve()` with a server section, metrics and an optional delegate; stopped after the test."""
+    running: list[tuple[asyncio.Event, asyncio.Task[int]]] = []
+
+    async def run(
+        server: dict[str, Any],
+        metrics: list[dict[str, Any]],
+        sources: list[dict[str, Any]],
+        delegate: dict[str, Any] | None = None,
+        port: int | None = None,
+    ) -> tuple[int, asyncio.Event]:
+        port = port or free_port()
+        settings = {"bind": "127.0.0.1", "metrics_bind": "127.0.0.1", "port": port, "metrics_port": free_port()}
+        config = ZeroscaleConfig(server={**settings, **server}, sources=sources, metrics=metrics, delegate=delegate)
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(config, stop))
+        running.append((stop, task))
+        await wait_listening(task, port, "a server")
+        return port, stop
+
+    yield run
+    for stop, task in running:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+def _auth(kube: KubeStandIn) -> dict[str, Any]:
+    return {"enabled": True, "kubernetes": kube.client_config()}
+
+
+@pytest.fixture
+def delegate_ca() -> trustme.CA:
+    return trustme.CA(organization_name="delegate-ca")
+
+
+def _delegate_tls(ca: trustme.CA, directory: Path) -> tuple[dict[str, Any], Path]:
+    """Serving files for the delegate, and its CA's file for the front."""
+    leaf = ca.issue_cert("127.0.0.1", "localhost")
+    cert, key, ca_file = directory / "tls.crt", directory / "tls.key", directory / "ca.crt"
+    leaf.cert_chain_pems[0].write_to_path(str(cert))
+    leaf.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    return {"cert_file": str(cert), "key_file": str(key)}, ca_file
+
+
+@pytest.fixture
+async def servers(
+    start: Callable[..., Awaitable[tuple[int, asyncio.Event]]],
+    kube: KubeStandIn,
+    front_proxy_ca: trustme.CA,
+    client_ca: trustme.CA,
+    delegate_ca: trustme.CA,
+    tmp_path: Path,
+) -> Servers:
+    """The delegate (auth on), then Zeroscale in front of it (auth on), both asking the stand-in."""
+    kube.set_authentication_configmap(
+        front_proxy_ca.cert_pem.bytes(), ["front-proxy-client"], client_ca.cert_pem.bytes()
+    )
+    kube.tokens["alice-token"] = {"username": "alice", "groups": ["team-a"]}
+    kube.tokens["zeroscale-sa-token"] = {"username": ZEROSCALE_SA, "groups": ["system:serviceaccounts"]}
+    tls, ca_file = _delegate_tls(delegate_ca, tmp_path)
+    delegate_port, _ = await start({"tls": tls, "auth": _auth(kube)}, DELEGATE_METRICS, DELEGATE_SOURCES)
+    token_file = tmp_path / "token"
+    token_file.write_text("zeroscale-sa-token\n")
+    delegate = {
+        "url": f"https://127.0.0.1:{delegate_port}",
+        "ca_file": str(ca_file),
+        "token_file": str(token_file),
+        "discovery_refresh": 0.2,
+        "timeout": 2.0,
+    }
+    front_port, _ = await start({"auth": _auth(kube)}, DEMO_METRICS, DEMO_SOURCES, delegate)
+    return Servers(front_port, delegate_port, ca_file, token_file)
+
+
+async def _get(port: int, path: str, token: str = "alice-token") -> Answer:
+    return await fetch(port, path, [("Authorization", f"Bearer {token}")])
+
+
+async def _eventually(attempt: Callable[[], Awaitable[bool]], seconds: float = 10.0) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if await attempt():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def _resource_reviews(kube: KubeStandIn) -> list[tuple[str, str]]:
+    reviews = [review["spec"] for review in kube.access_reviews if "resourceAttributes" in review["spec"]]
+    return [(spec["user"], spec["resourceAttributes"]["resource"]) for spec in reviews]
+
+
+def _names(answer: Answer) -> list[str]:
+    return [resource["name"] for resource in answer.json()["resources"]]
+
+
+async def test_unknown_names_go_to_the_delegate_as_zeroscale_after_our_review(
+    servers: Servers, kube: KubeStandIn
+) -> None:
+    answer = await _get(servers.front, THEIRS)
+    assert answer.status == 200, answer.body
+    item = answer.json()["items"][0]
+    assert (item["metricName"], item["value"]) == ("s0-redis-jobs", "7")
+    # Ours for the caller first, then the delegate's own for Zeroscale's identity, never the caller's
+    # (the delegate's discovery, fetched in the background, makes non-resource reviews: left out).
+    assert _resource_reviews(kube) == [("alice", "s0-redis-jobs"), (ZEROSCALE_SA, "s0-redis-jobs")]
+    assert {review["spec"]["token"] for review in kube.token_reviews} == {"alice-token", "zeroscale-sa-token"}
+
+
+async def test_our_names_win_a_collision_and_never_reach_the_delegate(servers: Servers, kube: KubeStandIn) -> None:
+    answer = await _get(servers.front, OURS + "?labelSelector=queue%3Dorders")
+    assert answer.status == 200, answer.body
+    assert answer.json()["items"][0]["value"] == "1500"  # ours; the delegate's would be 7
+    assert _resource_reviews(kube) == [("alice", "demo-queue-depth")]
+
+
+async def test_a_caller_we_refuse_never_reaches_the_delegate(servers: Servers, kube: KubeStandIn) -> None:
+    kube.authorize = lambda spec: "deny" if spec["user"] == "alice" else "allow"
+    answer = await _get(servers.front, THEIRS)
+    assert answer.status == 403
+    assert _resource_reviews(kube) == [("alice", "s0-redis-jobs")]
+
+
+async def test_discovery_is_the_union_and_a_collision_is_named_at_start(
+    servers: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def union() -> bool:
+        return _names(await _get(servers.front, VERSION)) == ["demo-queue-depth", "s0-redis-jobs"]
+
+    with caplog.at_level(logging.WARNING, logger="adapter.api.delegate"):
+        await _eventually(union)
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert any("demo-queue-depth" in message and "delegate" in message for message in warnings), warnings
+
+
+async def test_delegate_down_answers_503_naming_it_and_ours_keep_answering(
+    start: Callable[..., Awaitable[tuple[int, asyncio.Event]]],
+    kube: KubeStandIn,
+    delegate_ca: trustme.CA,
+    tmp_path: Path,
+) -> None:
+    kube.tokens["alice-token"] = {"username": "alice", "groups": []}
+    tls, ca_file = _delegate_tls(delegate_ca, tmp_path)
+    delegate_port = free_port()
+    off = {"enabled": False}
+    token_file = tmp_path / "token"
+    token_file.write_text("t")
+    url = f"https://127.0.0.1:{delegate_port}"
+    delegate = {"url": url, "ca_file": str(ca_file), "token_file": str(token_file), "discovery_refresh": 0.2}
+    _, stop_delegate = await start({"tls": tls, "auth": off}, DELEGATE_METRICS, DELEGATE_SOURCES, port=delegate_port)
+    front, _ = await start({"auth": off}, DEMO_METRICS, DEMO_SOURCES, delegate)
+
+    async def union() -> bool:
+        return "s0-redis-jobs" in _names(await fetch(front, VERSION))
+
+    await _eventually(union)
+    stop_delegate.set()
+    await asyncio.sleep(0.5)  # the delegate's listener closes, and a discovery fails meanwhile
+    down = await fetch(front, THEIRS)
+    assert down.status == 503, down.body
+    assert url in down.json()["message"]
+    assert down.json()["code"] == 503
+    assert (await fetch(front, OURS)).status == 200
+    # Discovery keeps the delegate's last good list while it is down.
+    assert _names(await fetch(front, VERSION)) == ["demo-queue-depth", "s0-redis-jobs"]
+    await start({"tls": tls, "auth": off}, DELEGATE_METRICS, DELEGATE_SOURCES, port=delegate_port)
+
+    async def back() -> bool:
+        return (await fetch(front, THEIRS)).status == 200
+
+    await _eventually(back)
+
+
+async def test_a_delegate_that_lists_nothing_is_an_error_not_an_empty_list(
+    start: Callable[..., Awaitable[tuple[int, asyncio.Event]]], delegate_ca: trustme.CA, tmp_path: Path
+) -> None:
+    tls, ca_file = _delegate_tls(delegate_ca, tmp_path)
+    port, _ = await start({"tls": tls, "auth": {"enabled": False}}, [], [])
+    token_file = tmp_path / "token"
+    token_file.write_text("t")
+    config = DelegateConfig(url=f"https://127.0.0.1:{port}", ca_file=ca_file, token_file=token_file)
+    delegate = Delegate(config, ["demo-queue-depth"])
+    try:
+        with pytest.raises(DiscoveryError, match="lists no metric"):
+            await delegate.refresh()
+        assert delegate.names() == ()
+    finally:
+        await delegate.close()
+
+
+async def test_a_delegate_with_another_ca_is_not_trusted(
+    start: Callable[..., Awaitable[tuple[int, asyncio.Event]]], delegate_ca: trustme.CA, tmp_path: Path
+) -> None:
+    tls, _ = _delegate_tls(delegate_ca, tmp_path)
+    port, _ = await start({"tls": tls, "auth": {"enabled": False}}, DELEGATE_METRICS, DELEGATE_SOURCES)
+    other = tmp_path / "other-ca.crt"
+    trustme.CA().cert_pem.write_to_path(str(other))
+    token_file = tmp_path / "token"
+    token_file.write_text("t")
+    delegate = Delegate(DelegateConfig(url=f"https://127.0.0.1:{port}", ca_file=other, token_file=token_file), [])
+    try:
+        with pytest.raises(DiscoveryError, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+            await delegate.refresh()
+        answer = await delegate.list("team-a", "s0-redis-jobs", "")
+        assert answer.status == 503
+    finally:
+        await delegate.close()
+
+
+@contextlib.asynccontextmanager
+async def _raw_delegate(
+    ca: trustme.CA, answer: Callable[[asyncio.StreamWriter], Awaitable[None]]
+) -> AsyncIterator[int]:
+    """A STAND-IN delegate at the connection level: TLS with a good certificate, then `answer` writes what it likes."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            await reader.readuntil(b"\r\n\r\n")
+            await answer(writer)
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=context)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+def _raw_config(port: int, ca: trustme.CA, tmp_path: Path, **settings: Any) -> DelegateConfig:
+    ca_file, token_file = tmp_path / "raw-ca.crt", tmp_path / "token"
+    ca.cert_pem.write_to_path(str(ca_file))
+    token_file.write_text("t")
+    return DelegateConfig(url=f"https://127.0.0.1:{port}", ca_file=ca_file, token_file=token_file, **settings)
+
+
+async def test_a_silent_delegate_gets_its_deadline(delegate_ca: trustme.CA, tmp_path: Path) -> None:
+    async def silent(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{")  # then nothing, forever
+        await asyncio.sleep(60)
+
+    async with _raw_delegate(delegate_ca, silent) as port:
+        delegate = Delegate(_raw_config(port, delegate_ca, tmp_path, timeout=0.5), [])
+        try:
+            answer = await asyncio.wait_for(delegate.list("team-a", "s0-redis-jobs", ""), 5)
+            assert answer.status == 503
+            message = json.loads(answer.body)["message"]
+            assert "within 0.5s" in message, message
+            assert "delegate.timeout" in message, message
+        finally:
+            await delegate.close()
+
+
+async def test_an_oversized_answer_is_cut_off(delegate_ca: trustme.CA, tmp_path: Path) -> None:
+    async def flood(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(100):
+            writer.write(b"1000\r\n" + b" " * 4096 + b"\r\n")
+            await writer.drain()
+
+    async with _raw_delegate(delegate_ca, flood) as port:
+        delegate = Delegate(_raw_config(port, delegate_ca, tmp_path, max_response_bytes=65_536), [])
+        try:
+            answer = await delegate.list("team-a", "s0-redis-jobs", "")
+            assert answer.status == 502
+            assert "delegate.max_response_bytes" in json.loads(answer.body)["message"]
+        finally:
+            await delegate.close()
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({}, "exactly one of delegate.service or delegate.url"),
+        ({"url": "https://a:443", "service": {"namespace": "keda", "name": "m"}}, "exactly one"),
+        ({"url": "http://a:80"}, "must be https"),
+        ({"url": "https://a/apis/x"}, "must be https"),
+        ({"url": "https://user:pw@a"}, "must not hold a credential"),
+    ],
+)
+def test_delegate_settings_are_checked(settings: dict[str, Any], problem: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match=problem):
+        DelegateConfig.model_validate(settings)
+
+
+def test_a_service_delegate_is_called_at_its_cluster_name() -> None:
+    config = DelegateConfig.model_validate(
+        {"service": {"namespace": "keda", "name": "keda-operator-metrics-apiserver"}}
+    )
+    assert config.address() == ("keda-operator-metrics-apiserver.keda.svc", 443)
