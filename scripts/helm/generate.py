@@ -58,7 +58,10 @@ The serving certificate (`certificates.mode`), one of three:
 
 Only one server can own `v1beta1.external.metrics.k8s.io`: the install stops, naming the owner, when another
 one (KEDA, prometheus-adapter, another release) holds it; `helm uninstall` removes it with everything else.
-Beside KEDA, set `apiService.enabled=false` and `keda.clientCertificate=true`.
+Beside KEDA, either leave the APIService to KEDA (`apiService.enabled=false`, `keda.clientCertificate=true`: KEDA
+calls the adapter's gRPC scaler), or hold it and forward the metrics Zeroscale does not serve to KEDA's metrics
+server (`config.delegate` and `delegate.caSecret`, after stopping KEDA from re-applying its APIService; the
+README's "Beside KEDA" says how).
 
 Every value is checked by `values.schema.json` (unknown keys are errors), including `config`, whose schema is
 generated from the configuration models the processes load.
