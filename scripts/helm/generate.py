@@ -52,13 +52,19 @@ The serving certificate (`certificates.mode`), one of three:
   makes fresh ones each time: with Argo CD or Flux prefer `cert-manager` or `secret`.
 - `cert-manager`: Certificates from a private CA the chart sets up (or from `certificates.certManager.issuerRef`);
   cert-manager's CA injector fills the `caBundle` and renews the certificates.
-- `secret`: Secrets you made (`zeroscale certs` writes them), named in `certificates.secret.adapter` and
-  `certificates.secret.proxy`, each with tls.crt, tls.key and ca.crt; the `caBundle` is
-  `certificates.secret.caBundle` or, when empty, the adapter Secret's ca.crt read at install time.
+- `secret`: Secrets you made (from the files `zeroscale certs` writes, say), named in
+  `certificates.secret.adapter` and `certificates.secret.proxy`, each with tls.crt, tls.key and ca.crt; the
+  `caBundle` is `certificates.secret.caBundle` or, when empty, the adapter Secret's ca.crt read at install time.
 
 Only one server can own `v1beta1.external.metrics.k8s.io`: the install stops, naming the owner, when another
 one (KEDA, prometheus-adapter, another release) holds it; `helm uninstall` removes it with everything else.
-Beside KEDA, set `apiService.enabled=false` and `keda.clientCertificate=true`.
+Beside KEDA, either leave the APIService to KEDA (`apiService.enabled=false`, `keda.clientCertificate=true`: KEDA
+calls the adapter's gRPC scaler), or hold it and forward the metrics Zeroscale does not serve to KEDA's metrics
+server (`config.delegate` and `delegate.caSecret`, after stopping KEDA from re-applying its APIService; the
+project README's "Beside KEDA" says how).
+
+The chart requires Kubernetes 1.33 or newer (`kubeVersion`): `helm template` without a cluster needs
+`--kube-version 1.37.2` (or your cluster's), as Argo CD and Flux pass it.
 
 Every value is checked by `values.schema.json` (unknown keys are errors), including `config`, whose schema is
 generated from the configuration models the processes load.

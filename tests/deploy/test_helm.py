@@ -154,6 +154,9 @@ def test_every_combination_renders_valid_objects(
         ("config.server.prot=7443", "'prot' not allowed"),
         ("config.cache.interval=soon", "config/cache/interval"),
         ("config.proxy.routes[0].wake=sometimes", "config/proxy/routes/0"),
+        ("config.delegate.service.nmespace=keda", "'nmespace' not allowed"),
+        ("delegate.caSecret=keda-metrics-ca", "delegate.caSecret is set but config.delegate is not"),
+        ("config.delegate.ca_file=/etc/zeroscale/delegate/ca.crt", "set delegate.caSecret"),
     ],
 )
 def test_a_typo_in_a_value_is_an_error(helm: Path, option: str, complaint: str) -> None:
@@ -325,6 +328,7 @@ def test_the_examples_still_name_deploy_base(chart_default: Objects) -> None:
     assert ("Service", ADAPTER) in kinds(chart_default)
 
 
+DELEGATE = "config.delegate.service.namespace=keda,config.delegate.service.name=keda-operator-metrics-apiserver"
 SECRETS = (
     "certificates.mode=secret,certificates.secret.adapter=a,certificates.secret.proxy=p,"
     "certificates.secret.caBundle=Yg=="
@@ -346,6 +350,7 @@ CHANGES: dict[str, tuple[object, str]] = {
     "adapter.enabled": (False, "apiService.enabled=false"),
     "keda.namespace": ("keda-system", ""),
     "podMonitors.interval": ("30s", "podMonitors.enabled=true"),
+    "delegate.caSecret": ("keda-metrics-ca", DELEGATE),
     "podMonitors.sidecars": (False, "podMonitors.enabled=true"),
     "podMonitors.labels": ({"release": "prometheus"}, "podMonitors.enabled=true"),
 }

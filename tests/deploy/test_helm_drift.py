@@ -87,6 +87,18 @@ def test_the_chart_renders_what_deploy_base_renders(base: Objects, chart_default
     assert_same(base, chart_default)
 
 
+def test_the_chart_with_a_delegate_grants_what_beside_keda_grants(helm: Path, rendered: dict[str, Objects]) -> None:
+    """deploy/overlays/beside-keda sets the delegate through the environment, the chart through `config`; the
+    RBAC and the APIService must be the same."""
+    delegate = "config.delegate.service.namespace=keda,config.delegate.service.name=keda-operator-metrics-apiserver"
+    chart = keyed(helm_render(helm, "--set", f"{delegate},certificates.mode=cert-manager"))
+    overlay = keyed(rendered["beside-keda"])
+    kinds = {"ClusterRole", "ClusterRoleBinding", "RoleBinding", "APIService"}
+    assert {key: obj for key, obj in chart.items() if key[0] in kinds} == {
+        key: obj for key, obj in overlay.items() if key[0] in kinds
+    }
+
+
 # Overlay -> the chart's values for the same installation.
 OVERLAY_VALUES = {
     "cert-manager": "certificates.mode=cert-manager",

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.conftest import ROOT, Objects
+from tests.deploy.conftest import ROOT, Objects, helm_render
 
 ADAPTER_DIR = ROOT / "adapter"
 USER_KUBECONFIG_ONLY = ("adapter/hpa/", "adapter/doctor/")
@@ -197,6 +197,12 @@ def test_beside_keda_also_grants_exactly_the_delegate_call(rendered: dict[str, O
     needed = needed_by("zeroscale-adapter", delegate=True)
     assert needed - needed_by("zeroscale-adapter") == {("list", "external.metrics.k8s.io", "*")}
     assert granted(rendered["beside-keda"], "zeroscale-adapter") == needed | BUILT_IN_EXTRA
+
+
+def test_the_chart_with_a_delegate_grants_exactly_the_delegate_call(helm: Path) -> None:
+    delegate = "config.delegate.service.namespace=keda,config.delegate.service.name=keda-operator-metrics-apiserver"
+    chart = helm_render(helm, "--set", delegate)
+    assert granted(chart, "zeroscale-adapter") == needed_by("zeroscale-adapter", delegate=True) | BUILT_IN_EXTRA
 
 
 def test_the_proxy_is_granted_exactly_its_calls(installation: Objects) -> None:

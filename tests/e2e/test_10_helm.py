@@ -81,21 +81,22 @@ class Helm:
         self.post_renderer.chmod(0o755)
         self.service_port = service_port
 
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        command = [str(self.binary), *args, "--namespace", NAMESPACE]
+        return subprocess.run(command, capture_output=True, text=True, env=self.env, timeout=180)
+
     def __call__(self, *args: str) -> str:
-        done = subprocess.run(
-            [str(self.binary), *args, "--namespace", NAMESPACE],
-            capture_output=True,
-            text=True,
-            env=self.env,
-            timeout=180,
-        )
+        done = self.run(*args)
         assert done.returncode == 0, f"helm {' '.join(args)}: {done.stderr}"
         return done.stdout
 
+    def chart_args(self, command: str, values: Path, *options: str) -> list[str]:
+        render = ["--post-renderer", str(self.post_renderer), "--post-renderer-args", str(self.service_port)]
+        return [command, RELEASE, str(CHART), "--values", str(values), *render, "--create-namespace", *options]
+
     def deploy(self, command: str, values: Path, *options: str) -> float:
         start = time.monotonic()
-        render = ["--post-renderer", str(self.post_renderer), "--post-renderer-args", str(self.service_port)]
-        self(command, RELEASE, str(CHART), "--values", str(values), *render, "--create-namespace", *options)
+        self(*self.chart_args(command, values, *options))
         return time.monotonic() - start
 
 
@@ -266,6 +267,31 @@ def test_helm_install_scale_upgrade_uninstall(
     jobs = redis_server.client()
     jobs.delete(KEY)
     try:
+        # Another server owns the external metrics API: the install stops, saying whose it is and what to do.
+        foreign = {
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": install.APISERVICE},
+            "spec": {
+                "group": "external.metrics.k8s.io",
+                "version": "v1beta1",
+                "groupPriorityMinimum": 100,
+                "versionPriority": 100,
+                "service": {"name": "keda-operator-metrics-apiserver", "namespace": "keda", "port": 443},
+                "insecureSkipTLSVerify": True,
+            },
+        }
+        kube.apply([foreign])
+        refused = helm.run(*helm.chart_args("install", values_file(directory, redis_server, 0.5)))
+        assert refused.returncode != 0
+        assert "serves keda/keda-operator-metrics-apiserver" in refused.stderr, refused.stderr
+        assert "apiService.enabled=false" in refused.stderr
+        assert gone(kube, f"/api/v1/namespaces/{NAMESPACE}/configmaps/{RELEASE}-config"), (
+            "a refused install made objects"
+        )
+        kube.delete(install.APISERVICE_PATH)
+        wait_for(lambda: gone(kube, install.APISERVICE_PATH), 10, "the foreign APIService removed")
+
         took = helm.deploy("install", values_file(directory, redis_server, 0.5))
         installed = True
         pods.append(start_pod(kube, plane, directory, "adapter-a"))
@@ -347,7 +373,8 @@ def test_helm_install_scale_upgrade_uninstall(
         assert gone(kube, install.APISERVICE_PATH)
         kinds = sorted({f"{kind}" for _, kind, _, _ in objects})
         timeline.record(
-            f"helm: install {took:.1f} s, APIService Available {available_after:.1f} s after the pod was ready; "
+            "helm: install refused while keda/keda-operator-metrics-apiserver owned the APIService (named in the "
+            f"error); install {took:.1f} s, APIService Available {available_after:.1f} s after the pod was ready; "
             f"HPA 1->0, 0->3 in {up:.1f} s; upgrade (config.cache.interval 0.5 -> 1) {upgraded:.1f} s, new "
             f"ReplicaSet, adapter rolled A->B: APIService unavailable at most {outage:.1f} s of {len(watch.samples)} "
             f"samples, HPA at 3 reading its metric throughout; 3->0 in {down:.1f} s through B; an upgrade within "
