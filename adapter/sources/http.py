@@ -1,11 +1,12 @@
 """The `http` source: a route's held and in-flight requests, summed over every proxy replica.
 
 Counts arrive pushed (adapter/sources/http_stream.py); `query` only adds up what is in memory.
-A sum is served only when it covers every replica found: each one has answered, or has been given
-up on. A replica stays in the sum while it was heard from within `stale_after`, even with its
-stream broken, and drops out after; a replica found but never heard from is waited for (the read
-is an error meanwhile, never a partial sum) until `stale_after` has passed, then counts as gone. A
-replica that answers but refuses the stream, or sends counts that cannot be true, fails the read.
+A sum is served only when it covers every replica discovery lists now. A replica stays in the sum
+while it was heard from within `stale_after`, even with its stream broken. A replica still listed
+that has been silent for longer (or never spoke within `stale_after` of being found) fails the read:
+it may hold requests nobody else counts, and leaving it out would be a made-up smaller sum. It
+drops out only once discovery no longer lists it (and its last counts are older than `stale_after`).
+A replica that answers but refuses the stream, or sends counts that cannot be true, fails the read.
 With no replica heard from at all, the source has nothing to say and raises SourceError rather
 than a zero it does not know.
 """
@@ -96,26 +97,25 @@ class ProxyCounts(Source):
             await asyncio.sleep(min(stale_after / 4, 0.25))
             now = time.monotonic()
             for address, replica in list(self._replicas.items()):
-                if replica.heard_at is None:
-                    if not replica.awaited(now, stale_after) and not replica.given_up:
-                        replica.given_up = True
+                silent = replica.silent(now, stale_after)
+                if address in self._subscriptions:  # still listed: silence fails the read, it never drops out
+                    if silent and not replica.silence_reported:
                         log.warning(
-                            "http source %s: %s never answered in %gs, counted as gone",
+                            "http source %s: %s still listed but silent for %gs: the metric fails until it "
+                            "speaks again or leaves discovery",
                             self._config.name,
                             address,
                             stale_after,
                         )
+                        self._notify(set(replica.counts))
+                    replica.silence_reported = silent
                     continue
-                if replica.live(now, stale_after):
+                if not silent:
                     continue
-                log.warning("http source %s: dropping %s, silent for %gs", self._config.name, address, stale_after)
+                log.warning("http source %s: dropping %s, gone from discovery and silent", self._config.name, address)
                 telemetry.PROXY_DROPPED.labels(self._config.name).inc()
-                routes = set(replica.counts)
-                replica.heard_at, replica.counts = None, {}
-                replica.given_up = True  # said just now; not "never answered" on the next turn
-                if address not in self._subscriptions:
-                    del self._replicas[address]
-                self._notify(routes)
+                del self._replicas[address]
+                self._notify(set(replica.counts))
 
     # --- push ---
 
@@ -169,7 +169,13 @@ class ProxyCounts(Source):
         """Why no sum can be served now though replicas answer: one fails, or one has not answered yet."""
         now = time.monotonic()
         stale_after = self._config.stale_after
-        failing = sorted(filter(None, (s.replica.failing(now, stale_after) for s in self._subscriptions.values())))
+        listed = [s.replica for s in self._subscriptions.values()]
+        failing = sorted(filter(None, (replica.failing(now, stale_after) for replica in listed)))
+        failing += sorted(
+            f"{replica.address} is listed but silent for more than stale_after ({stale_after:g}s)"
+            for replica in listed
+            if replica.silent(now, stale_after) and replica.failing(now, stale_after) is None
+        )
         if failing:
             return "; ".join(failing) + " (no sum while a replica's counts are unknown)"
         awaited = self._awaited(now)

@@ -72,17 +72,21 @@ class Replica:
         # Why its counts cannot be used (bad counts, refused stream), and when that was last seen.
         self.failure: str | None = None
         self.failed_at = 0.0
-        self.given_up = False  # never answered within stale_after of being found, or dropped (logged once)
+        self.silence_reported = False  # silent past stale_after while listed (logged once per silence)
 
     def live(self, now: float, stale_after: float) -> bool:
         return self.heard_at is not None and now - self.heard_at <= stale_after
 
     def failing(self, now: float, stale_after: float) -> str | None:
-        """The failure seen within stale_after (a replica that failed and then went silent is just gone)."""
+        """The failure seen within stale_after (after that, a replica that went silent is failing as silent)."""
         return self.failure if self.failure is not None and now - self.failed_at <= stale_after else None
 
     def fail(self, reason: str) -> None:
         self.failure, self.failed_at = reason, time.monotonic()
+
+    def silent(self, now: float, stale_after: float) -> bool:
+        """Neither heard from within stale_after nor still within stale_after of being found."""
+        return not self.live(now, stale_after) and not self.awaited(now, stale_after)
 
     def awaited(self, now: float, stale_after: float) -> bool:
         """Found, never heard from, and not yet given up on."""

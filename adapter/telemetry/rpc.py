@@ -60,7 +60,7 @@ PROXY_RECONNECTS = Counter(
 )
 PROXY_DROPPED = Counter(
     "zeroscale_proxy_replicas_dropped_total",
-    "Replicas dropped from the sum after stale_after without a message",
+    "Replicas dropped from the sum: gone from discovery and silent for stale_after",
     ["source"],
 )
 PROXY_COUNTS_REJECTED = Counter(
