@@ -78,6 +78,10 @@ class ScalerServerConfig(GRPCServerConfig):
     # All scalerMetadata keys and values of one request together; the same bound as the HTTP API's
     # server.max_header_bytes, checked before anything is parsed.
     max_metadata_bytes: int = Field(default=16_384, ge=1024)
+    # A trigger reads its ScaledObject's namespace. True lets scalerMetadata.namespace name another one:
+    # then anyone who may create a ScaledObject reads every namespace's series through KEDA, and the
+    # series count against the namespace read (cache.max_series_per_namespace).
+    allow_namespace_override: bool = False
 
 
 class CountsServerConfig(GRPCServerConfig):

@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
 from adapter.config import ZeroscaleConfig
+from adapter.rpc.generated import externalscaler_pb2 as scaler_pb
 from adapter.rpc.generated import proxycounts_pb2 as pb
 from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
 from tests.rpc.cluster import ROOT
@@ -312,3 +313,38 @@ async def test_undecodable_requests_are_one_line_each_no_traceback(
     assert 1 <= len(lines) <= len(methods)  # one per method per interval, not one per request
     said = "\n".join(record.getMessage() for record in lines)
     assert re.search(r"grpc\.scaler: IsActive refused: the request is not a valid IsActive message", said)
+
+
+@pytest.mark.parametrize(
+    ("scaled_object", "asked", "words"),
+    [
+        ("tenant-a", "other-team", "is not the ScaledObject's namespace 'tenant-a'"),
+        ("tenant-a", "kube-system", "grpc.scaler.allow_namespace_override"),
+        ("tenant-a", "..", "invalid namespace '..'"),
+        ("tenant-a", "a%2Fb", "invalid namespace"),
+        ("tenant-a", "x" * 300, "invalid namespace"),
+        ("tenant-a", "Default", "invalid namespace 'Default'"),
+        ("Tenant-A", "", "invalid namespace 'Tenant-A'"),
+        ("", "", "names no namespace"),
+    ],
+)
+async def test_a_trigger_reads_only_its_own_valid_namespace(
+    start_adapter: StartAdapter, scaled_object: str, asked: str, words: str
+) -> None:
+    """Review finding 3: a ScaledObject in tenant-a read other-team and kube-system through KEDA, and junk
+    namespaces each took a share of the series table. Every method refuses before reading anything."""
+    adapter = await start_adapter()
+    scaled = ref(namespace=asked)
+    scaled.namespace = scaled_object
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{adapter.grpc_port}") as channel:
+        stub = scaler_stub(channel)
+        calls = [
+            stub.GetMetricSpec(scaled),
+            stub.GetMetrics(scaler_pb.GetMetricsRequest(scaledObjectRef=scaled, metricName="demo-queue-depth")),
+            stub.IsActive(scaled),
+        ]
+        for call in calls:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert words in (refused.value.details() or "")
