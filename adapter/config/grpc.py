@@ -47,6 +47,11 @@ class GRPCServerConfig(Strict):
     handshake_timeout: Duration = Field(default=10.0, gt=0)
     # A connection with no call open for this long is closed (clients reconnect when they need to).
     idle_timeout: Duration = Field(default=120.0, gt=0)
+    # Every connection is told to go (HTTP/2 GOAWAY) at this age, and closed `max_connection_age_grace`
+    # later with whatever it still has open: the one deadline for a call whose request never comes, and
+    # for a peer opening and resetting streams without end. Clients reconnect at once; streams resume.
+    max_connection_age: Duration = Field(default=1800.0, gt=0)
+    max_connection_age_grace: Duration = Field(default=30.0, gt=0)
     # Concurrent long-lived streams on this server (health watches included); one more is refused
     # with RESOURCE_EXHAUSTED.
     max_streams: int = Field(default=1000, ge=1)

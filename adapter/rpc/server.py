@@ -46,6 +46,8 @@ def server_options(config: GRPCServerConfig) -> list[tuple[str, int]]:
         # Accept to the client's HTTP/2 SETTINGS: a connection that says nothing is closed.
         ("grpc.server_handshake_timeout_ms", int(config.handshake_timeout * 1000)),
         ("grpc.max_connection_idle_ms", int(config.idle_timeout * 1000)),
+        ("grpc.max_connection_age_ms", int(config.max_connection_age * 1000)),
+        ("grpc.max_connection_age_grace_ms", int(config.max_connection_age_grace * 1000)),
         # Two servers on one port would split the clients between them silently.
         ("grpc.so_reuseport", 0),
     ]

@@ -348,3 +348,36 @@ async def test_a_trigger_reads_only_its_own_valid_namespace(
                 await call
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert words in (refused.value.details() or "")
+
+
+async def test_a_call_whose_request_never_comes_ends_with_its_connection(start_counts: StartCounts) -> None:
+    """Review finding 2: streams opened with headers only (no request message) stayed open past every
+    timeout (idle, handshake, keepalive); the connection's age now bounds them (max_connection_age + grace)."""
+    quick = {"idle_timeout": 1, "handshake_timeout": 1, "keepalive_time": 1, "keepalive_timeout": 1}
+    counts = await start_counts(Routes("web"), max_connection_age=1, max_connection_age_grace=1, **quick)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{counts.port}") as channel:
+        # A client-streaming call to the server-streaming method: its headers go out, its request never does.
+        method = channel.stream_stream("/zeroscale.proxy.v1.PendingCounts/Watch", None, None)
+        calls = [method(None) for _ in range(5)]
+        async with asyncio.timeout(15):  # without the bound they are open forever
+            for call in calls:
+                with pytest.raises(grpc.aio.AioRpcError) as ended:
+                    await call.read()
+                assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_stream_outliving_max_connection_age_is_ended_and_reopened(
+    start_counts: StartCounts, make_cache: MakeCache
+) -> None:
+    """Past max_connection_age plus its grace a connection is closed; the adapter reconnects, the sum stays."""
+    routes = Routes("web")
+    routes.add("web", held=3)
+    counts = await start_counts(routes, max_connection_age=0.5, max_connection_age_grace=0.5)
+    cache = await make_cache("aged", stale_after=3, proxies=[f"127.0.0.1:{counts.port}"])
+    await eventually(cache, 3)
+    reconnects = REGISTRY.get_sample_value("zeroscale_proxy_subscription_reconnects_total", {"source": "aged"}) or 0
+    await asyncio.sleep(2.5)
+    assert (REGISTRY.get_sample_value("zeroscale_proxy_subscription_reconnects_total", {"source": "aged"}) or 0) > (
+        reconnects
+    )
+    await eventually(cache, 3)
