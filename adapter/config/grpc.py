@@ -25,6 +25,17 @@ class GRPCServerTLS(Strict):
     client_ca_file: Path | None = None
     # How often the files are checked for changes (new connections get the new certificate).
     reload_interval: Duration = 10.0
+    # Only client certificates naming one of these (a subjectAltName DNS name, or the common name of a
+    # certificate without subjectAltNames) may call; others get PERMISSION_DENIED. Empty: any
+    # certificate client_ca_file signed. One CA signs every part of an installation, so without it
+    # KEDA's certificate would open the counts port and the adapter's the scaler.
+    client_names: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _names_need_a_ca(self) -> GRPCServerTLS:
+        if self.client_names and self.client_ca_file is None:
+            raise ValueError("client_names needs client_ca_file: without client certificates there is no name")
+        return self
 
 
 class GRPCServerConfig(Strict):
@@ -72,6 +83,11 @@ class GRPCServerConfig(Strict):
     @property
     def verifies_clients(self) -> bool:
         return self.tls is not None and self.tls.client_ca_file is not None
+
+    @property
+    def client_names(self) -> frozenset[str]:
+        """The certificate names allowed to call; empty when any verified certificate may."""
+        return frozenset(self.tls.client_names) if self.tls is not None else frozenset()
 
 
 class ScalerServerConfig(GRPCServerConfig):

@@ -193,7 +193,10 @@ async def start_server(
     """Listen on `config.bind:port` with the given services added by `register`; raise OSError if that fails."""
     server = grpc.aio.server(
         options=server_options(config),
-        interceptors=[RequestGuard(name, config.max_message_bytes), LatencyInterceptor(name)],
+        interceptors=[
+            RequestGuard(name, config.max_message_bytes, config.client_names),
+            LatencyInterceptor(name),
+        ],
     )
     register(server)
     health = _Health(slots)
@@ -211,6 +214,8 @@ async def start_server(
     security = "plaintext" if config.tls is None else "TLS"
     if config.verifies_clients:
         security = "mutual TLS: client certificates required"
+        if config.client_names:
+            security += f" naming {', '.join(sorted(config.client_names))}"
     log.info("grpc.%s listening on %s:%d (%s)", name, config.bind, port, security)
     if config.allow_unauthenticated and not config.verifies_clients:
         log.warning(

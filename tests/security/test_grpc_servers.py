@@ -381,3 +381,64 @@ async def test_a_stream_outliving_max_connection_age_is_ended_and_reopened(
         reconnects
     )
     await eventually(cache, 3)
+
+
+def _credentials(servers: trustme.CA, leaf: trustme.LeafCert) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
+        servers.cert_pem.bytes(), leaf.private_key_pem.bytes(), leaf.cert_chain_pems[0].bytes()
+    )
+
+
+async def _denied(channel: grpc.aio.Channel, call: Any) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call(channel)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    return refused.value.details() or ""
+
+
+async def test_each_port_takes_only_the_certificate_names_it_lists(
+    tmp_path: Path, start_adapter: StartAdapter, start_counts: StartCounts
+) -> None:
+    """Review finding 6: any certificate of the installation's CA worked on both ports (KEDA's on the counts port)."""
+    servers, clients = trustme.CA(), trustme.CA()
+    cert, key = write_pair(servers, tmp_path, "server", NAME)
+    trusted = {"cert_file": cert, "key_file": key, "client_ca_file": write_ca(clients, tmp_path / "clients.pem")}
+    adapter_leaf = clients.issue_cert("zeroscale-adapter.zeroscale.svc", "zeroscale-adapter")
+    keda_leaf = clients.issue_cert("keda")
+    routes = Routes("web")
+    routes.add("web", held=2)
+    counts = await start_counts(routes, tls={**trusted, "client_names": ["zeroscale-adapter.zeroscale.svc"]})
+    adapter = await start_adapter(tls={**trusted, "client_names": ["keda"]})
+    options = [("grpc.ssl_target_name_override", NAME)]
+
+    async def watch(channel: grpc.aio.Channel) -> Any:
+        return await pb_grpc.PendingCountsStub(channel).Watch(pb.WatchRequest()).read()  # type: ignore[no-untyped-call]
+
+    async def health(channel: grpc.aio.Channel) -> Any:
+        return await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+
+    async def is_active(channel: grpc.aio.Channel) -> Any:
+        return await scaler_stub(channel).IsActive(ref(), timeout=5)
+
+    counts_address, scaler_address = f"127.0.0.1:{counts.port}", f"127.0.0.1:{adapter.grpc_port}"
+    async with grpc.aio.secure_channel(counts_address, _credentials(servers, keda_leaf), options) as channel:
+        assert "grpc.counts.tls.client_names" in await _denied(channel, watch)
+        assert "keda" in await _denied(channel, health)
+    async with grpc.aio.secure_channel(scaler_address, _credentials(servers, adapter_leaf), options) as channel:
+        assert "grpc.scaler.tls.client_names" in await _denied(channel, is_active)
+        await _denied(channel, health)
+    # The names listed are served.
+    async with grpc.aio.secure_channel(counts_address, _credentials(servers, adapter_leaf), options) as channel:
+        assert (await watch(channel)).routes[0].held == 2
+    async with grpc.aio.secure_channel(scaler_address, _credentials(servers, keda_leaf), options) as channel:
+        assert (await is_active(channel)).result is True
+    denied = REGISTRY.get_sample_value(
+        "zeroscale_grpc_requests_total", {"server": "counts", "method": "Watch", "code": "PERMISSION_DENIED"}
+    )
+    assert denied is not None
+    assert denied >= 1
+
+
+def test_client_names_need_client_certificates() -> None:
+    with pytest.raises(ValidationError, match="client_names needs client_ca_file"):
+        ZeroscaleConfig(grpc={"counts": {"tls": {"cert_file": "a", "key_file": "b", "client_names": ["x"]}}})
