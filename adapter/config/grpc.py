@@ -66,7 +66,8 @@ class GRPCServerConfig(Strict):
     # Concurrent long-lived streams on this server (health watches included); one more is refused
     # with RESOURCE_EXHAUSTED.
     max_streams: int = Field(default=1000, ge=1)
-    # Streams one peer (its address and certificate identity) may hold, so no one peer starves the others.
+    # Streams one peer (its address, or IPv6 /64, and certificate identity) may hold, so no one peer
+    # starves the others.
     max_streams_per_peer: int = Field(default=100, ge=1)
     # HTTP/2 streams per connection.
     max_concurrent_streams: int = Field(default=100, ge=1)
@@ -94,8 +95,9 @@ class ScalerServerConfig(GRPCServerConfig):
     """KEDA's `external` / `external-push` triggers connect here (scalerAddress)."""
 
     port: int = Field(default=9443, ge=0, le=65535)
-    # KEDA is one peer holding a stream per ScaledObject.
-    max_streams_per_peer: int = Field(default=1000, ge=1)
+    # KEDA is one peer holding a stream per external-push ScaledObject (and StreamMetricSpec): below
+    # max_streams, so one peer never holds them all. More push ScaledObjects: raise both.
+    max_streams_per_peer: int = Field(default=500, ge=1)
     # All scalerMetadata keys and values of one request together; the same bound as the HTTP API's
     # server.max_header_bytes, checked before anything is parsed.
     max_metadata_bytes: int = Field(default=16_384, ge=1024)

@@ -19,9 +19,11 @@ from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
 from adapter.config import ZeroscaleConfig
+from adapter.config.grpc import CountsServerConfig, ScalerServerConfig
 from adapter.rpc.generated import externalscaler_pb2 as scaler_pb
 from adapter.rpc.generated import proxycounts_pb2 as pb
 from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
+from adapter.rpc.server import peer_address
 from tests.rpc.cluster import ROOT
 from tests.rpc.conftest import (
     MakeCache,
@@ -442,3 +444,24 @@ async def test_each_port_takes_only_the_certificate_names_it_lists(
 def test_client_names_need_client_certificates() -> None:
     with pytest.raises(ValidationError, match="client_names needs client_ca_file"):
         ZeroscaleConfig(grpc={"counts": {"tls": {"cert_file": "a", "key_file": "b", "client_names": ["x"]}}})
+
+
+@pytest.mark.parametrize(
+    ("one", "other", "same"),
+    [
+        ("ipv6:[2001:db8:1:2::1]:5000", "ipv6:[2001:db8:1:2:ffff:ffff:ffff:fffe]:6000", True),
+        ("ipv6:[2001:db8:1:2::1]:5000", "ipv6:[2001:db8:1:3::1]:5000", False),
+        ("ipv6:[::ffff:10.0.0.1]:5000", "ipv4:10.0.0.1:6000", True),
+        ("ipv4:10.0.0.1:5000", "ipv4:10.0.0.2:5000", False),
+        ("ipv4:10.0.0.1:5000", "ipv4:10.0.0.1:5001", True),
+    ],
+)
+def test_a_peer_is_an_ipv4_address_or_an_ipv6_64(one: str, other: str, same: bool) -> None:
+    """Review finding 5: the per-peer stream cap counted each exact IPv6 address, and a host has a /64 of them."""
+    assert (peer_address(one) == peer_address(other)) is same
+
+
+def test_the_scalers_per_peer_cap_is_below_its_stream_cap() -> None:
+    """Review finding 5: max_streams_per_peer (1000) equalled max_streams: one peer could hold every stream."""
+    for server in (ScalerServerConfig(), CountsServerConfig()):
+        assert server.max_streams_per_peer < server.max_streams
