@@ -38,7 +38,13 @@ class HTTPSource(SourceBase):
     reconnect_max: Duration = 2.0
     keepalive_time: Duration = 10.0
     keepalive_timeout: Duration = 5.0
-    max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # A snapshot larger than this is refused by gRPC before it is decoded (max_routes names of up to
+    # 253 characters fit): decoding costs CPU per message, whoever sends it.
+    max_message_bytes: int = Field(default=512 * 1024, ge=1024)
+    # Routes in one replica's snapshot; more is a broken or hostile replica: it fails the metric.
+    max_routes: int = Field(default=1000, ge=1)
+    # Replicas discovery may list; more fails the metric (each one is a channel and a task here).
+    max_replicas: int = Field(default=256, ge=1)
 
     @field_validator("proxies")
     @classmethod

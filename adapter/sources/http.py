@@ -43,6 +43,7 @@ class ProxyCounts(Source):
         self._closing: set[asyncio.Task[None]] = set()  # subscriptions of replicas that left the Service
         self._heard = asyncio.Event()
         self._discovered = False
+        self._too_many: str | None = None  # why discovery's answer cannot be summed (over max_replicas)
         # Set (and replaced) whenever a replica is found, speaks or fails: what a waiting query waits on.
         self._progress = asyncio.Event()
         telemetry.PROXY_REPLICAS.labels(config.name).set_function(self._live_count)
@@ -78,14 +79,25 @@ class ProxyCounts(Source):
 
     def _follow(self, addresses: list[str]) -> None:
         """Subscribe to new replicas, stop following gone ones (their counts expire like a silent replica's)."""
+        config = self._config
+        telemetry.PROXY_LISTED.labels(config.name).set(len(addresses))
+        was, self._too_many = self._too_many, None
+        if len(addresses) > config.max_replicas:
+            # The sum could not cover them all: no sum at all, and no channel or task beyond the bound.
+            self._too_many = (
+                f"discovery lists {len(addresses)} proxy replicas, more than max_replicas ({config.max_replicas})"
+            )
+            if was is None:
+                log.warning("http source %s: %s; raise it if they are real", config.name, self._too_many)
+            addresses = addresses[: config.max_replicas]
         for address in addresses:
             if address not in self._subscriptions:
                 replica = self._replicas.setdefault(address, Replica(address))
-                subscription = Subscription(replica, self._config, self._updated)
+                subscription = Subscription(replica, config, self._updated)
                 subscription.start()
                 self._subscriptions[address] = subscription
         for address in set(self._subscriptions) - set(addresses):
-            log.info("http source %s: %s left the Service", self._config.name, address)
+            log.info("http source %s: %s left the Service", config.name, address)
             gone = self._subscriptions.pop(address)
             closing = asyncio.create_task(gone.close())
             self._closing.add(closing)
@@ -167,6 +179,8 @@ class ProxyCounts(Source):
 
     def _unusable(self) -> str | None:
         """Why no sum can be served now though replicas answer: one fails, or one has not answered yet."""
+        if self._too_many is not None:
+            return self._too_many
         now = time.monotonic()
         stale_after = self._config.stale_after
         listed = [s.replica for s in self._subscriptions.values()]

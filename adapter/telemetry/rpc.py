@@ -53,6 +53,11 @@ PROXY_REPLICAS = Gauge(
     "Proxy replicas whose counts are in the sum (heard from within stale_after)",
     ["source"],
 )
+PROXY_LISTED = Gauge(
+    "zeroscale_proxy_replicas_listed",
+    "Proxy replicas discovery lists now (above max_replicas the metric fails)",
+    ["source"],
+)
 PROXY_RECONNECTS = Counter(
     "zeroscale_proxy_subscription_reconnects_total",
     "Count streams that ended or failed and were opened again",

@@ -231,3 +231,48 @@ async def test_a_listed_replica_gone_silent_fails_the_sum(start_counts: StartCou
     finally:
         hung.close()
         await source.close()
+
+
+def _snapshot(sender: Sender, *routes: tuple[str, int]) -> None:
+    sender.sent += 1
+    sender.last = pb.CountsUpdate(routes=[pb.RouteCounts(route=name, held=held) for name, held in routes])
+    sender.queue.put_nowait(sender.last)
+
+
+@pytest.mark.parametrize(
+    ("routes", "words"),
+    [
+        ((("web", 5), ("web", 0)), "route 'web' twice in one snapshot"),  # review finding 10: it served 0
+        (
+            (*((f"r{n}", 1) for n in range(4)), ("web", 1)),
+            r"5 routes in one snapshot \(more than max_routes, 4\)",
+        ),
+    ],
+)
+async def test_an_impossible_snapshot_fails_the_metric(routes: tuple[tuple[str, int], ...], words: str) -> None:
+    """Review findings 10 and 9: a route listed twice, or more routes than max_routes, is no real proxy's snapshot."""
+
+    async def send(sender: Sender) -> None:
+        _snapshot(sender, *routes)
+
+    server, port = await start_scripted_replica(send)
+    source, query = _source("impossible", [f"127.0.0.1:{port}"], max_routes=4)
+    try:
+        with pytest.raises(SourceError, match=rf"127\.0\.0\.1:{port} sent {words}"):
+            await source.query(query)
+    finally:
+        await source.close()
+        await server.stop(None)
+
+
+async def test_more_replicas_than_max_replicas_fails_the_metric(start_counts: StartCounts) -> None:
+    """Review finding 11: every address discovery listed became a channel and a task, without bound."""
+    servers = [await start_counts(Routes("web")) for _ in range(3)]
+    source, query = _source("crowd", [f"127.0.0.1:{server.port}" for server in servers], max_replicas=2)
+    try:
+        with pytest.raises(SourceError, match=r"discovery lists 3 proxy replicas, more than max_replicas \(2\)"):
+            await source.query(query)
+        assert REGISTRY.get_sample_value("zeroscale_proxy_replicas_listed", {"source": "crowd"}) == 3
+        assert REGISTRY.get_sample_value("zeroscale_proxy_subscriptions", {"source": "crowd"}) == 2
+    finally:
+        await source.close()
