@@ -54,8 +54,11 @@ class GRPCServerConfig(Strict):
     min_client_ping_interval: Duration = 5.0
     # Open connections, counted from accept; gRPC closes one more at once.
     max_connections: int = Field(default=256, ge=1)
-    # From accept to the client's HTTP/2 SETTINGS (TLS handshake and preface included).
-    handshake_timeout: Duration = Field(default=10.0, gt=0)
+    # From accept to the client's HTTP/2 SETTINGS (TLS handshake and preface included). Our clients
+    # (KEDA, the adapter) take milliseconds; a silent connection holds a place under max_connections
+    # for this long. gRPC has no per-address cap for connections not yet authenticated: the
+    # NetworkPolicies are what keep strangers from the port (README "Security model").
+    handshake_timeout: Duration = Field(default=5.0, gt=0)
     # A connection with no call open for this long is closed (clients reconnect when they need to).
     idle_timeout: Duration = Field(default=120.0, gt=0)
     # Every connection is told to go (HTTP/2 GOAWAY) at this age, and closed `max_connection_age_grace`

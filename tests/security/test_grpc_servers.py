@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from adapter.config import ZeroscaleConfig
 from adapter.config.grpc import CountsServerConfig, ScalerServerConfig
+from adapter.rpc.connections import count_connections
 from adapter.rpc.generated import externalscaler_pb2 as scaler_pb
 from adapter.rpc.generated import proxycounts_pb2 as pb
 from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
@@ -465,3 +466,30 @@ def test_the_scalers_per_peer_cap_is_below_its_stream_cap() -> None:
     """Review finding 5: max_streams_per_peer (1000) equalled max_streams: one peer could hold every stream."""
     for server in (ScalerServerConfig(), CountsServerConfig()):
         assert server.max_streams_per_peer < server.max_streams
+
+
+def test_the_connections_gauge_counts_only_connections_gRPC_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding 1: the gauge read 51 with a cap of 20 while a peer churned connections: it counted
+    sockets still in the accept queue (no descriptor yet, inode 0), which gRPC has not taken."""
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+
+    def row(state: str, inode: int, local_port: int = 0x2383) -> str:
+        return (
+            f"   0: 0100007F:{local_port:04X} 0100007F:D431 {state} 00000000:00000000 00:00000000 00000000"
+            f"     0        0 {inode} 1 0000000000000000 20 4 30 10 -1\n"
+        )
+
+    table = tmp_path / "tcp"
+    table.write_text(
+        header
+        + row("01", 4711)  # held by gRPC
+        + row("08", 4712)  # closed by the peer, gRPC still holds it
+        + row("01", 0)  # in the accept queue
+        + row("06", 0)  # TIME_WAIT
+        + row("0A", 4713)  # the listener itself
+        + row("01", 4714, local_port=0x2384)  # another port
+    )
+    monkeypatch.setattr("adapter.rpc.connections._TABLES", (table,))
+    assert count_connections(0x2383) == 2
