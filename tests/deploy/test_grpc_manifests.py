@@ -124,6 +124,7 @@ def test_the_sidecar_counts_port_requires_client_certificates(monkeypatch: pytes
     counts = load_config(None).grpc.counts
     assert counts.bind == "0.0.0.0"
     assert counts.verifies_clients
+    assert counts.client_names == {"zeroscale-adapter.zeroscale.svc"}  # as deploy/base: the adapter only
     assert not counts.allow_unauthenticated
     assert mounted_secret(gateway, "/etc/zeroscale/tls") == "gateway-proxy-counts"
 
