@@ -25,6 +25,17 @@ class GRPCServerTLS(Strict):
     client_ca_file: Path | None = None
     # How often the files are checked for changes (new connections get the new certificate).
     reload_interval: Duration = 10.0
+    # Only client certificates naming one of these (a subjectAltName DNS name, or the common name of a
+    # certificate without subjectAltNames) may call; others get PERMISSION_DENIED. Empty: any
+    # certificate client_ca_file signed. One CA signs every part of an installation, so without it
+    # KEDA's certificate would open the counts port and the adapter's the scaler.
+    client_names: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _names_need_a_ca(self) -> GRPCServerTLS:
+        if self.client_names and self.client_ca_file is None:
+            raise ValueError("client_names needs client_ca_file: without client certificates there is no name")
+        return self
 
 
 class GRPCServerConfig(Strict):
@@ -43,14 +54,23 @@ class GRPCServerConfig(Strict):
     min_client_ping_interval: Duration = 5.0
     # Open connections, counted from accept; gRPC closes one more at once.
     max_connections: int = Field(default=256, ge=1)
-    # From accept to the client's HTTP/2 SETTINGS (TLS handshake and preface included).
-    handshake_timeout: Duration = Field(default=10.0, gt=0)
+    # From accept to the client's HTTP/2 SETTINGS (TLS handshake and preface included). Our clients
+    # (KEDA, the adapter) take milliseconds; a silent connection holds a place under max_connections
+    # for this long. gRPC has no per-address cap for connections not yet authenticated: the
+    # NetworkPolicies are what keep strangers from the port (README "Security model").
+    handshake_timeout: Duration = Field(default=5.0, gt=0)
     # A connection with no call open for this long is closed (clients reconnect when they need to).
     idle_timeout: Duration = Field(default=120.0, gt=0)
+    # Every connection is told to go (HTTP/2 GOAWAY) at this age, and closed `max_connection_age_grace`
+    # later with whatever it still has open: the one deadline for a call whose request never comes, and
+    # for a peer opening and resetting streams without end. Clients reconnect at once; streams resume.
+    max_connection_age: Duration = Field(default=1800.0, gt=0)
+    max_connection_age_grace: Duration = Field(default=30.0, gt=0)
     # Concurrent long-lived streams on this server (health watches included); one more is refused
     # with RESOURCE_EXHAUSTED.
     max_streams: int = Field(default=1000, ge=1)
-    # Streams one peer (its address and certificate identity) may hold, so no one peer starves the others.
+    # Streams one peer (its address, or IPv6 /64, and certificate identity) may hold, so no one peer
+    # starves the others.
     max_streams_per_peer: int = Field(default=100, ge=1)
     # HTTP/2 streams per connection.
     max_concurrent_streams: int = Field(default=100, ge=1)
@@ -68,16 +88,26 @@ class GRPCServerConfig(Strict):
     def verifies_clients(self) -> bool:
         return self.tls is not None and self.tls.client_ca_file is not None
 
+    @property
+    def client_names(self) -> frozenset[str]:
+        """The certificate names allowed to call; empty when any verified certificate may."""
+        return frozenset(self.tls.client_names) if self.tls is not None else frozenset()
+
 
 class ScalerServerConfig(GRPCServerConfig):
     """KEDA's `external` / `external-push` triggers connect here (scalerAddress)."""
 
     port: int = Field(default=9443, ge=0, le=65535)
-    # KEDA is one peer holding a stream per ScaledObject.
-    max_streams_per_peer: int = Field(default=1000, ge=1)
+    # KEDA is one peer holding a stream per external-push ScaledObject (and StreamMetricSpec): below
+    # max_streams, so one peer never holds them all. More push ScaledObjects: raise both.
+    max_streams_per_peer: int = Field(default=500, ge=1)
     # All scalerMetadata keys and values of one request together; the same bound as the HTTP API's
     # server.max_header_bytes, checked before anything is parsed.
     max_metadata_bytes: int = Field(default=16_384, ge=1024)
+    # A trigger reads its ScaledObject's namespace. True lets scalerMetadata.namespace name another one:
+    # then anyone who may create a ScaledObject reads every namespace's series through KEDA, and the
+    # series count against the namespace read (cache.max_series_per_namespace).
+    allow_namespace_override: bool = False
 
 
 class CountsServerConfig(GRPCServerConfig):

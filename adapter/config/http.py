@@ -21,10 +21,9 @@ class HTTPSource(SourceBase):
     # Or fixed host:port addresses, one per replica.
     proxies: list[str] = Field(default_factory=list)
     resolve_interval: Duration = Field(default=5.0, gt=0)
-    # A replica that has sent nothing (not even a heartbeat) for this long drops out of the sum.
-    # Until then its last counts stay in: a blip in the connection does not make requests vanish.
-    # A replica found but never heard from is waited for this long (the sum is an error meanwhile),
-    # then counted as gone.
+    # Until a replica has sent nothing (not even a heartbeat) for this long, its last counts stay in the
+    # sum: a blip in the connection does not make requests vanish. After it, a replica discovery still
+    # lists fails the read (its counts are unknown, not zero); one discovery no longer lists drops out.
     stale_after: Duration = Field(default=5.0, gt=0)
     # A count above this (or below 0) is a broken or hostile replica: it fails the metric until it
     # sends sane counts again. Far above any real backlog, far below int64 overflow when summed.
@@ -39,7 +38,13 @@ class HTTPSource(SourceBase):
     reconnect_max: Duration = 2.0
     keepalive_time: Duration = 10.0
     keepalive_timeout: Duration = 5.0
-    max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # A snapshot larger than this is refused by gRPC before it is decoded (max_routes names of up to
+    # 253 characters fit): decoding costs CPU per message, whoever sends it.
+    max_message_bytes: int = Field(default=512 * 1024, ge=1024)
+    # Routes in one replica's snapshot; more is a broken or hostile replica: it fails the metric.
+    max_routes: int = Field(default=1000, ge=1)
+    # Replicas discovery may list; more fails the metric (each one is a channel and a task here).
+    max_replicas: int = Field(default=256, ge=1)
 
     @field_validator("proxies")
     @classmethod

@@ -2,8 +2,10 @@
 
 gRPC core enforces the cap itself (`grpc.max_allowed_incoming_connections`: a connection beyond it
 is closed at accept) but tells nobody. So the kernel's socket table is read instead: every socket
-of this network namespace whose local port is the listener's and that still holds a descriptor
-(01 established, or 08 closed by the peer and not yet by us) is one connection. A pod has its own
+of this network namespace whose local port is the listener's, in state 01 (established) or 08
+(closed by the peer, not yet by us), and that has a descriptor (inode not 0) is one connection. A
+connection still in the accept queue (no descriptor yet, inode 0) is not: gRPC has not taken it,
+and counting those read 51 with a cap of 20 while a peer churned connections. A pod has its own
 network namespace, so these are the listener's own connections.
 """
 
@@ -32,7 +34,11 @@ def count_connections(port: int) -> int:
     One regular expression over each table (a line is `sl local rem st ...`, addresses `HEX:PORT`): the
     table holds every socket of the pod, thousands on a busy proxy, and this runs off the event loop.
     """
-    line = re.compile(rb":%04X [0-9A-F]+:[0-9A-F]{4} (?:01|08) " % port)
+    # sl local rem st tx_queue:rx_queue tr:when retransmits uid timeout inode
+    line = re.compile(
+        rb":%04X [0-9A-F]+:[0-9A-F]{4} (?:01|08) [0-9A-F]+:[0-9A-F]+ [0-9A-F]+:[0-9A-F]+ [0-9A-F]+ +\d+ +\d+ +[1-9]"
+        % port
+    )
     total = 0
     for table in _TABLES:
         try:

@@ -1,4 +1,8 @@
-"""Requests the servicer never sees: too large, or not the method's message.
+"""Requests the servicer never sees: from a certificate not allowed here, too large, or not the method's message.
+
+With `client_names` configured, a caller whose verified certificate names none of them is refused
+PERMISSION_DENIED before the servicer sees its request: every installation's parts share one CA, so "signed
+by the CA" alone would let KEDA's certificate subscribe to counts and the adapter's call the scaler.
 
 gRPC would log each undecodable request with a full traceback, so any peer could fill the log at
 will, and it refuses a large one with a message that names no setting. The interceptor wraps each
@@ -37,10 +41,29 @@ class _Refusal:
     message: str
 
 
+def certificate_names(context: _Context) -> list[str]:
+    """The names gRPC verified in the peer's certificate (subjectAltNames, else the common name)."""
+    return [name.decode("utf-8", "replace") for name in context.peer_identities() or ()]
+
+
 class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    def __init__(self, server: str, max_message_bytes: int) -> None:
+    def __init__(self, server: str, max_message_bytes: int, client_names: frozenset[str] = frozenset()) -> None:
         self._server = server
         self._limit = max_message_bytes
+        self._names = client_names
+
+    def _stranger(self, context: _Context) -> _Refusal | None:
+        """PERMISSION_DENIED for a caller whose certificate names none of `client_names` (when set)."""
+        if not self._names:
+            return None
+        names = certificate_names(context)
+        if self._names.intersection(names):
+            return None
+        return _Refusal(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"a client certificate for {', '.join(names) or 'no name'} may not call this server "
+            f"(grpc.{self._server}.tls.client_names)",
+        )
 
     def _reader(self, method: str, deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
         if deserialize is None:
@@ -75,14 +98,20 @@ class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         if handler is None:
             return handler
         method = handler_call_details.method.rsplit("/", 1)[-1]
-        refuse = self._refuse
+        refuse, stranger = self._refuse, self._stranger
+
+        def refusal_of(request: Any, context: _Context) -> _Refusal | None:
+            """Who calls comes first: a stranger is refused whatever it sent."""
+            return stranger(context) or (request if isinstance(request, _Refusal) else None)
+
         reader = self._reader(method, handler.request_deserializer)
         if handler.unary_unary is not None:
             unary: Any = handler.unary_unary  # an aio method: awaitable
 
             async def guarded_unary(request: Any, context: _Context) -> Any:
-                if isinstance(request, _Refusal):
-                    await refuse(method, request, context)
+                refusal = refusal_of(request, context)
+                if refusal is not None:
+                    await refuse(method, refusal, context)
                 return await unary(request, context)
 
             return grpc.unary_unary_rpc_method_handler(
@@ -94,8 +123,9 @@ class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             if inspect.isasyncgenfunction(stream):
 
                 async def guarded_generator(request: Any, context: _Context) -> AsyncIterator[Any]:
-                    if isinstance(request, _Refusal):
-                        await refuse(method, request, context)
+                    refusal = refusal_of(request, context)
+                    if refusal is not None:
+                        await refuse(method, refusal, context)
                     async for message in stream(request, context):
                         yield message
 
@@ -103,8 +133,9 @@ class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             else:  # a method that writes with context.write (grpc.health.v1's Watch)
 
                 async def guarded_writer(request: Any, context: _Context) -> None:
-                    if isinstance(request, _Refusal):
-                        await refuse(method, request, context)
+                    refusal = refusal_of(request, context)
+                    if refusal is not None:
+                        await refuse(method, refusal, context)
                     await stream(request, context)
 
                 guarded = guarded_writer

@@ -5,7 +5,8 @@ A trigger's `scalerMetadata` names a catalogue metric and its series:
 | key             | meaning                                                        | default                     |
 |-----------------|----------------------------------------------------------------|-----------------------------|
 | `metricName`    | a metric of the catalogue (any case)                           | required                    |
-| `namespace`     | the namespace the series is read for                           | the ScaledObject's          |
+| `namespace`     | the ScaledObject's own (another only with                      | the ScaledObject's          |
+|                 | grpc.scaler.allow_namespace_override)                          |                             |
 | `labelSelector` | the selector the HPA would send, e.g. `route=web`              | empty                       |
 | `targetValue`   | the target per replica, returned by GetMetricSpec              | 1                           |
 
@@ -27,6 +28,7 @@ import grpc
 
 from adapter.config.grpc import ScalerServerConfig
 from adapter.metrics.cache import MetricCache, Reading
+from adapter.metrics.catalogue import namespace_problem
 from adapter.metrics.errors import BadSelector, MetricError, MetricNotFound, MetricUnavailable
 from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
@@ -55,11 +57,32 @@ class Trigger:
     target: float
 
 
-def parse_trigger(ref: pb.ScaledObjectRef, max_metadata_bytes: int) -> Trigger:
+def _namespace(ref: pb.ScaledObjectRef, allow_override: bool) -> str:
+    """The namespace read: the ScaledObject's. KEDA reads for whoever may create a ScaledObject, so a
+    trigger naming another namespace would make KEDA a deputy reading (and filling the series table of)
+    namespaces its author cannot see; that is refused unless the operator allows it."""
+    own = ref.namespace
+    asked = ref.scalerMetadata.get("namespace", "").strip()
+    for name in filter(None, (own, asked)):
+        problem = namespace_problem(name)
+        if problem is not None:
+            raise BadSelector(problem)
+    if not own:
+        raise BadSelector("the ScaledObjectRef names no namespace (KEDA always sends the ScaledObject's)")
+    if asked and asked != own and not allow_override:
+        raise BadSelector(
+            f"scalerMetadata.namespace {asked!r} is not the ScaledObject's namespace {own!r}: a trigger reads "
+            "its own namespace (remove the key, or set grpc.scaler.allow_namespace_override: true)"
+        )
+    return asked or own
+
+
+def parse_trigger(ref: pb.ScaledObjectRef, config: ScalerServerConfig) -> Trigger:
     """Read the documented metadata keys; raise BadSelector (INVALID_ARGUMENT) on a missing or bad one.
 
     The size comes first: a selector is parsed only when the metadata fits in `max_metadata_bytes`.
     """
+    max_metadata_bytes = config.max_metadata_bytes
     meta = ref.scalerMetadata
     size = sum(len(text.encode()) for text in (ref.name, ref.namespace, *meta.keys(), *meta.values()))
     if size > max_metadata_bytes:
@@ -69,9 +92,7 @@ def parse_trigger(ref: pb.ScaledObjectRef, max_metadata_bytes: int) -> Trigger:
     metric = meta.get("metricName", "").strip()
     if not metric:
         raise BadSelector("scalerMetadata.metricName is required: the name of a Zeroscale metric")
-    namespace = meta.get("namespace", "").strip() or ref.namespace
-    if not namespace:
-        raise BadSelector("no namespace: set scalerMetadata.namespace or the ScaledObjectRef's namespace")
+    namespace = _namespace(ref, config.allow_namespace_override)
     text = meta.get("targetValue", "1").strip()
     try:
         target = float(text)
@@ -91,7 +112,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
     def __init__(self, cache: MetricCache, config: ScalerServerConfig) -> None:
         self._cache = cache
         self._heartbeat = config.heartbeat_interval
-        self._max_metadata = config.max_metadata_bytes
+        self._config = config
         self.slots = StreamSlots(_SERVER, config)
 
     # --- helpers ---
@@ -121,7 +142,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         context: Context,
     ) -> pb.GetMetricSpecResponse:
         try:
-            answer = self._spec(parse_trigger(request, self._max_metadata))
+            answer = self._spec(parse_trigger(request, self._config))
         except MetricError as err:
             await self._fail(context, "GetMetricSpec", err)
         telemetry.GRPC_REQUESTS.labels(_SERVER, "GetMetricSpec", "OK").inc()
@@ -133,7 +154,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         context: Context,
     ) -> pb.GetMetricsResponse:
         try:
-            trigger = parse_trigger(request.scaledObjectRef, self._max_metadata)
+            trigger = parse_trigger(request.scaledObjectRef, self._config)
             asked = request.metricName
             # KEDA may send the name lower-cased (kedacore/keda#4954): compare without case.
             if asked and asked.lower() != trigger.metric.lower():
@@ -155,7 +176,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         context: Context,
     ) -> pb.IsActiveResponse:
         try:
-            trigger = parse_trigger(request, self._max_metadata)
+            trigger = parse_trigger(request, self._config)
             active = self._active(trigger, await self._read(trigger))
         except MetricError as err:
             await self._fail(context, "IsActive", err)
@@ -171,7 +192,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
     ) -> AsyncIterator[pb.IsActiveResponse]:
         """The activity now, then a message whenever it flips, plus the current state every heartbeat."""
         try:
-            trigger = parse_trigger(request, self._max_metadata)
+            trigger = parse_trigger(request, self._config)
             key, _ = self._cache.catalogue.resolve(trigger.metric, trigger.namespace, trigger.selector)
         except MetricError as err:
             await self._fail(context, "StreamIsActive", err)
@@ -216,7 +237,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
     ) -> AsyncIterator[pb.GetMetricSpecResponse]:
         """The specs now; they come from the trigger's own metadata, so they never change while it is open."""
         try:
-            spec = self._spec(parse_trigger(request, self._max_metadata))
+            spec = self._spec(parse_trigger(request, self._config))
         except MetricError as err:
             await self._fail(context, "StreamMetricSpec", err)
             return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,23 +47,40 @@ def server_options(config: GRPCServerConfig) -> list[tuple[str, int]]:
         # Accept to the client's HTTP/2 SETTINGS: a connection that says nothing is closed.
         ("grpc.server_handshake_timeout_ms", int(config.handshake_timeout * 1000)),
         ("grpc.max_connection_idle_ms", int(config.idle_timeout * 1000)),
+        ("grpc.max_connection_age_ms", int(config.max_connection_age * 1000)),
+        ("grpc.max_connection_age_grace_ms", int(config.max_connection_age_grace * 1000)),
         # Two servers on one port would split the clients between them silently.
         ("grpc.so_reuseport", 0),
     ]
 
 
+def peer_address(peer: str) -> str:
+    """What one peer is, by address: an IPv4 address, or the /64 of an IPv6 address (one host's usual
+    share: anyone holding a /64 can use as many addresses in it as it likes). gRPC says `ipv4:a.b.c.d:port`
+    or `ipv6:[addr]:port`; anything else (a Unix socket) is kept whole."""
+    kind, _, rest = peer.partition(":")
+    host = rest.rsplit(":", 1)[0].strip("[]")
+    try:
+        if kind == "ipv6":
+            address = ipaddress.IPv6Address(host)
+            return str(address.ipv4_mapped or ipaddress.IPv6Network((address, 64), strict=False))
+        if kind == "ipv4":
+            return str(ipaddress.IPv4Address(host))
+    except ValueError:
+        pass
+    return peer
+
+
 def _peer(context: Context) -> tuple[str, str | None]:
-    """(the peer's address without its port, its verified certificate identity or None)."""
-    address = context.peer() or ""
-    host = address.rsplit(":", 1)[0] if address.startswith(("ipv4:", "ipv6:")) else address
+    """(the peer's address or IPv6 /64, its verified certificate identity or None)."""
     identities = list(context.peer_identities() or ())
-    return host, (identities[0].decode("utf-8", "replace") if identities else None)
+    return peer_address(context.peer() or ""), (identities[0].decode("utf-8", "replace") if identities else None)
 
 
 class StreamSlots:
     """At most `limit` long-lived streams at once; `async with slots.hold(context, method) as wake:` around each.
 
-    One peer (an address and, with client certificates, an identity) holds at most `per_peer` of
+    One peer (an address, an IPv6 /64, and with client certificates an identity) holds at most `per_peer` of
     them, so no one client can take the room another subscriber needs. `wake` is the stream's own
     event: set when it has something to send, and by `end_all` at shutdown, after which `closing` is
     true and the stream returns (its client sees a clean end and reconnects).
@@ -191,7 +209,10 @@ async def start_server(
     """Listen on `config.bind:port` with the given services added by `register`; raise OSError if that fails."""
     server = grpc.aio.server(
         options=server_options(config),
-        interceptors=[RequestGuard(name, config.max_message_bytes), LatencyInterceptor(name)],
+        interceptors=[
+            RequestGuard(name, config.max_message_bytes, config.client_names),
+            LatencyInterceptor(name),
+        ],
     )
     register(server)
     health = _Health(slots)
@@ -209,6 +230,8 @@ async def start_server(
     security = "plaintext" if config.tls is None else "TLS"
     if config.verifies_clients:
         security = "mutual TLS: client certificates required"
+        if config.client_names:
+            security += f" naming {', '.join(sorted(config.client_names))}"
     log.info("grpc.%s listening on %s:%d (%s)", name, config.bind, port, security)
     if config.allow_unauthenticated and not config.verifies_clients:
         log.warning(

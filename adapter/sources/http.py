@@ -1,11 +1,12 @@
 """The `http` source: a route's held and in-flight requests, summed over every proxy replica.
 
 Counts arrive pushed (adapter/sources/http_stream.py); `query` only adds up what is in memory.
-A sum is served only when it covers every replica found: each one has answered, or has been given
-up on. A replica stays in the sum while it was heard from within `stale_after`, even with its
-stream broken, and drops out after; a replica found but never heard from is waited for (the read
-is an error meanwhile, never a partial sum) until `stale_after` has passed, then counts as gone. A
-replica that answers but refuses the stream, or sends counts that cannot be true, fails the read.
+A sum is served only when it covers every replica discovery lists now. A replica stays in the sum
+while it was heard from within `stale_after`, even with its stream broken. A replica still listed
+that has been silent for longer (or never spoke within `stale_after` of being found) fails the read:
+it may hold requests nobody else counts, and leaving it out would be a made-up smaller sum. It
+drops out only once discovery no longer lists it (and its last counts are older than `stale_after`).
+A replica that answers but refuses the stream, or sends counts that cannot be true, fails the read.
 With no replica heard from at all, the source has nothing to say and raises SourceError rather
 than a zero it does not know.
 """
@@ -42,6 +43,7 @@ class ProxyCounts(Source):
         self._closing: set[asyncio.Task[None]] = set()  # subscriptions of replicas that left the Service
         self._heard = asyncio.Event()
         self._discovered = False
+        self._too_many: str | None = None  # why discovery's answer cannot be summed (over max_replicas)
         # Set (and replaced) whenever a replica is found, speaks or fails: what a waiting query waits on.
         self._progress = asyncio.Event()
         telemetry.PROXY_REPLICAS.labels(config.name).set_function(self._live_count)
@@ -77,14 +79,25 @@ class ProxyCounts(Source):
 
     def _follow(self, addresses: list[str]) -> None:
         """Subscribe to new replicas, stop following gone ones (their counts expire like a silent replica's)."""
+        config = self._config
+        telemetry.PROXY_LISTED.labels(config.name).set(len(addresses))
+        was, self._too_many = self._too_many, None
+        if len(addresses) > config.max_replicas:
+            # The sum could not cover them all: no sum at all, and no channel or task beyond the bound.
+            self._too_many = (
+                f"discovery lists {len(addresses)} proxy replicas, more than max_replicas ({config.max_replicas})"
+            )
+            if was is None:
+                log.warning("http source %s: %s; raise it if they are real", config.name, self._too_many)
+            addresses = addresses[: config.max_replicas]
         for address in addresses:
             if address not in self._subscriptions:
                 replica = self._replicas.setdefault(address, Replica(address))
-                subscription = Subscription(replica, self._config, self._updated)
+                subscription = Subscription(replica, config, self._updated)
                 subscription.start()
                 self._subscriptions[address] = subscription
         for address in set(self._subscriptions) - set(addresses):
-            log.info("http source %s: %s left the Service", self._config.name, address)
+            log.info("http source %s: %s left the Service", config.name, address)
             gone = self._subscriptions.pop(address)
             closing = asyncio.create_task(gone.close())
             self._closing.add(closing)
@@ -96,26 +109,25 @@ class ProxyCounts(Source):
             await asyncio.sleep(min(stale_after / 4, 0.25))
             now = time.monotonic()
             for address, replica in list(self._replicas.items()):
-                if replica.heard_at is None:
-                    if not replica.awaited(now, stale_after) and not replica.given_up:
-                        replica.given_up = True
+                silent = replica.silent(now, stale_after)
+                if address in self._subscriptions:  # still listed: silence fails the read, it never drops out
+                    if silent and not replica.silence_reported:
                         log.warning(
-                            "http source %s: %s never answered in %gs, counted as gone",
+                            "http source %s: %s still listed but silent for %gs: the metric fails until it "
+                            "speaks again or leaves discovery",
                             self._config.name,
                             address,
                             stale_after,
                         )
+                        self._notify(set(replica.counts))
+                    replica.silence_reported = silent
                     continue
-                if replica.live(now, stale_after):
+                if not silent:
                     continue
-                log.warning("http source %s: dropping %s, silent for %gs", self._config.name, address, stale_after)
+                log.warning("http source %s: dropping %s, gone from discovery and silent", self._config.name, address)
                 telemetry.PROXY_DROPPED.labels(self._config.name).inc()
-                routes = set(replica.counts)
-                replica.heard_at, replica.counts = None, {}
-                replica.given_up = True  # said just now; not "never answered" on the next turn
-                if address not in self._subscriptions:
-                    del self._replicas[address]
-                self._notify(routes)
+                del self._replicas[address]
+                self._notify(set(replica.counts))
 
     # --- push ---
 
@@ -167,9 +179,17 @@ class ProxyCounts(Source):
 
     def _unusable(self) -> str | None:
         """Why no sum can be served now though replicas answer: one fails, or one has not answered yet."""
+        if self._too_many is not None:
+            return self._too_many
         now = time.monotonic()
         stale_after = self._config.stale_after
-        failing = sorted(filter(None, (s.replica.failing(now, stale_after) for s in self._subscriptions.values())))
+        listed = [s.replica for s in self._subscriptions.values()]
+        failing = sorted(filter(None, (replica.failing(now, stale_after) for replica in listed)))
+        failing += sorted(
+            f"{replica.address} is listed but silent for more than stale_after ({stale_after:g}s)"
+            for replica in listed
+            if replica.silent(now, stale_after) and replica.failing(now, stale_after) is None
+        )
         if failing:
             return "; ".join(failing) + " (no sum while a replica's counts are unknown)"
         awaited = self._awaited(now)

@@ -6,9 +6,10 @@ per `coalesce` (the first after a quiet spell at once). A stream that stays sile
 `stale_after` (no update and no heartbeat) is abandoned and reopened; the source decides separately
 when the replica's counts expire.
 
-What a replica says is checked before it counts: a negative count, or one above `max_count`, marks
-the replica failed (the metric is an error while it is) instead of being added up. So is a replica
-that answers but refuses the stream: it is alive, and its counts are unknown, not zero.
+What a replica says is checked before it counts: a negative count, one above `max_count`, a route
+listed twice or more than `max_routes` routes mark the replica failed (the metric is an error while
+it is) instead of being added up. So is a replica that answers but refuses the stream: it is alive,
+and its counts are unknown, not zero.
 """
 
 from __future__ import annotations
@@ -72,17 +73,21 @@ class Replica:
         # Why its counts cannot be used (bad counts, refused stream), and when that was last seen.
         self.failure: str | None = None
         self.failed_at = 0.0
-        self.given_up = False  # never answered within stale_after of being found, or dropped (logged once)
+        self.silence_reported = False  # silent past stale_after while listed (logged once per silence)
 
     def live(self, now: float, stale_after: float) -> bool:
         return self.heard_at is not None and now - self.heard_at <= stale_after
 
     def failing(self, now: float, stale_after: float) -> str | None:
-        """The failure seen within stale_after (a replica that failed and then went silent is just gone)."""
+        """The failure seen within stale_after (after that, a replica that went silent is failing as silent)."""
         return self.failure if self.failure is not None and now - self.failed_at <= stale_after else None
 
     def fail(self, reason: str) -> None:
         self.failure, self.failed_at = reason, time.monotonic()
+
+    def silent(self, now: float, stale_after: float) -> bool:
+        """Neither heard from within stale_after nor still within stale_after of being found."""
+        return not self.live(now, stale_after) and not self.awaited(now, stale_after)
 
     def awaited(self, now: float, stale_after: float) -> bool:
         """Found, never heard from, and not yet given up on."""
@@ -126,12 +131,19 @@ def _warn(source: str, replica: Replica) -> None:
         log.warning("http source %s: %s%s", source, replica.failure, held_back(held))
 
 
-def bad_count(message: pb.CountsUpdate, max_count: int) -> str | None:
-    """What is wrong with the first count outside 0..max_count, or None when all are sane."""
+def impossible(message: pb.CountsUpdate, config: HTTPSource) -> str | None:
+    """What makes the snapshot one no real proxy sends (a count outside 0..max_count, a route listed
+    twice, more than max_routes routes), or None when it is sane."""
+    if len(message.routes) > config.max_routes:
+        return f"{len(message.routes)} routes in one snapshot (more than max_routes, {config.max_routes})"
+    seen: set[str] = set()
     for route in message.routes:
+        if route.route in seen:
+            return f"route {route.route!r} twice in one snapshot"
+        seen.add(route.route)
         for name, count in (("held", route.held), ("inflight", route.inflight)):
-            if not 0 <= count <= max_count:
-                return f"{name}={count} for route {route.route!r} (a count is 0..max_count, {max_count})"
+            if not 0 <= count <= config.max_count:
+                return f"{name}={count} for route {route.route!r} (a count is 0..max_count, {config.max_count})"
     return None
 
 
@@ -248,13 +260,14 @@ class Subscription:
         now = time.monotonic()
         was_live = replica.live(now, config.stale_after)
         previous = replica.counts if was_live else {}
-        problem = bad_count(message, config.max_count)
+        problem = impossible(message, config)
         if problem is not None:
             telemetry.PROXY_COUNTS_REJECTED.labels(config.name).inc()
             replica.fail(f"{replica.address} sent {problem}")
             _warn(config.name, replica)
             replica.heard_at = now  # alive and wrong: an error for the metric, not a replica to forget
-            self._on_update(replica, set(previous) | {route.route for route in message.routes})
+            named = message.routes if len(message.routes) <= config.max_routes else ()
+            self._on_update(replica, set(previous) | {route.route for route in named})
             return
         counts = {route.route: (route.held, route.inflight) for route in message.routes}
         changed = {route for route in counts.keys() | previous.keys() if counts.get(route) != previous.get(route)}

@@ -53,6 +53,11 @@ PROXY_REPLICAS = Gauge(
     "Proxy replicas whose counts are in the sum (heard from within stale_after)",
     ["source"],
 )
+PROXY_LISTED = Gauge(
+    "zeroscale_proxy_replicas_listed",
+    "Proxy replicas discovery lists now (above max_replicas the metric fails)",
+    ["source"],
+)
 PROXY_RECONNECTS = Counter(
     "zeroscale_proxy_subscription_reconnects_total",
     "Count streams that ended or failed and were opened again",
@@ -60,7 +65,7 @@ PROXY_RECONNECTS = Counter(
 )
 PROXY_DROPPED = Counter(
     "zeroscale_proxy_replicas_dropped_total",
-    "Replicas dropped from the sum after stale_after without a message",
+    "Replicas dropped from the sum: gone from discovery and silent for stale_after",
     ["source"],
 )
 PROXY_COUNTS_REJECTED = Counter(

@@ -124,5 +124,41 @@ def test_the_sidecar_counts_port_requires_client_certificates(monkeypatch: pytes
     counts = load_config(None).grpc.counts
     assert counts.bind == "0.0.0.0"
     assert counts.verifies_clients
+    assert counts.client_names == {"zeroscale-adapter.zeroscale.svc"}  # as deploy/base: the adapter only
     assert not counts.allow_unauthenticated
     assert mounted_secret(gateway, "/etc/zeroscale/tls") == "gateway-proxy-counts"
+
+
+def _names(cert: x509.Certificate) -> set[str]:
+    """The names gRPC reads as the peer's identity: subjectAltName DNS names, else the common name."""
+    try:
+        return set(
+            cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+        )
+    except x509.ExtensionNotFound:
+        return {str(a.value) for a in cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)}
+
+
+def test_each_port_admits_only_its_client_and_every_way_of_issuing_names_it(rendered: dict[str, Objects]) -> None:
+    """Review finding 6: the scaler takes only KEDA's certificate, the counts port only the adapter's; the
+    names `zeroscale certs`, the certs overlay and cert-manager issue are the ones listed."""
+    from adapter.certs import issue
+
+    config = load_config(DEPLOY / "base" / "zeroscale.yaml")
+    scaler, counts = config.grpc.scaler.client_names, config.grpc.counts.client_names
+    assert scaler == {"keda"}
+    assert len(counts) == 1
+    issued = issue(ADAPTER, "zeroscale", 1)
+    adapter_cert = x509.load_pem_x509_certificate(issued.cert_pem)
+    keda_cert = x509.load_pem_x509_certificate(issued.keda.cert_pem)
+    assert counts <= _names(adapter_cert)
+    assert not scaler & _names(adapter_cert)
+    assert scaler <= _names(keda_cert)
+    assert not counts & _names(keda_cert)
+    secrets = {o["metadata"]["name"]: o for o in rendered["certs"] if o["kind"] == "Secret"}
+    keda_secret = x509.load_pem_x509_certificate(base64.b64decode(secrets["zeroscale-keda-client"]["data"]["tls.crt"]))
+    assert scaler <= _names(keda_secret)
+    for overlay in ("cert-manager", "keda"):
+        serving = find(rendered[overlay], "Certificate", "zeroscale-adapter-serving")["spec"]
+        assert counts <= set(serving["dnsNames"])
+    assert scaler <= set(find(rendered["keda"], "Certificate", "zeroscale-keda-client")["spec"]["dnsNames"])

@@ -1,4 +1,4 @@
-"""The `http` source: counts pushed by every proxy replica's stream, summed per route, with silent replicas expiring."""
+"""The `http` source: counts pushed by every proxy replica, summed per route; silent listed replicas fail it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 
+from adapter.config.http import HTTPMetric, HTTPSource
+from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import MetricUnavailable
+from adapter.sources.http import ProxyCounts
 from tests.netutil import free_port
 from tests.rpc.conftest import MakeCache, Routes, StartCounts, eventually, value
 
@@ -39,28 +42,36 @@ async def test_held_and_inflight_metrics(make_cache: MakeCache, start_counts: St
     await eventually(inflight, 3)
 
 
-async def test_a_silent_replica_keeps_its_counts_until_stale_after(
-    make_cache: MakeCache, start_counts: StartCounts, caplog: pytest.LogCaptureFixture
+async def test_a_replica_leaving_discovery_keeps_its_counts_until_stale_after(
+    start_counts: StartCounts, caplog: pytest.LogCaptureFixture
 ) -> None:
     first, second = Routes("web"), Routes("web")
     a, b = await start_counts(first), await start_counts(second)
-    cache = await make_cache("expiry", proxies=[f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"])
     first.add("web", held=1)
     second.add("web", held=4)
-    await eventually(cache, 5)
-    dropped_before = REGISTRY.get_sample_value("zeroscale_proxy_replicas_dropped_total", {"source": "expiry"}) or 0
-    stopped = time.monotonic()
-    await b.stop()
-    assert await value(cache) == 5  # a blip does not make 4 requests vanish
-    await eventually(cache, 1, within=3)
-    assert time.monotonic() - stopped >= 0.5  # not before stale_after (0.6 s), give or take a tick
-    dropped = REGISTRY.get_sample_value("zeroscale_proxy_replicas_dropped_total", {"source": "expiry"})
-    assert dropped == dropped_before + 1
-    assert REGISTRY.get_sample_value("zeroscale_proxy_subscription_reconnects_total", {"source": "expiry"})
-    await asyncio.sleep(0.5)
-    said = [record.getMessage() for record in caplog.records if b.port and f":{b.port}" in record.getMessage()]
-    assert [line for line in said if "dropping" in line]
-    assert not [line for line in said if "never answered" in line]  # it did answer, then went silent
+    listed = [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"]
+    config = HTTPSource(name="expiry", type="http", proxies=listed, stale_after=0.6, reconnect_max=0.2)
+    metric = HTTPMetric(name="http-requests-pending", type="http", source="expiry")
+    _, query = Catalogue([metric]).resolve("http-requests-pending", "default", "route=web")
+    source = ProxyCounts(config)
+    try:
+        assert (await source.query(query))[0].value == 5
+        dropped_before = REGISTRY.get_sample_value("zeroscale_proxy_replicas_dropped_total", {"source": "expiry"}) or 0
+        stopped = time.monotonic()
+        await b.stop()
+        source._follow(listed[:1])  # what a new DNS answer without b does (a fixed list never changes)
+        assert (await source.query(query))[0].value == 5  # a blip does not make 4 requests vanish
+        while (await source.query(query))[0].value != 1:
+            assert time.monotonic() - stopped < 3
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - stopped >= 0.5  # not before stale_after (0.6 s), give or take a tick
+        await asyncio.sleep(0.3)  # the expiry pass runs every stale_after / 4 at most
+        dropped = REGISTRY.get_sample_value("zeroscale_proxy_replicas_dropped_total", {"source": "expiry"})
+        assert dropped == dropped_before + 1
+        said = [record.getMessage() for record in caplog.records if f":{b.port}" in record.getMessage()]
+        assert [line for line in said if "dropping" in line]
+    finally:
+        await source.close()
 
 
 async def test_replica_coming_back_is_counted_again(make_cache: MakeCache, start_counts: StartCounts) -> None:
@@ -78,18 +89,20 @@ async def test_replica_coming_back_is_counted_again(make_cache: MakeCache, start
     await eventually(cache, 4, within=5)
 
 
-async def test_an_unreachable_replica_never_fails_the_metric(make_cache: MakeCache, start_counts: StartCounts) -> None:
+async def test_an_unreachable_listed_replica_fails_the_metric(make_cache: MakeCache, start_counts: StartCounts) -> None:
+    """Its counts are unknown while it is listed: an error, never the partial 2 of the other replica."""
     routes = Routes("web")
     server = await start_counts(routes)
     routes.add("web", held=2)
     closed = free_port()  # nothing listens there
     cache = await make_cache("partial", proxies=[f"127.0.0.1:{closed}", f"127.0.0.1:{server.port}"])
-    await eventually(cache, 2, through_errors=True)  # an error while it is waited for, never 0
+    with pytest.raises(MetricUnavailable, match=rf"127\.0\.0\.1:{closed} is listed but silent"):
+        await value(cache)
 
 
 async def test_no_replica_at_all_is_an_error_not_a_zero(make_cache: MakeCache) -> None:
     cache = await make_cache("none", proxies=[f"127.0.0.1:{free_port()}"])
-    with pytest.raises(MetricUnavailable, match="no proxy replica has sent counts"):
+    with pytest.raises(MetricUnavailable, match=r"waiting for the first counts|listed but silent"):
         await value(cache)
 
 

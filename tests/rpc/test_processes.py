@@ -1,5 +1,5 @@
 """Two adapter replicas and three proxy replicas as real processes: every adapter reports the same sum,
-and a killed proxy neither fails the metric nor leaves its requests counted forever."""
+and a killed proxy that is still listed never makes the sum smaller (its requests are not known to be gone)."""
 
 from __future__ import annotations
 
@@ -73,23 +73,15 @@ async def test_every_adapter_sums_every_proxy(replicas: tuple[list[Process], lis
     await all_report(adapters, 6, within=5)
     assert [await keda_value(adapter) for adapter in adapters] == [6.0, 6.0]
 
-    # A proxy dies: its 2 requests stay counted for stale_after (1.5 s), then drop out; no read fails meanwhile.
+    # A proxy dies while the list still names it: its 2 requests are not known to be gone, so no adapter
+    # reports the smaller 4, well past stale_after (1.5 s); the cache serves its last good sum meanwhile.
     killed_at = time.monotonic()
     proxies[1].kill()
     seen = set()
-    while time.monotonic() - killed_at < 5:
-        values = {await api_value(adapter) for adapter in adapters}
-        seen |= values
-        if values == {4}:
-            break
+    while time.monotonic() - killed_at < 3.5:
+        seen |= {await api_value(adapter) for adapter in adapters}
         await asyncio.sleep(0.05)
-    assert seen <= {6, 4}, f"values seen while the proxy dropped out: {seen}"
-    assert values == {4}
-    assert time.monotonic() - killed_at >= 1.0  # not dropped at the first broken stream
-
-    # The remaining proxies still push: a client leaving is seen by both adapters.
-    held[2][0].close()
-    await all_report(adapters, 3, within=5)
+    assert seen == {6}, f"values seen after a listed proxy died: {seen}"
     for writers in held:
         for writer in writers:
             writer.close()

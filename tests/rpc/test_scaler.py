@@ -63,10 +63,19 @@ async def test_namespace_defaults_to_the_scaled_objects(scaler_channel: pb_grpc.
     with pytest.raises(grpc.aio.AioRpcError) as failed:
         await scaler_channel.IsActive(elsewhere)
     assert failed.value.code() == grpc.StatusCode.NOT_FOUND
-    overridden = pb.ScaledObjectRef(
-        name="w", namespace="default", scalerMetadata={"metricName": "team-depth", "namespace": "team"}
+    same = pb.ScaledObjectRef(
+        name="w", namespace="team", scalerMetadata={"metricName": "team-depth", "namespace": "team"}
     )
-    assert (await scaler_channel.IsActive(overridden)).result is True
+    assert (await scaler_channel.IsActive(same)).result is True  # naming its own namespace is fine
+
+
+async def test_another_namespace_only_with_the_override(start_adapter: StartAdapter) -> None:
+    adapter = await start_adapter(allow_namespace_override=True)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{adapter.grpc_port}") as channel:
+        overridden = pb.ScaledObjectRef(
+            name="w", namespace="default", scalerMetadata={"metricName": "team-depth", "namespace": "team"}
+        )
+        assert (await scaler_stub(channel).IsActive(overridden)).result is True
 
 
 @pytest.mark.parametrize(

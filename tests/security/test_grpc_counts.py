@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -15,8 +16,9 @@ from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import MetricUnavailable
 from adapter.rpc.generated import proxycounts_pb2 as pb
 from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
-from adapter.sources.base import SourceQuery
+from adapter.sources.base import SourceError, SourceQuery
 from adapter.sources.http import ProxyCounts
+from tests.netutil import free_port
 from tests.rpc.conftest import MakeCache, Routes, StartCounts, eventually, make_cache, start_counts, value
 from tests.rpc.test_tls import NAME, mutual_tls, write_ca
 from tests.security.grpc_standins import Sender, start_garbage_replica, start_scripted_replica
@@ -185,3 +187,92 @@ async def test_a_replica_answering_garbage_fails_the_metric(make_cache: MakeCach
             await value(cache)
     finally:
         await server.stop(None)
+
+
+def _source(name: str, proxies: list[str], **settings: Any) -> tuple[ProxyCounts, SourceQuery]:
+    config = HTTPSource(name=name, type="http", proxies=proxies, stale_after=0.6, reconnect_max=0.2, **settings)
+    metric = HTTPMetric(name="http-requests-pending", type="http", source=name)
+    _, query = Catalogue([metric]).resolve("http-requests-pending", "default", "route=web")
+    return ProxyCounts(config), query
+
+
+async def _hold_silently(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A stand-in for a hung replica: accepts the connection and never says a word."""
+    await reader.read()
+    writer.close()
+
+
+@pytest.mark.parametrize("spoke_first", [True, False])
+async def test_a_listed_replica_gone_silent_fails_the_sum(start_counts: StartCounts, spoke_first: bool) -> None:
+    """Review finding 7: a listed replica holding 5 went silent (TCP accepted, nothing said); the sum read 0.
+
+    Silent past stale_after while discovery still lists it is failing, whether it spoke before or never did.
+    """
+    quiet = Routes("web")
+    quick = await start_counts(quiet)
+    port = free_port()
+    if spoke_first:
+        holding = Routes("web")
+        holding.add("web", held=5)
+        replica = await start_counts(holding, port=port)
+    else:
+        replica = None
+        hung = await asyncio.start_server(_hold_silently, "127.0.0.1", port)
+    source, query = _source(f"silent{int(spoke_first)}", [f"127.0.0.1:{quick.port}", f"127.0.0.1:{port}"])
+    try:
+        if replica is not None:
+            assert (await source.query(query))[0].value == 5
+            await replica.stop()
+            hung = await asyncio.start_server(_hold_silently, "127.0.0.1", port)
+        for _ in range(3):  # well past stale_after (0.6 s): still an error, never the 0 of the other replica
+            await asyncio.sleep(0.6)
+            with pytest.raises(SourceError, match=rf"127\.0\.0\.1:{port} is listed but silent"):
+                await source.query(query)
+    finally:
+        hung.close()
+        await source.close()
+
+
+def _snapshot(sender: Sender, *routes: tuple[str, int]) -> None:
+    sender.sent += 1
+    sender.last = pb.CountsUpdate(routes=[pb.RouteCounts(route=name, held=held) for name, held in routes])
+    sender.queue.put_nowait(sender.last)
+
+
+@pytest.mark.parametrize(
+    ("routes", "words"),
+    [
+        ((("web", 5), ("web", 0)), "route 'web' twice in one snapshot"),  # review finding 10: it served 0
+        (
+            (*((f"r{n}", 1) for n in range(4)), ("web", 1)),
+            r"5 routes in one snapshot \(more than max_routes, 4\)",
+        ),
+    ],
+)
+async def test_an_impossible_snapshot_fails_the_metric(routes: tuple[tuple[str, int], ...], words: str) -> None:
+    """Review findings 10 and 9: a route listed twice, or more routes than max_routes, is no real proxy's snapshot."""
+
+    async def send(sender: Sender) -> None:
+        _snapshot(sender, *routes)
+
+    server, port = await start_scripted_replica(send)
+    source, query = _source("impossible", [f"127.0.0.1:{port}"], max_routes=4)
+    try:
+        with pytest.raises(SourceError, match=rf"127\.0\.0\.1:{port} sent {words}"):
+            await source.query(query)
+    finally:
+        await source.close()
+        await server.stop(None)
+
+
+async def test_more_replicas_than_max_replicas_fails_the_metric(start_counts: StartCounts) -> None:
+    """Review finding 11: every address discovery listed became a channel and a task, without bound."""
+    servers = [await start_counts(Routes("web")) for _ in range(3)]
+    source, query = _source("crowd", [f"127.0.0.1:{server.port}" for server in servers], max_replicas=2)
+    try:
+        with pytest.raises(SourceError, match=r"discovery lists 3 proxy replicas, more than max_replicas \(2\)"):
+            await source.query(query)
+        assert REGISTRY.get_sample_value("zeroscale_proxy_replicas_listed", {"source": "crowd"}) == 3
+        assert REGISTRY.get_sample_value("zeroscale_proxy_subscriptions", {"source": "crowd"}) == 2
+    finally:
+        await source.close()

@@ -19,8 +19,12 @@ from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
 from adapter.config import ZeroscaleConfig
+from adapter.config.grpc import CountsServerConfig, ScalerServerConfig
+from adapter.rpc.connections import count_connections
+from adapter.rpc.generated import externalscaler_pb2 as scaler_pb
 from adapter.rpc.generated import proxycounts_pb2 as pb
 from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
+from adapter.rpc.server import peer_address
 from tests.rpc.cluster import ROOT
 from tests.rpc.conftest import (
     MakeCache,
@@ -312,3 +316,180 @@ async def test_undecodable_requests_are_one_line_each_no_traceback(
     assert 1 <= len(lines) <= len(methods)  # one per method per interval, not one per request
     said = "\n".join(record.getMessage() for record in lines)
     assert re.search(r"grpc\.scaler: IsActive refused: the request is not a valid IsActive message", said)
+
+
+@pytest.mark.parametrize(
+    ("scaled_object", "asked", "words"),
+    [
+        ("tenant-a", "other-team", "is not the ScaledObject's namespace 'tenant-a'"),
+        ("tenant-a", "kube-system", "grpc.scaler.allow_namespace_override"),
+        ("tenant-a", "..", "invalid namespace '..'"),
+        ("tenant-a", "a%2Fb", "invalid namespace"),
+        ("tenant-a", "x" * 300, "invalid namespace"),
+        ("tenant-a", "Default", "invalid namespace 'Default'"),
+        ("Tenant-A", "", "invalid namespace 'Tenant-A'"),
+        ("", "", "names no namespace"),
+    ],
+)
+async def test_a_trigger_reads_only_its_own_valid_namespace(
+    start_adapter: StartAdapter, scaled_object: str, asked: str, words: str
+) -> None:
+    """Review finding 3: a ScaledObject in tenant-a read other-team and kube-system through KEDA, and junk
+    namespaces each took a share of the series table. Every method refuses before reading anything."""
+    adapter = await start_adapter()
+    scaled = ref(namespace=asked)
+    scaled.namespace = scaled_object
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{adapter.grpc_port}") as channel:
+        stub = scaler_stub(channel)
+        calls = [
+            stub.GetMetricSpec(scaled),
+            stub.GetMetrics(scaler_pb.GetMetricsRequest(scaledObjectRef=scaled, metricName="demo-queue-depth")),
+            stub.IsActive(scaled),
+        ]
+        for call in calls:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert words in (refused.value.details() or "")
+
+
+async def test_a_call_whose_request_never_comes_ends_with_its_connection(start_counts: StartCounts) -> None:
+    """Review finding 2: streams opened with headers only (no request message) stayed open past every
+    timeout (idle, handshake, keepalive); the connection's age now bounds them (max_connection_age + grace)."""
+    quick = {"idle_timeout": 1, "handshake_timeout": 1, "keepalive_time": 1, "keepalive_timeout": 1}
+    counts = await start_counts(Routes("web"), max_connection_age=1, max_connection_age_grace=1, **quick)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{counts.port}") as channel:
+        # A client-streaming call to the server-streaming method: its headers go out, its request never does.
+        method = channel.stream_stream("/zeroscale.proxy.v1.PendingCounts/Watch", None, None)
+        calls = [method(None) for _ in range(5)]
+        async with asyncio.timeout(15):  # without the bound they are open forever
+            for call in calls:
+                with pytest.raises(grpc.aio.AioRpcError) as ended:
+                    await call.read()
+                assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_stream_outliving_max_connection_age_is_ended_and_reopened(
+    start_counts: StartCounts, make_cache: MakeCache
+) -> None:
+    """Past max_connection_age plus its grace a connection is closed; the adapter reconnects, the sum stays."""
+    routes = Routes("web")
+    routes.add("web", held=3)
+    counts = await start_counts(routes, max_connection_age=0.5, max_connection_age_grace=0.5)
+    cache = await make_cache("aged", stale_after=3, proxies=[f"127.0.0.1:{counts.port}"])
+    await eventually(cache, 3)
+    reconnects = REGISTRY.get_sample_value("zeroscale_proxy_subscription_reconnects_total", {"source": "aged"}) or 0
+    await asyncio.sleep(2.5)
+    assert (REGISTRY.get_sample_value("zeroscale_proxy_subscription_reconnects_total", {"source": "aged"}) or 0) > (
+        reconnects
+    )
+    await eventually(cache, 3)
+
+
+def _credentials(servers: trustme.CA, leaf: trustme.LeafCert) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
+        servers.cert_pem.bytes(), leaf.private_key_pem.bytes(), leaf.cert_chain_pems[0].bytes()
+    )
+
+
+async def _denied(channel: grpc.aio.Channel, call: Any) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call(channel)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    return refused.value.details() or ""
+
+
+async def test_each_port_takes_only_the_certificate_names_it_lists(
+    tmp_path: Path, start_adapter: StartAdapter, start_counts: StartCounts
+) -> None:
+    """Review finding 6: any certificate of the installation's CA worked on both ports (KEDA's on the counts port)."""
+    servers, clients = trustme.CA(), trustme.CA()
+    cert, key = write_pair(servers, tmp_path, "server", NAME)
+    trusted = {"cert_file": cert, "key_file": key, "client_ca_file": write_ca(clients, tmp_path / "clients.pem")}
+    adapter_leaf = clients.issue_cert("zeroscale-adapter.zeroscale.svc", "zeroscale-adapter")
+    keda_leaf = clients.issue_cert("keda")
+    routes = Routes("web")
+    routes.add("web", held=2)
+    counts = await start_counts(routes, tls={**trusted, "client_names": ["zeroscale-adapter.zeroscale.svc"]})
+    adapter = await start_adapter(tls={**trusted, "client_names": ["keda"]})
+    options = [("grpc.ssl_target_name_override", NAME)]
+
+    async def watch(channel: grpc.aio.Channel) -> Any:
+        return await pb_grpc.PendingCountsStub(channel).Watch(pb.WatchRequest()).read()  # type: ignore[no-untyped-call]
+
+    async def health(channel: grpc.aio.Channel) -> Any:
+        return await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+
+    async def is_active(channel: grpc.aio.Channel) -> Any:
+        return await scaler_stub(channel).IsActive(ref(), timeout=5)
+
+    counts_address, scaler_address = f"127.0.0.1:{counts.port}", f"127.0.0.1:{adapter.grpc_port}"
+    async with grpc.aio.secure_channel(counts_address, _credentials(servers, keda_leaf), options) as channel:
+        assert "grpc.counts.tls.client_names" in await _denied(channel, watch)
+        assert "keda" in await _denied(channel, health)
+    async with grpc.aio.secure_channel(scaler_address, _credentials(servers, adapter_leaf), options) as channel:
+        assert "grpc.scaler.tls.client_names" in await _denied(channel, is_active)
+        await _denied(channel, health)
+    # The names listed are served.
+    async with grpc.aio.secure_channel(counts_address, _credentials(servers, adapter_leaf), options) as channel:
+        assert (await watch(channel)).routes[0].held == 2
+    async with grpc.aio.secure_channel(scaler_address, _credentials(servers, keda_leaf), options) as channel:
+        assert (await is_active(channel)).result is True
+    denied = REGISTRY.get_sample_value(
+        "zeroscale_grpc_requests_total", {"server": "counts", "method": "Watch", "code": "PERMISSION_DENIED"}
+    )
+    assert denied is not None
+    assert denied >= 1
+
+
+def test_client_names_need_client_certificates() -> None:
+    with pytest.raises(ValidationError, match="client_names needs client_ca_file"):
+        ZeroscaleConfig(grpc={"counts": {"tls": {"cert_file": "a", "key_file": "b", "client_names": ["x"]}}})
+
+
+@pytest.mark.parametrize(
+    ("one", "other", "same"),
+    [
+        ("ipv6:[2001:db8:1:2::1]:5000", "ipv6:[2001:db8:1:2:ffff:ffff:ffff:fffe]:6000", True),
+        ("ipv6:[2001:db8:1:2::1]:5000", "ipv6:[2001:db8:1:3::1]:5000", False),
+        ("ipv6:[::ffff:10.0.0.1]:5000", "ipv4:10.0.0.1:6000", True),
+        ("ipv4:10.0.0.1:5000", "ipv4:10.0.0.2:5000", False),
+        ("ipv4:10.0.0.1:5000", "ipv4:10.0.0.1:5001", True),
+    ],
+)
+def test_a_peer_is_an_ipv4_address_or_an_ipv6_64(one: str, other: str, same: bool) -> None:
+    """Review finding 5: the per-peer stream cap counted each exact IPv6 address, and a host has a /64 of them."""
+    assert (peer_address(one) == peer_address(other)) is same
+
+
+def test_the_scalers_per_peer_cap_is_below_its_stream_cap() -> None:
+    """Review finding 5: max_streams_per_peer (1000) equalled max_streams: one peer could hold every stream."""
+    for server in (ScalerServerConfig(), CountsServerConfig()):
+        assert server.max_streams_per_peer < server.max_streams
+
+
+def test_the_connections_gauge_counts_only_connections_gRPC_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding 1: the gauge read 51 with a cap of 20 while a peer churned connections: it counted
+    sockets still in the accept queue (no descriptor yet, inode 0), which gRPC has not taken."""
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+
+    def row(state: str, inode: int, local_port: int = 0x2383) -> str:
+        return (
+            f"   0: 0100007F:{local_port:04X} 0100007F:D431 {state} 00000000:00000000 00:00000000 00000000"
+            f"     0        0 {inode} 1 0000000000000000 20 4 30 10 -1\n"
+        )
+
+    table = tmp_path / "tcp"
+    table.write_text(
+        header
+        + row("01", 4711)  # held by gRPC
+        + row("08", 4712)  # closed by the peer, gRPC still holds it
+        + row("01", 0)  # in the accept queue
+        + row("06", 0)  # TIME_WAIT
+        + row("0A", 4713)  # the listener itself
+        + row("01", 4714, local_port=0x2384)  # another port
+    )
+    monkeypatch.setattr("adapter.rpc.connections._TABLES", (table,))
+    assert count_connections(0x2383) == 2

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -14,8 +17,9 @@ from prometheus_client import REGISTRY
 
 from adapter.config.grpc import GRPCServerTLS
 from adapter.rpc.tls import ReloadingServerCredentials, TLSFilesError
+from tests.rpc.cluster import ROOT
 from tests.rpc.conftest import Routes, StartCounts, start_counts
-from tests.rpc.test_tls import NAME, write_pair
+from tests.rpc.test_tls import NAME, mutual_tls, write_pair
 
 __all__ = ["start_counts"]  # fixture used here
 
@@ -75,3 +79,49 @@ def test_a_broken_pair_stops_the_start(tmp_path: Path) -> None:
     key.write_bytes(ca.issue_cert(NAME).private_key_pem.bytes())
     with pytest.raises(TLSFilesError, match=r"grpc\.counts\.tls: .*the key does not belong to the certificate"):
         ReloadingServerCredentials(GRPCServerTLS(cert_file=cert, key_file=key), "counts")
+
+
+_FAILED_HANDSHAKES = """
+import asyncio, ssl, sys
+from pathlib import Path
+from adapter.config.grpc import CountsServerConfig  # the package is imported first, as `zeroscale proxy` does
+from adapter.rpc.counts import start_counts_server
+
+async def main() -> None:
+    tls = {"cert_file": sys.argv[1], "key_file": sys.argv[2], "client_ca_file": sys.argv[3]}
+    config = CountsServerConfig(enabled=True, bind="127.0.0.1", port=0, tls=tls)
+    server = await start_counts_server(config, lambda listener: lambda: None)
+    anonymous = ssl.create_default_context()
+    anonymous.check_hostname, anonymous.verify_mode = False, ssl.CERT_NONE
+    for _ in range(30):
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=anonymous, server_hostname="x")
+            writer.close()
+        except (OSError, ssl.SSLError):
+            pass
+    await asyncio.sleep(0.3)
+    await server.stop()
+    print("done")
+
+asyncio.run(main())
+"""
+
+
+def test_failed_handshakes_do_not_flood_the_log(tmp_path: Path) -> None:
+    """Review finding 8: gRPC's C core wrote an unthrottled stderr line per failed TLS handshake (300 in 0.8 s)."""
+    tls = mutual_tls(tmp_path)
+    server = tls.server
+    args = [str(server["cert_file"]), str(server["key_file"]), str(server["client_ca_file"])]
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("GRPC_")}
+    done = subprocess.run(
+        [sys.executable, "-c", _FAILED_HANDSHAKES, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.stdout.strip() == "done", done.stderr[-2000:]
+    core_lines = [line for line in done.stderr.splitlines() if ".cc:" in line]
+    assert not core_lines, f"{len(core_lines)} lines from gRPC's C core, e.g. {core_lines[:3]}"
