@@ -115,9 +115,9 @@ another CA, or expires within certificates.generate.renewDays. Returns JSON: {ca
 {{- if and (index $data "tls.crt") (index $data "tls.key") (eq (index $data "ca.crt" | default "" | b64dec) $ca.Cert) (gt (atoi $notAfter) (int64 $renewBy)) -}}
 {{- $_ := set $pki $component (dict "crt" (index $data "tls.crt" | b64dec) "key" (index $data "tls.key" | b64dec) "notAfter" $notAfter) -}}
 {{- else -}}
-{{- $dnsNames := list -}}
+{{- $dnsNames := list "keda" -}}{{/* the name grpc.scaler.tls.client_names admits */}}
 {{- if ne $component "keda" }}{{ $dnsNames = include "zeroscale.dnsNames" (list $ $component) | fromJsonArray }}{{ end -}}
-{{- $cn := ternary "keda" (first ($dnsNames | default (list "keda"))) (eq $component "keda") -}}
+{{- $cn := first $dnsNames -}}
 {{- $leaf := genSignedCert $cn nil $dnsNames (int $gen.days) $ca -}}
 {{- $_ := set $pki $component (dict "crt" $leaf.Cert "key" $leaf.Key "notAfter" (add (now | unixEpoch) (mul $gen.days 86400) | toString)) -}}
 {{- end -}}
