@@ -8,7 +8,10 @@ Tried in the order the generic apiserver uses (SPEC 4.2, 4.3):
    list is non-empty; only then are the username / uid / group / extra headers read.
 2. Ordinary client certificate issued by a `client-ca-file` CA: the user is its CN, the
    groups its O values. X-Remote-* headers are never read for these.
-3. `Authorization: Bearer <token>`: a TokenReview, cached by a hash of the token.
+3. `Authorization: Bearer <token>`: a TokenReview, cached by a hash of the token. Reviews are
+   bounded: one in flight per distinct token (callers with the same token share it), at most
+   `auth.max_token_reviews` at once (more are answered 429), and accepted tokens are cached apart
+   from refused ones, so a flood of made-up tokens cannot evict the callers who have real ones.
 
 Every authenticated user gets the group `system:authenticated`. A request with none of
 these is refused (401); anonymous access is not offered. The certificate checks accept a
@@ -17,6 +20,7 @@ leaf issued directly by a bundle CA; intermediate CAs are not followed.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import hashlib
 import logging
@@ -32,6 +36,7 @@ from adapter.api.http import Request
 from adapter.api.ttlcache import TTLCache
 from adapter.kube.client import KubeClient, KubeError
 from adapter.telemetry import api as telemetry
+from adapter.telemetry.throttle import LogThrottle, held_back
 
 log = logging.getLogger(__name__)
 
@@ -160,33 +165,63 @@ def _from_headers(request: Request, bundle: TrustBundle) -> User | None:
     )
 
 
-class TokenReviewer:
-    """Bearer tokens checked by TokenReview; answers cached (success and failure) for `ttl` seconds."""
+class ReviewsBusy(Exception):
+    """Too many TokenReviews in flight: answered 429 (the caller retries); never a verdict on the token."""
 
-    def __init__(self, client: KubeClient, ttl: float, size: int) -> None:
+
+class TokenReviewer:
+    """Bearer tokens checked by TokenReview; answers cached for `ttl` seconds, accepted and refused apart."""
+
+    def __init__(self, client: KubeClient, ttl: float, size: int, max_in_flight: int) -> None:
         self._client = client
         self._ttl = ttl
-        self._cache: TTLCache[bytes, User | bool] = TTLCache(size)
+        self._max_in_flight = max_in_flight
+        # The cache never holds a token itself, only its hash.
+        self._accepted: TTLCache[bytes, User] = TTLCache(size)
+        self._refused: TTLCache[bytes, bool] = TTLCache(size)
+        self._in_flight: dict[bytes, asyncio.Task[User | None]] = {}
 
     async def review(self, token: str) -> User | None:
-        key = hashlib.sha256(token.encode()).digest()  # the cache never holds a token itself
-        cached = self._cache.get(key)
-        if cached is not None:
-            return cached if isinstance(cached, User) else None
+        """The token's user, None when it is refused; raise KubeError, or ReviewsBusy past the bound."""
+        key = hashlib.sha256(token.encode()).digest()
+        user = self._accepted.get(key)
+        if user is not None:
+            return user
+        if self._refused.get(key):
+            return None
+        review = self._in_flight.get(key)
+        if review is None:
+            if len(self._in_flight) >= self._max_in_flight:
+                raise ReviewsBusy(f"{len(self._in_flight)} TokenReviews in flight")
+            review = asyncio.get_running_loop().create_task(self._review(token, key))
+            self._in_flight[key] = review
+            review.add_done_callback(lambda done: self._settled(key, done))
+        # Shielded: a caller that goes away does not cancel the review the others wait for.
+        return await asyncio.shield(review)
+
+    def _settled(self, key: bytes, review: asyncio.Task[User | None]) -> None:
+        del self._in_flight[key]
+        if not review.cancelled():
+            review.exception()  # retrieved here too: every waiter may have gone
+
+    async def _review(self, token: str, key: bytes) -> User | None:
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
         _, review = await self._client.request("POST", TOKENREVIEWS, body, secret=token)
         status = review.get("status") or {}
-        user: User | None = None
-        if status.get("authenticated"):
-            info = status.get("user") or {}
-            extra = info.get("extra") or {}
-            user = User(
-                str(info.get("username", "")),
-                str(info.get("uid", "")),
-                tuple(info.get("groups") or ()),
-                tuple(sorted((str(key), tuple(values)) for key, values in extra.items())),
-            )
-        self._cache.put(key, user if user is not None else False, self._ttl)
+        info = status.get("user") or {}
+        name = str(info.get("username", ""))
+        if not status.get("authenticated") or not name:
+            # An authenticated answer without a username names nobody: refused, as the apiserver does.
+            self._refused.put(key, True, self._ttl)
+            return None
+        extra = info.get("extra") or {}
+        user = User(
+            name,
+            str(info.get("uid", "")),
+            tuple(info.get("groups") or ()),
+            tuple(sorted((str(field), tuple(values)) for field, values in extra.items())),
+        )
+        self._accepted.put(key, user, self._ttl)
         return user
 
 
@@ -194,6 +229,7 @@ class Authenticator:
     def __init__(self, tokens: TokenReviewer | None) -> None:
         self._tokens = tokens
         self.bundle = TrustBundle()
+        self._warnings = LogThrottle(60.0)  # a failing or saturated review path logs a line a minute
 
     async def authenticate(self, request: Request) -> User:
         """The caller, with `system:authenticated` added; raise Unauthenticated."""
@@ -229,9 +265,22 @@ class Authenticator:
             raise Unauthenticated("only bearer tokens are accepted")
         try:
             user = await self._tokens.review(token)
+        except ReviewsBusy as err:
+            telemetry.AUTHENTICATIONS.labels("token", "busy").inc()
+            suppressed = self._warnings.allow("busy")
+            if suppressed is not None:
+                log.warning(
+                    "bearer token refused for now (429): %s; raise server.auth.max_token_reviews if the callers "
+                    "are legitimate%s",
+                    err,
+                    held_back(suppressed),
+                )
+            raise
         except KubeError as err:
             telemetry.AUTHENTICATIONS.labels("token", "error").inc()
-            log.warning("TokenReview failed: %s", err)
+            suppressed = self._warnings.allow("error")
+            if suppressed is not None:
+                log.warning("TokenReview failed: %s%s", err, held_back(suppressed))
             raise Unauthenticated("the token could not be reviewed") from None
         if user is None:
             telemetry.AUTHENTICATIONS.labels("token", "failure").inc()

@@ -12,7 +12,7 @@ import time
 from urllib.parse import parse_qs, unquote
 
 from adapter.api import documents, negotiate
-from adapter.api.authn import Authenticator, Unauthenticated, User
+from adapter.api.authn import Authenticator, ReviewsBusy, Unauthenticated, User
 from adapter.api.authz import Attributes, Authorizer
 from adapter.api.delegate import Delegate
 from adapter.api.http import Request, Response
@@ -42,6 +42,9 @@ def _status(code: int, reason: str, message: str, details: dict[str, str] | None
 
 _OPENAPI_NOT_FOUND = _status(404, "NotFound", "this server does not publish an OpenAPI document")
 _NOT_ACCEPTABLE = Response(406, negotiate.NOT_ACCEPTABLE)
+_TOO_MANY_REVIEWS = _status(
+    429, "TooManyRequests", "too many bearer tokens under review at once, please try again later"
+)
 
 
 class ExternalMetricsAPI:
@@ -125,6 +128,8 @@ class ExternalMetricsAPI:
             user = await authenticator.authenticate(request)
         except Unauthenticated:
             return _status(401, "Unauthorized", "Unauthorized")
+        except ReviewsBusy:
+            return _TOO_MANY_REVIEWS
         try:
             decision = await self._authorizer.authorize(user, attributes)
         except KubeError as err:

@@ -104,7 +104,9 @@ async def serve(config: ZeroscaleConfig, stop: asyncio.Event) -> int:
             log.error("authentication needs the Kubernetes API: %s (server.auth.kubernetes)", err)
             return 2
         authenticator = Authenticator(
-            TokenReviewer(client, auth.token_cache_ttl, auth.cache_size) if auth.token_review else None
+            TokenReviewer(client, auth.token_cache_ttl, auth.cache_size, auth.max_token_reviews)
+            if auth.token_review
+            else None
         )
         authorizer = Authorizer(client, auth)
         trusted = authenticator

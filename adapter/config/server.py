@@ -51,6 +51,8 @@ class AuthConfig(Strict):
     deny_cache_ttl: Duration = 10.0
     token_cache_ttl: Duration = 10.0
     cache_size: int = Field(default=10_000, ge=1)
+    # TokenReviews in flight at once (one per distinct token); past it a bearer token is answered 429.
+    max_token_reviews: int = Field(default=64, ge=1)
     kubernetes: KubeAPIConfig = Field(default_factory=KubeAPIConfig)
 
 

@@ -33,7 +33,8 @@ TIMEOUTS = Counter(
 )
 AUTHENTICATIONS = Counter(
     "zeroscale_api_authentications_total",
-    "Authentication outcomes, by method (front-proxy, client-certificate, token, none) and result",
+    "Authentication outcomes, by method (front-proxy, client-certificate, token, none) and result (success, "
+    "failure, error, busy: a bearer token answered 429 past server.auth.max_token_reviews)",
     ["method", "result"],
 )
 AUTHORIZATIONS = Counter(

@@ -1,0 +1,115 @@
+"""Bearer tokens under attack: a flood of made-up tokens is bounded, shared and cannot evict real callers."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from typing import Any
+
+from tests.kube_standin import KubeStandIn, Reply, StandInRequest
+from tests.security.api_serving import connect, read_all, run, serving
+
+LIST = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/demo-queue-depth"
+GOOD = "good-token-0123456789"
+
+
+class HeldReviews:
+    """The stand-in's TokenReview route, held until released, counting how many are in flight at once."""
+
+    def __init__(self, kube: KubeStandIn) -> None:
+        self._kube = kube
+        self._lock = threading.Lock()
+        self.release = threading.Event()
+        self.in_flight = 0
+        self.most = 0
+        self.seen: list[str] = []
+        kube.add_route("POST", r"/apis/authentication\.k8s\.io/v1/tokenreviews", self)
+
+    def __call__(self, request: StandInRequest, match: re.Match[str]) -> Reply:
+        with self._lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            self.seen.append(request.json()["spec"]["token"])
+        try:
+            self.release.wait(20)
+            return self._kube._token_review(request, match)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+
+async def _get(port: int, token: str) -> bytes:
+    reader, writer = await connect(port, tls=True)
+    head = f"GET {LIST} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    writer.write(head.encode())
+    answer = await read_all(reader, 30)
+    writer.close()
+    return answer.split(b" ", 2)[1]
+
+
+def _auth(kube: KubeStandIn, **extra: Any) -> dict[str, Any]:
+    return {"auth": {"enabled": True, "kubernetes": kube.client_config(), **extra}}
+
+
+def test_token_reviews_in_flight_are_bounded_and_the_rest_are_429() -> None:
+    """Before: every bogus token started its own TokenReview at once (40 of 40 in flight here)."""
+
+    async def scenario() -> None:
+        with KubeStandIn() as kube:
+            held = HeldReviews(kube)
+            async with serving(_auth(kube, max_token_reviews=4)) as ports:
+                flood = [asyncio.create_task(_get(ports.api, f"bogus-{n}")) for n in range(40)]
+                await asyncio.sleep(2.0)  # every request reaches the server; those past the bound are answered
+                early = [task.result() for task in flood if task.done()]
+                held.release.set()
+                codes = await asyncio.gather(*flood)
+                assert held.most <= 4
+                assert len(early) >= 36, "answered at once, not queued"
+                assert set(early) == {b"429"}
+                assert set(codes) == {b"401", b"429"}
+
+    run(scenario())
+
+
+def test_callers_with_the_same_token_share_one_review() -> None:
+    async def scenario() -> None:
+        with KubeStandIn() as kube:
+            kube.tokens[GOOD] = {"username": "alice", "groups": ["team"]}
+            held = HeldReviews(kube)
+            async with serving(_auth(kube)) as ports:
+                callers = [asyncio.create_task(_get(ports.api, GOOD)) for _ in range(10)]
+                await asyncio.sleep(1.0)
+                held.release.set()
+                assert await asyncio.gather(*callers) == [b"200"] * 10
+                assert held.seen == [GOOD]
+
+    run(scenario())
+
+
+def test_a_flood_of_bogus_tokens_does_not_evict_an_accepted_one() -> None:
+    """Before: accepted and refused tokens shared one cache, so 20 bogus tokens pushed out a real one."""
+
+    async def scenario() -> None:
+        with KubeStandIn() as kube:
+            kube.tokens[GOOD] = {"username": "alice"}
+            held = HeldReviews(kube)
+            held.release.set()
+            async with serving(_auth(kube, cache_size=4, token_cache_ttl=60)) as ports:
+                assert await _get(ports.api, GOOD) == b"200"
+                for n in range(20):
+                    assert await _get(ports.api, f"bogus-{n}") == b"401"
+                assert await _get(ports.api, GOOD) == b"200"
+                assert held.seen.count(GOOD) == 1
+
+    run(scenario())
+
+
+def test_an_authenticated_review_without_a_username_is_refused() -> None:
+    async def scenario() -> None:
+        with KubeStandIn() as kube:
+            kube.tokens[GOOD] = {"username": "", "groups": ["system:masters"]}
+            async with serving(_auth(kube)) as ports:
+                assert await _get(ports.api, GOOD) == b"401"
+
+    run(scenario())
