@@ -46,11 +46,12 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class Limits:
-    """The bounds of one listener (from `server:`, see adapter.api.run.listener_limits); `connections_key` is
-    the config key its connection limit comes from."""
+    """The bounds of one listener (from `server:`, see adapter.api.run.listener_limits); `connections_key` and
+    `per_source_key` are the config keys its connection limits come from."""
 
     max_header_bytes: int
     max_connections: int
+    max_connections_per_source: int
     header_timeout: float
     idle_timeout: float
     body_timeout: float
@@ -58,6 +59,7 @@ class Limits:
     max_body_bytes: int
     max_buffered_bytes: int
     connections_key: str
+    per_source_key: str
 
 
 class Phase(enum.Enum):
@@ -155,6 +157,7 @@ class Connection(asyncio.Protocol):
         self._failure: tuple[int, str] | None = None  # an error answer owed after the requests in progress
         self._closing = False
         self.peer_certificate: bytes | None = None
+        self.source = ""  # the peer's address, without its port: connections are capped per source too
         # Per-connection memo for the authenticator (keyed by what it depends on).
         self.auth_memo: object = None
 
@@ -165,6 +168,8 @@ class Connection(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
         self._accepted_at = self._loop.time()
+        peer = transport.get_extra_info("peername")
+        self.source = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         if not self._server.admit(self):
             self._closing = True
             self._transport.abort()
@@ -563,27 +568,37 @@ class HTTPServer:
         self.name = name
         self.tls: ssl.SSLContext | None = None
         self._connections: set[Connection] = set()
+        self._per_source: dict[str, int] = {}  # open connections by source address (entries at zero removed)
         self._server: asyncio.Server | None = None
         self._open = telemetry.CONNECTIONS.labels(name)
         self._refused = telemetry.CONNECTIONS_REFUSED.labels(name)
         self._refusals = LogThrottle(60.0)  # one line a minute, however many are refused
 
     def admit(self, connection: Connection) -> bool:
+        source = connection.source
         if len(self._connections) >= self.limits.max_connections:
-            self._refused.inc()
-            suppressed = self._refusals.allow(None)
-            if suppressed is not None:
-                log.warning(
-                    "%s listener: %d connections open, refusing more; raise %s if they are legitimate%s",
-                    self.name,
-                    len(self._connections),
-                    self.limits.connections_key,
-                    held_back(suppressed),
-                )
+            self._refuse(f"{len(self._connections)} connections open", self.limits.connections_key)
+            return False
+        held = self._per_source.get(source, 0)
+        if held >= self.limits.max_connections_per_source:
+            self._refuse(f"{held} connections open from {source}", self.limits.per_source_key)
             return False
         self._connections.add(connection)
+        self._per_source[source] = held + 1
         self._open.inc()
         return True
+
+    def _refuse(self, what: str, key: str) -> None:
+        self._refused.inc()
+        suppressed = self._refusals.allow(key)  # a line a minute for each limit, however many sources hit it
+        if suppressed is not None:
+            log.warning(
+                "%s listener: %s, refusing more; raise %s if they are legitimate%s",
+                self.name,
+                what,
+                key,
+                held_back(suppressed),
+            )
 
     def holds(self, connection: Connection) -> bool:
         return connection in self._connections
@@ -591,6 +606,11 @@ class HTTPServer:
     def release(self, connection: Connection) -> None:
         if connection in self._connections:
             self._connections.remove(connection)
+            left = self._per_source[connection.source] - 1
+            if left:
+                self._per_source[connection.source] = left
+            else:
+                del self._per_source[connection.source]
             self._open.dec()
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None) -> int:

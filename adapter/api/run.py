@@ -60,6 +60,9 @@ def listener_limits(server: ServerConfig, listener: str) -> Limits:
     return Limits(
         max_header_bytes=server.max_header_bytes,
         max_connections=server.metrics_max_connections if metrics_port else server.max_connections,
+        max_connections_per_source=(
+            server.metrics_max_connections_per_source if metrics_port else server.max_connections_per_source
+        ),
         header_timeout=server.header_timeout,
         idle_timeout=server.idle_timeout,
         body_timeout=server.body_timeout,
@@ -67,6 +70,9 @@ def listener_limits(server: ServerConfig, listener: str) -> Limits:
         max_body_bytes=server.max_body_bytes,
         max_buffered_bytes=server.max_buffered_bytes,
         connections_key="server.metrics_max_connections" if metrics_port else "server.max_connections",
+        per_source_key=(
+            "server.metrics_max_connections_per_source" if metrics_port else "server.max_connections_per_source"
+        ),
     )
 
 

@@ -72,6 +72,10 @@ class ServerConfig(Strict):
     max_connections: int = Field(default=4096, ge=1)
     # The plain metrics port (health and /metrics) has its own, smaller budget.
     metrics_max_connections: int = Field(default=256, ge=1)
+    # One source address's share of each budget: one peer cannot take the connections the aggregator,
+    # the kubelet's probes or Prometheus need (the aggregator opens one connection per concurrent request).
+    max_connections_per_source: int = Field(default=512, ge=1)
+    metrics_max_connections_per_source: int = Field(default=32, ge=1)
     # The TLS handshake, then each request head.
     header_timeout: Duration = Field(default=10.0, gt=0)
     body_timeout: Duration = Field(default=30.0, gt=0, le=60)

@@ -22,8 +22,8 @@ CONNECTIONS = Gauge(
 )
 CONNECTIONS_REFUSED = Counter(
     "zeroscale_api_connections_refused_total",
-    "Connections closed at once because the listener's limit (server.max_connections or "
-    "server.metrics_max_connections) was reached, by listener",
+    "Connections closed at once because a limit of the listener was reached (server.max_connections, "
+    "server.metrics_max_connections, or their _per_source shares), by listener",
     ["listener"],
 )
 TIMEOUTS = Counter(

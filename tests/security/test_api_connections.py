@@ -376,3 +376,34 @@ def test_a_connection_that_never_sends_a_request_is_closed_at_the_head_deadline(
                 assert _counter(telemetry.TIMEOUTS, "api" if tls else "metrics", "head") == timeouts + 1
 
     run(scenario())
+
+
+@pytest.mark.parametrize("listener", ["api", "metrics"])
+def test_one_source_cannot_take_every_connection(listener: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Before: one address could hold the whole budget, and the kubelet's probes, the aggregator and
+    Prometheus were refused; now each source address gets at most its share, on both listeners."""
+    prefix = "metrics_" if listener == "metrics" else ""
+    key = f"server.{prefix}max_connections_per_source"
+
+    async def scenario() -> None:
+        settings = {f"{prefix}max_connections": 8, f"{prefix}max_connections_per_source": 3}
+        async with serving(settings) as ports:
+            port, tls = (ports.api, True) if listener == "api" else (ports.metrics, False)
+            refused = _counter(telemetry.CONNECTIONS_REFUSED, listener)
+            held = [await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0)) for _ in range(3)]
+            await asyncio.sleep(0.2)
+            assert _gauge(listener) == 3
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            assert await read_all(reader, 5) == b""  # the fourth from that source is refused at once
+            writer.close()
+            assert _counter(telemetry.CONNECTIONS_REFUSED, listener) == refused + 1
+            assert f"3 connections open from 127.0.0.2, refusing more; raise {key}" in caplog.text
+            # Another source is served while the first holds its share.
+            reader, writer = await connect(port, tls)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert (await read_all(reader)).startswith(b"HTTP/1.1 200 OK\r\n")
+            writer.close()
+            for _, held_writer in held:
+                held_writer.close()
+
+    run(scenario())
