@@ -40,6 +40,8 @@ _MAX_PENDING = 16
 _FEED_STEP = 1024
 # Whitespace RFC 9110 5.5 lets a field value carry on either side (httptools keeps the trailing part).
 _OWS = b" \t"
+# Bodies up to this size are joined with their head into one write; larger ones are written as they are.
+_JOIN_LIMIT = 16384
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
 _T = TypeVar("_T")
 
@@ -251,7 +253,11 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        if not self._busy() and not self._closing:
+        if self._closing:
+            return
+        if self._worker is None and self._pending:
+            self._worker = self._loop.create_task(self._drained())
+        elif not self._busy():
             self._arm_waiting()
         self._resume_reading()
 
@@ -303,7 +309,13 @@ class Connection(asyncio.Protocol):
                 return
 
     def _full(self) -> bool:
-        return len(self._pending) >= _MAX_PENDING or self._pending_bytes >= self._limits.max_buffered_bytes
+        # A client that does not read its answers gets none parsed past the one that filled its socket:
+        # each answer written is memory held for it (answers that never suspend are written during _feed).
+        return (
+            self._write_paused
+            or len(self._pending) >= _MAX_PENDING
+            or self._pending_bytes >= self._limits.max_buffered_bytes
+        )
 
     def close(self) -> None:
         if self._transport is not None and not self._closing:
@@ -411,9 +423,10 @@ class Connection(asyncio.Protocol):
         request = Request(self, method, self._url.decode("latin-1"), self._headers)
         # An Upgrade is never taken: answer the request as a plain one, then close (one request, one answer).
         keep_alive = self._parser.should_keep_alive() and not self._parser.should_upgrade()
-        if self._worker is None:
+        if self._worker is None and not self._pending and not self._write_paused:
             self._start(request, keep_alive)
             return
+        # Behind an answer in progress, or a client that is not reading its answers: answered in turn.
         self._pending.append((request, keep_alive, self._head_bytes))
         self._pending_bytes += self._head_bytes
 
@@ -437,7 +450,7 @@ class Connection(asyncio.Protocol):
             self._answer(request, done.value, keep_alive)
             return
         except Exception:
-            log.exception("request %s %s failed", request.method, redact(request.target))
+            _handler_failed(request)
             self._answer(request, _INTERNAL_ERROR, keep_alive)
             return
         self._arm(Phase.RESPONSE, self._limits.response_timeout)
@@ -451,25 +464,41 @@ class Connection(asyncio.Protocol):
             try:
                 response = await _resume(coroutine, suspended)
             except Exception:
-                log.exception("request %s %s failed", request.method, redact(request.target))
+                _handler_failed(request)
+                response = _INTERNAL_ERROR
+            if self._answer(request, response, keep_alive):
+                await self._drain()
+        finally:
+            self._worker = None
+        self._after_answers()
+
+    async def _drained(self) -> None:
+        """The worker that answers what was pipelined behind a client that has read again."""
+        try:
+            await self._drain()
+        finally:
+            self._worker = None
+        self._after_answers()
+
+    async def _drain(self) -> None:
+        # A client not reading its answers gets no more made until it does (resume_writing goes on).
+        while self._pending and not self._closing and not self._write_paused:
+            request, keep_alive, head_bytes = self._pending.popleft()
+            self._pending_bytes -= head_bytes
+            self._resume_reading()
+            self._arm(Phase.RESPONSE, self._limits.response_timeout)
+            try:
+                response = await self._server.handler(request)
+            except Exception:
+                _handler_failed(request)
                 response = _INTERNAL_ERROR
             if not self._answer(request, response, keep_alive):
                 return
-            while self._pending and not self._closing:
-                request, keep_alive, head_bytes = self._pending.popleft()
-                self._pending_bytes -= head_bytes
-                self._resume_reading()
-                self._arm(Phase.RESPONSE, self._limits.response_timeout)
-                try:
-                    response = await self._server.handler(request)
-                except Exception:
-                    log.exception("request %s %s failed", request.method, redact(request.target))
-                    response = _INTERNAL_ERROR
-                if not self._answer(request, response, keep_alive):
-                    return
-        finally:
-            self._worker = None
+
+    def _after_answers(self) -> None:
         if self._closing:
+            return
+        if self._pending:  # held back until the client reads: still the response phase (armed by _answer)
             return
         if self._failure is not None:
             self._fail(*self._failure)  # now that every earlier request has its answer
@@ -500,7 +529,14 @@ class Connection(asyncio.Protocol):
             head = _head(*shape)
             if len(_heads) < _MAX_HEADS:
                 _heads[shape] = head
-        self._transport.write(head if head_only else head + response.body)
+        if head_only:
+            self._transport.write(head)
+        elif len(response.body) > _JOIN_LIMIT:
+            # A large body (a /metrics page, shared while cached) is queued as it is, not copied per answer.
+            self._transport.write(head)
+            self._transport.write(response.body)
+        else:
+            self._transport.write(head + response.body)
 
     def _fail(self, status: int, message: str) -> None:
         """Answer a request that could not be parsed, was too large or too slow, then close."""
@@ -551,6 +587,16 @@ def _head(status: int, content_type: str, length: int, keep_alive: bool) -> byte
 
 def _head_too_large(limits: Limits) -> str:
     return f"request head larger than {limits.max_header_bytes} bytes (server.max_header_bytes)"
+
+
+_handler_failures = LogThrottle(60.0)
+
+
+def _handler_failed(request: Request) -> None:
+    """A handler raised: answered 500; its traceback logged at most once a minute, however often it recurs."""
+    suppressed = _handler_failures.allow(None)
+    if suppressed is not None:
+        log.exception("request %s %s failed%s", request.method, redact(request.target), held_back(suppressed))
 
 
 class _RequestTooLarge(Exception):

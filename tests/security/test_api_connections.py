@@ -407,3 +407,38 @@ def test_one_source_cannot_take_every_connection(listener: str, caplog: pytest.L
                 held_writer.close()
 
     run(scenario())
+
+
+def test_a_client_that_does_not_read_gets_no_more_answers_made_for_it() -> None:
+    """Before: answers that complete at once (as /metrics does) were written for every request of a
+    pipelined burst, read or not: 2,000 one-line requests made 2,000 answers of 1 MB each for one client."""
+    limits = api_limits(max_header_bytes=4096, max_connections=8, header_timeout=30, idle_timeout=30)
+    body = b"x" * 1_000_000
+    calls = 0
+
+    async def handler(request: Request) -> Response:
+        nonlocal calls
+        calls += 1
+        return Response(200, body, "text/plain")
+
+    async def scenario() -> None:
+        server = HTTPServer(handler, limits, "metrics")
+        port = await server.start("127.0.0.1", 0, None)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1024)
+        count = 2000
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * count)
+        await asyncio.sleep(1.0)
+        assert calls < 100  # the ones that fit the socket buffers (tens of MB on loopback), then reading stops
+        (connection,) = server._connections
+        assert connection._transport is not None
+        assert connection._transport.get_write_buffer_size() <= 2 * len(body)
+        received = 0  # and once the client reads, every request is answered
+        while received < count * len(body):
+            chunk = await asyncio.wait_for(reader.read(1 << 20), 10)
+            assert chunk
+            received += len(chunk)
+        assert calls == count
+        writer.close()
+        await server.stop()
+
+    run(scenario(), 120)
