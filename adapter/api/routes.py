@@ -21,7 +21,9 @@ from adapter.metrics.cache import MetricCache, Reading
 from adapter.metrics.catalogue import namespace_problem
 from adapter.metrics.errors import MetricError
 from adapter.metrics.quantity import format_quantity
+from adapter.redact import redact
 from adapter.telemetry import api as telemetry
+from adapter.telemetry.throttle import LogThrottle, held_back
 
 log = logging.getLogger(__name__)
 # One line per request at DEBUG: what the aggregator and the HPA controller ask, and what they got.
@@ -68,6 +70,7 @@ class ExternalMetricsAPI:
         self._delegate = delegate
         self._union: tuple[tuple[str, ...], bytes] = ((), self._resource_list)
         self._rendered: dict[tuple[str, str, str], tuple[Reading, bytes]] = {}
+        self._review_failures = LogThrottle(60.0)  # Kubernetes down: a line a minute, not one per request
 
     async def __call__(self, request: Request) -> Response:
         started = time.perf_counter()
@@ -77,7 +80,7 @@ class ExternalMetricsAPI:
             access_log.debug(
                 "%s %r accept=%r user-agent=%r -> %d",
                 request.method,
-                request.target,
+                redact(request.target),  # a query may carry a token
                 request.header("accept"),
                 request.header("user-agent"),
                 response.status,
@@ -133,7 +136,9 @@ class ExternalMetricsAPI:
         try:
             decision = await self._authorizer.authorize(user, attributes)
         except KubeError as err:
-            log.warning("SubjectAccessReview for %s failed: %s", user.name, err)
+            suppressed = self._review_failures.allow(None)
+            if suppressed is not None:
+                log.warning("SubjectAccessReview for %r failed: %s%s", user.name, err, held_back(suppressed))
             return _status(500, "InternalError", "Internal error occurred: the authorization check could not be made")
         if decision.allowed:
             return None
