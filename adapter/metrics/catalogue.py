@@ -13,6 +13,10 @@ from adapter.sources.base import SourceQuery
 
 # A namespace name as Kubernetes validates it: a DNS-1123 label.
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+# Parts of a selector (requirements and set values: what commas separate) read at most. An HPA's selector
+# has a few; a 16 KB one of thousands of requirements costs tens of milliseconds of event loop to parse,
+# so it is refused by a count in C before any parsing (its requirements are ANDed: each is one label).
+MAX_SELECTOR_PARTS = 256
 
 
 def namespace_problem(namespace: str) -> str | None:
@@ -57,6 +61,11 @@ class Catalogue:
         metric = self.metric(name)
         if metric.namespaces and namespace not in metric.namespaces:
             raise MetricNotFound(f"the server could not find the metric {name} for namespace {namespace}")
+        if selector_text.count(",") >= MAX_SELECTOR_PARTS:
+            raise BadSelector(
+                f"label selector has more than {MAX_SELECTOR_PARTS} requirements and set values; "
+                "a metric's selector names each of its labels at most once"
+            )
         try:
             selector = parse_selector(selector_text)
         except SelectorError as err:
