@@ -20,7 +20,6 @@ leaf issued directly by a bundle CA; intermediate CAs are not followed.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import hashlib
 import logging
@@ -33,6 +32,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
 from adapter.api.http import Request
+from adapter.api.inflight import InFlight, ReviewsBusy
 from adapter.api.ttlcache import TTLCache
 from adapter.kube.client import KubeClient, KubeError
 from adapter.telemetry import api as telemetry
@@ -165,21 +165,16 @@ def _from_headers(request: Request, bundle: TrustBundle) -> User | None:
     )
 
 
-class ReviewsBusy(Exception):
-    """Too many TokenReviews in flight: answered 429 (the caller retries); never a verdict on the token."""
-
-
 class TokenReviewer:
     """Bearer tokens checked by TokenReview; answers cached for `ttl` seconds, accepted and refused apart."""
 
     def __init__(self, client: KubeClient, ttl: float, size: int, max_in_flight: int) -> None:
         self._client = client
         self._ttl = ttl
-        self._max_in_flight = max_in_flight
         # The cache never holds a token itself, only its hash.
         self._accepted: TTLCache[bytes, User] = TTLCache(size)
         self._refused: TTLCache[bytes, bool] = TTLCache(size)
-        self._in_flight: dict[bytes, asyncio.Task[User | None]] = {}
+        self._in_flight: InFlight[bytes, User | None] = InFlight(max_in_flight, "TokenReviews")
 
     async def review(self, token: str) -> User | None:
         """The token's user, None when it is refused; raise KubeError, or ReviewsBusy past the bound."""
@@ -189,20 +184,7 @@ class TokenReviewer:
             return user
         if self._refused.get(key):
             return None
-        review = self._in_flight.get(key)
-        if review is None:
-            if len(self._in_flight) >= self._max_in_flight:
-                raise ReviewsBusy(f"{len(self._in_flight)} TokenReviews in flight")
-            review = asyncio.get_running_loop().create_task(self._review(token, key))
-            self._in_flight[key] = review
-            review.add_done_callback(lambda done: self._settled(key, done))
-        # Shielded: a caller that goes away does not cancel the review the others wait for.
-        return await asyncio.shield(review)
-
-    def _settled(self, key: bytes, review: asyncio.Task[User | None]) -> None:
-        del self._in_flight[key]
-        if not review.cancelled():
-            review.exception()  # retrieved here too: every waiter may have gone
+        return await self._in_flight.run(key, lambda: self._review(token, key))
 
     async def _review(self, token: str, key: bytes) -> User | None:
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}

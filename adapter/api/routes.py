@@ -12,10 +12,11 @@ import time
 from urllib.parse import parse_qs, unquote
 
 from adapter.api import documents, negotiate
-from adapter.api.authn import Authenticator, ReviewsBusy, Unauthenticated, User
+from adapter.api.authn import Authenticator, Unauthenticated, User
 from adapter.api.authz import Attributes, Authorizer
 from adapter.api.delegate import Delegate
 from adapter.api.http import Request, Response
+from adapter.api.inflight import ReviewsBusy
 from adapter.kube.client import KubeError
 from adapter.metrics.cache import MetricCache, Reading
 from adapter.metrics.catalogue import namespace_problem
@@ -44,9 +45,7 @@ def _status(code: int, reason: str, message: str, details: dict[str, str] | None
 
 _OPENAPI_NOT_FOUND = _status(404, "NotFound", "this server does not publish an OpenAPI document")
 _NOT_ACCEPTABLE = Response(406, negotiate.NOT_ACCEPTABLE)
-_TOO_MANY_REVIEWS = _status(
-    429, "TooManyRequests", "too many bearer tokens under review at once, please try again later"
-)
+_TOO_MANY_REVIEWS = _status(429, "TooManyRequests", "too many reviews in flight at once, please try again later")
 
 
 class ExternalMetricsAPI:
@@ -70,7 +69,7 @@ class ExternalMetricsAPI:
         self._delegate = delegate
         self._union: tuple[tuple[str, ...], bytes] = ((), self._resource_list)
         self._rendered: dict[tuple[str, str, str], tuple[Reading, bytes]] = {}
-        self._review_failures = LogThrottle(60.0)  # Kubernetes down: a line a minute, not one per request
+        self._review_failures = LogThrottle(60.0)  # reviews failing or saturated: a line a minute each
 
     async def __call__(self, request: Request) -> Response:
         started = time.perf_counter()
@@ -135,8 +134,18 @@ class ExternalMetricsAPI:
             return _TOO_MANY_REVIEWS
         try:
             decision = await self._authorizer.authorize(user, attributes)
+        except ReviewsBusy as err:
+            suppressed = self._review_failures.allow("busy")
+            if suppressed is not None:
+                log.warning(
+                    "request refused for now (429): %s; raise server.auth.max_access_reviews if the callers "
+                    "are legitimate%s",
+                    err,
+                    held_back(suppressed),
+                )
+            return _TOO_MANY_REVIEWS
         except KubeError as err:
-            suppressed = self._review_failures.allow(None)
+            suppressed = self._review_failures.allow("error")
             if suppressed is not None:
                 log.warning("SubjectAccessReview for %r failed: %s%s", user.name, err, held_back(suppressed))
             return _status(500, "InternalError", "Internal error occurred: the authorization check could not be made")

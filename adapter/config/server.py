@@ -53,6 +53,8 @@ class AuthConfig(Strict):
     cache_size: int = Field(default=10_000, ge=1)
     # TokenReviews in flight at once (one per distinct token); past it a bearer token is answered 429.
     max_token_reviews: int = Field(default=64, ge=1)
+    # SubjectAccessReviews in flight at once (one per user and request); past it a request is answered 429.
+    max_access_reviews: int = Field(default=64, ge=1)
     kubernetes: KubeAPIConfig = Field(default_factory=KubeAPIConfig)
 
 

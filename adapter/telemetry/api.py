@@ -39,7 +39,8 @@ AUTHENTICATIONS = Counter(
 )
 AUTHORIZATIONS = Counter(
     "zeroscale_api_authorizations_total",
-    "Authorization decisions (allow, deny, error), and whether they came from the cache or skipped the review",
+    "Authorization decisions (allow, deny, error, busy: answered 429 past server.auth.max_access_reviews), and "
+    "whether they came from the cache or skipped the review",
     ["decision", "origin"],
 )
 TLS_RELOADS = Counter(

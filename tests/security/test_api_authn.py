@@ -1,4 +1,5 @@
-"""Bearer tokens under attack: a flood of made-up tokens is bounded, shared and cannot evict real callers."""
+"""Reviews under attack: a flood of made-up tokens, or of made-up namespaces and metrics from an authenticated
+caller, is bounded (429 past it), shared per key, and cannot evict the answers real callers are cached under."""
 
 from __future__ import annotations
 
@@ -14,34 +15,41 @@ LIST = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/demo-queue-dept
 GOOD = "good-token-0123456789"
 
 
-class HeldReviews:
-    """The stand-in's TokenReview route, held until released, counting how many are in flight at once."""
+TOKENREVIEWS = r"/apis/authentication\.k8s\.io/v1/tokenreviews"
+ACCESSREVIEWS = r"/apis/authorization\.k8s\.io/v1/subjectaccessreviews"
 
-    def __init__(self, kube: KubeStandIn) -> None:
-        self._kube = kube
+
+class HeldReviews:
+    """One of the stand-in's review routes, held until released, counting how many are in flight at once."""
+
+    def __init__(self, kube: KubeStandIn, route: str = TOKENREVIEWS) -> None:
         self._lock = threading.Lock()
+        self._answer = kube._token_review if route == TOKENREVIEWS else kube._access_review
         self.release = threading.Event()
         self.in_flight = 0
         self.most = 0
-        self.seen: list[str] = []
-        kube.add_route("POST", r"/apis/authentication\.k8s\.io/v1/tokenreviews", self)
+        self.seen: list[dict[str, Any]] = []
+        kube.add_route("POST", route, self)
 
     def __call__(self, request: StandInRequest, match: re.Match[str]) -> Reply:
         with self._lock:
             self.in_flight += 1
             self.most = max(self.most, self.in_flight)
-            self.seen.append(request.json()["spec"]["token"])
+            self.seen.append(request.json()["spec"])
         try:
             self.release.wait(20)
-            return self._kube._token_review(request, match)
+            return self._answer(request, match)
         finally:
             with self._lock:
                 self.in_flight -= 1
 
+    def tokens(self) -> list[str]:
+        return [spec["token"] for spec in self.seen]
 
-async def _get(port: int, token: str) -> bytes:
+
+async def _get(port: int, token: str, path: str = LIST) -> bytes:
     reader, writer = await connect(port, tls=True)
-    head = f"GET {LIST} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    head = f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
     writer.write(head.encode())
     answer = await read_all(reader, 30)
     writer.close()
@@ -82,7 +90,7 @@ def test_callers_with_the_same_token_share_one_review() -> None:
                 await asyncio.sleep(1.0)
                 held.release.set()
                 assert await asyncio.gather(*callers) == [b"200"] * 10
-                assert held.seen == [GOOD]
+                assert held.tokens() == [GOOD]
 
     run(scenario())
 
@@ -100,7 +108,7 @@ def test_a_flood_of_bogus_tokens_does_not_evict_an_accepted_one() -> None:
                 for n in range(20):
                     assert await _get(ports.api, f"bogus-{n}") == b"401"
                 assert await _get(ports.api, GOOD) == b"200"
-                assert held.seen.count(GOOD) == 1
+                assert held.tokens().count(GOOD) == 1
 
     run(scenario())
 
@@ -111,5 +119,51 @@ def test_an_authenticated_review_without_a_username_is_refused() -> None:
             kube.tokens[GOOD] = {"username": "", "groups": ["system:masters"]}
             async with serving(_auth(kube)) as ports:
                 assert await _get(ports.api, GOOD) == b"401"
+
+    run(scenario())
+
+
+def _metric(name: str) -> str:
+    return f"/apis/external.metrics.k8s.io/v1beta1/namespaces/default/{name}"
+
+
+def test_access_reviews_in_flight_are_bounded_and_the_rest_are_429() -> None:
+    """Before: any authenticated caller (any service account's token) started one SubjectAccessReview per
+    made-up metric name at once, with no bound (40 of 40 in flight here)."""
+
+    async def scenario() -> None:
+        with KubeStandIn() as kube:
+            kube.tokens[GOOD] = {"username": "system:serviceaccount:web:default"}
+            held = HeldReviews(kube, ACCESSREVIEWS)
+            async with serving(_auth(kube, max_access_reviews=4)) as ports:
+                flood = [asyncio.create_task(_get(ports.api, GOOD, _metric(f"made-up-{n}"))) for n in range(40)]
+                await asyncio.sleep(2.0)
+                early = [task.result() for task in flood if task.done()]
+                held.release.set()
+                codes = await asyncio.gather(*flood)
+                assert held.most <= 4
+                assert len(early) >= 36, "answered at once, not queued"
+                assert set(early) == {b"429"}
+                assert b"429" in codes
+
+    run(scenario())
+
+
+def test_a_flood_of_denials_does_not_evict_a_cached_allow() -> None:
+    """Before: allows and denials shared one cache, so 20 denied made-up requests pushed out the HPA's allow."""
+
+    async def scenario() -> None:
+        with KubeStandIn() as kube:
+            kube.tokens[GOOD] = {"username": "hpa"}
+            kube.tokens["other"] = {"username": "mallory"}
+            kube.authorize = lambda spec: "allow" if spec["user"] == "hpa" else "deny"
+            held = HeldReviews(kube, ACCESSREVIEWS)
+            held.release.set()
+            async with serving(_auth(kube, cache_size=4, allow_cache_ttl=60, deny_cache_ttl=60)) as ports:
+                assert await _get(ports.api, GOOD) == b"200"
+                for n in range(20):
+                    assert await _get(ports.api, "other", _metric(f"made-up-{n}")) == b"403"
+                assert await _get(ports.api, GOOD) == b"200"
+                assert [spec["user"] for spec in held.seen].count("hpa") == 1
 
     run(scenario())

@@ -1,0 +1,43 @@
+"""Reviews asked of Kubernetes on a caller's behalf, bounded: one in flight per key, at most `limit` at once.
+
+A TokenReview or SubjectAccessReview is a request to the Kubernetes API that any caller can cause (any
+made-up token, any namespace and metric name): callers of the same key share the review in flight, and
+past `limit` distinct ones a caller is refused at once (ReviewsBusy, answered 429) rather than queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Hashable
+from typing import Any, Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class ReviewsBusy(Exception):
+    """Too many reviews in flight: answered 429 (the caller retries); never a verdict on the caller."""
+
+
+class InFlight(Generic[K, V]):
+    def __init__(self, limit: int, what: str) -> None:
+        self._limit = limit
+        self._what = what
+        self._running: dict[K, asyncio.Task[V]] = {}
+
+    async def run(self, key: K, review: Callable[[], Coroutine[Any, Any, V]]) -> V:
+        """The answer of the review in flight for `key`, started if none is; raise ReviewsBusy past the limit."""
+        task = self._running.get(key)
+        if task is None:
+            if len(self._running) >= self._limit:
+                raise ReviewsBusy(f"{len(self._running)} {self._what} in flight")
+            task = asyncio.get_running_loop().create_task(review())
+            self._running[key] = task
+            task.add_done_callback(lambda done: self._settled(key, done))
+        # Shielded: a caller that goes away does not cancel the review the others wait for.
+        return await asyncio.shield(task)
+
+    def _settled(self, key: K, task: asyncio.Task[V]) -> None:
+        del self._running[key]
+        if not task.cancelled():
+            task.exception()  # retrieved here too: every waiter may have gone
