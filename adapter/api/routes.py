@@ -68,7 +68,9 @@ class ExternalMetricsAPI:
         # Names outside ours go to the delegate; discovery is the union, rebuilt when its list changes.
         self._delegate = delegate
         self._union: tuple[tuple[str, ...], bytes] = ((), self._resource_list)
-        self._rendered: dict[tuple[str, str, str], tuple[Reading, bytes]] = {}
+        # Keyed by the Reading's identity (held in the entry, so never reused while there), not by the request's
+        # spelling: the many spellings of one series (up to a 16 KB selector each) share one small entry.
+        self._rendered: dict[int, tuple[Reading, bytes]] = {}
         self._review_failures = LogThrottle(60.0)  # reviews failing or saturated: a line a minute each
 
     async def __call__(self, request: Request) -> Response:
@@ -169,7 +171,7 @@ class ExternalMetricsAPI:
             reading = await self._cache.read(metric, namespace, selector)
         except MetricError as err:
             return _status(err.code, err.reason, err.message)
-        key = (metric, namespace, selector)
+        key = id(reading)
         rendered = self._rendered.get(key)
         if rendered is None or rendered[0] is not reading:
             if len(self._rendered) >= _RENDERED_LIMIT:

@@ -14,6 +14,8 @@ from typing import Any
 import grpc
 import pytest
 
+from adapter.api.http import Request
+from adapter.api.routes import ExternalMetricsAPI
 from adapter.api.run import serve
 from adapter.config.base import SelectorLabel
 from adapter.config.server import CacheConfig
@@ -310,3 +312,20 @@ def test_a_selector_of_thousands_of_requirements_is_refused_before_parsing() -> 
             assert code != 400
 
     run(scenario())
+
+
+async def test_spellings_of_one_series_share_one_rendered_answer() -> None:
+    """Before: each spelling of a selector kept its own rendered answer, keyed by its text (up to 16 KB each,
+    4,096 of them): one reader could park 64 MB there with padded spellings of one series."""
+    cache = _cache(ScriptedSource())
+    api = ExternalMetricsAPI(cache, None, None)
+    path = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/jobs?labelSelector="
+    bodies = set()
+    for padding in range(50):
+        target = path + "queue" + "%20" * padding + "=a"
+        response = await api(Request(None, "GET", target, []))  # type: ignore[arg-type]
+        assert response.status == 200
+        bodies.add(response.body)
+    assert len(bodies) == 1
+    assert len(api._rendered) == 1
+    await cache.close()
