@@ -19,7 +19,7 @@ from adapter.api.http import Request, Response
 from adapter.api.inflight import ReviewsBusy
 from adapter.kube.client import KubeError
 from adapter.metrics.cache import MetricCache, Reading
-from adapter.metrics.catalogue import namespace_problem
+from adapter.metrics.catalogue import metric_name_problem, namespace_problem
 from adapter.metrics.errors import MetricError
 from adapter.metrics.quantity import format_quantity
 from adapter.redact import redact
@@ -100,9 +100,9 @@ class ExternalMetricsAPI:
         if "%" in path:
             segments = [unquote(segment) for segment in segments]
         is_list = len(segments) == 7 and path.startswith(_VERSION_PATH + "/namespaces/")
-        problem = namespace_problem(segments[5]) if is_list else None
+        problem = (namespace_problem(segments[5]) or metric_name_problem(segments[6])) if is_list else None
         if problem is not None:
-            # Before any review: a name Kubernetes cannot have costs no TokenReview or SubjectAccessReview.
+            # Before any review: a name that cannot be costs no TokenReview or SubjectAccessReview, and no cache entry.
             return "list", _status(400, "BadRequest", problem)
         route = "list" if is_list else "discovery" if path in _DISCOVERY or path == _VERSION_PATH else "other"
         if self._authenticator is not None:

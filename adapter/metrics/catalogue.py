@@ -30,6 +30,27 @@ def namespace_problem(namespace: str) -> str | None:
     )
 
 
+# The longest metric name read: a DNS-1123 subdomain's length (an HPA's names are far shorter). The name
+# keys the review caches, so an unbounded one would let any authenticated caller park 16 KB per entry there.
+MAX_METRIC_NAME = 253
+
+
+def metric_name_problem(name: str) -> str | None:
+    """Why `name` (percent-decoded) cannot be a metric's name (answered 400 before any review), or None: what
+    Kubernetes allows in a path segment (not `.`, `..`, nothing with `/` or `%`), printable, of bounded length."""
+    if (
+        0 < len(name) <= MAX_METRIC_NAME
+        and name not in (".", "..")
+        and name.isprintable()
+        and not {"/", "%"} & set(name)
+    ):
+        return None
+    return (
+        f"invalid metric name {name[:64]!r}: a metric name is 1 to {MAX_METRIC_NAME} printable characters, "
+        "without '/' or '%', and not '.' or '..'"
+    )
+
+
 @dataclass(frozen=True)
 class SeriesKey:
     """One series: what the cache keeps warm and refreshes in the background."""

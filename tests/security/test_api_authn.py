@@ -8,6 +8,8 @@ import re
 import threading
 from typing import Any
 
+import pytest
+
 from tests.kube_standin import KubeStandIn, Reply, StandInRequest
 from tests.security.api_serving import connect, read_all, run, serving
 
@@ -165,5 +167,21 @@ def test_a_flood_of_denials_does_not_evict_a_cached_allow() -> None:
                     assert await _get(ports.api, "other", _metric(f"made-up-{n}")) == b"403"
                 assert await _get(ports.api, GOOD) == b"200"
                 assert [spec["user"] for spec in held.seen].count("hpa") == 1
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("name", ["m" * 254, "a%2Fb", "a%25b", "%2E%2E", "a%00b"])
+def test_a_metric_name_that_cannot_be_costs_no_review(name: str) -> None:
+    """Before: any metric name went to a SubjectAccessReview and keyed its cached answer: an authenticated
+    caller could park 16 KB names, 10,000 per cache; now it is a 400 before any review, like a bad namespace."""
+
+    async def scenario() -> None:
+        with KubeStandIn() as kube:
+            kube.tokens[GOOD] = {"username": "alice"}
+            async with serving(_auth(kube)) as ports:
+                assert await _get(ports.api, GOOD, _metric(name)) == b"400"
+                assert await _get(ports.api, GOOD, _metric("m" * 253)) == b"404"  # the longest name is asked
+                assert len(kube.access_reviews) == 1
 
     run(scenario())
