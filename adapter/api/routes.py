@@ -1,8 +1,9 @@
 """The external metrics API's routes (SPEC sections 1 and 3), authentication and authorization in front.
 
 Order of a request: health paths answer `ok` without credentials; `/openapi/*` answers 404
-before authorization (SPEC 3.4); everything else is authenticated (401), authorized (403)
-and then routed: discovery documents, the list call, or a 404 Status.
+before authorization (SPEC 3.4); everything else is authenticated (401); the discovery documents
+and the list call are then authorized (403) and answered; any other path is a 404 Status with no
+authorization review (each distinct path would cost one).
 """
 
 from __future__ import annotations
@@ -106,8 +107,15 @@ class ExternalMetricsAPI:
             return "list", _status(400, "BadRequest", problem)
         route = "list" if is_list else "discovery" if path in _DISCOVERY or path == _VERSION_PATH else "other"
         if self._authenticator is not None:
+            # A path we do not serve is a 404 once authenticated, with no review: each distinct path would cost
+            # a SubjectAccessReview and key a cache entry (up to 16 KB), and every authenticated user may
+            # get /apis/* anyway (the system:discovery role).
             attributes = (
-                Attributes("list", path, segments[5], segments[6].lower()) if is_list else Attributes("get", path)
+                Attributes("list", path, segments[5], segments[6].lower())
+                if is_list
+                else Attributes("get", path)
+                if route == "discovery"
+                else None
             )
             refused = await self._refuse(request, self._authenticator, attributes)
             if refused is not None:
@@ -125,8 +133,11 @@ class ExternalMetricsAPI:
             return route, Response(200, document)
         return route, _status(404, "NotFound", f"the server could not find the requested resource {path}")
 
-    async def _refuse(self, request: Request, authenticator: Authenticator, attributes: Attributes) -> Response | None:
-        """401 / 403 / 500 when the caller may not make this request; None when it may."""
+    async def _refuse(
+        self, request: Request, authenticator: Authenticator, attributes: Attributes | None
+    ) -> Response | None:
+        """401 / 403 / 429 / 500 when the caller may not make this request; None when it may (`attributes`
+        None: any authenticated caller may)."""
         assert self._authorizer is not None
         try:
             user = await authenticator.authenticate(request)
@@ -134,6 +145,8 @@ class ExternalMetricsAPI:
             return _status(401, "Unauthorized", "Unauthorized")
         except ReviewsBusy:
             return _TOO_MANY_REVIEWS
+        if attributes is None:
+            return None
         try:
             decision = await self._authorizer.authorize(user, attributes)
         except ReviewsBusy as err:

@@ -185,3 +185,21 @@ def test_a_metric_name_that_cannot_be_costs_no_review(name: str) -> None:
                 assert len(kube.access_reviews) == 1
 
     run(scenario())
+
+
+def test_paths_we_do_not_serve_cost_no_review() -> None:
+    """Before: every distinct unknown path was a SubjectAccessReview and a cache entry keyed by it (up to
+    16 KB), and any authenticated user is allowed /apis/* by the system:discovery role."""
+
+    async def scenario() -> None:
+        with KubeStandIn() as kube:
+            kube.tokens[GOOD] = {"username": "alice"}
+            async with serving(_auth(kube)) as ports:
+                for n in range(10):
+                    assert await _get(ports.api, GOOD, f"/apis/made-up-{n}/" + "x" * 1000) == b"404"
+                assert await _get(ports.api, "bogus", "/apis/made-up") == b"401"  # still authenticated first
+                assert kube.access_reviews == []
+                assert await _get(ports.api, GOOD, "/apis") == b"200"  # discovery is still reviewed
+                assert len(kube.access_reviews) == 1
+
+    run(scenario())
