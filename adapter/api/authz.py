@@ -31,7 +31,7 @@ class Attributes:
     """What a request does: a resource request (the list call) or a non-resource path (discovery)."""
 
     verb: str
-    path: str
+    path: str  # for a non-resource request only: a resource request is its decoded names
     namespace: str = ""
     resource: str | None = None  # the lower-cased metric name; None for non-resource paths
 

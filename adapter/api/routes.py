@@ -111,7 +111,9 @@ class ExternalMetricsAPI:
             # a SubjectAccessReview and key a cache entry (up to 16 KB), and every authenticated user may
             # get /apis/* anyway (the system:discovery role).
             attributes = (
-                Attributes("list", path, segments[5], segments[6].lower())
+                # Decoded names only, not the path as spelled: `%64efault` is the same question as `default`
+                # (one review, one cache entry), however many ways a caller percent-encodes it.
+                Attributes("list", "", segments[5], segments[6].lower())
                 if is_list
                 else Attributes("get", path)
                 if route == "discovery"

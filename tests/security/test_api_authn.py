@@ -203,3 +203,19 @@ def test_paths_we_do_not_serve_cost_no_review() -> None:
                 assert len(kube.access_reviews) == 1
 
     run(scenario())
+
+
+def test_spellings_of_one_request_share_one_access_review() -> None:
+    """Before: the review's cache key held the path as spelled, so each percent-encoding of the same namespace
+    and metric was a review and an entry of its own (unboundedly many spellings of one question)."""
+
+    async def scenario() -> None:
+        with KubeStandIn() as kube:
+            kube.tokens[GOOD] = {"username": "alice"}
+            async with serving(_auth(kube)) as ports:
+                for spelling in ("default", "%64efault", "d%65fault", "de%66ault"):
+                    path = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{spelling}/demo-queue-depth"
+                    assert await _get(ports.api, GOOD, path) == b"200"
+                assert len(kube.access_reviews) == 1
+
+    run(scenario())
