@@ -174,7 +174,9 @@ class TokenReviewer:
         # The cache never holds a token itself, only its hash.
         self._accepted: TTLCache[bytes, User] = TTLCache(size)
         self._refused: TTLCache[bytes, bool] = TTLCache(size)
-        self._in_flight: InFlight[bytes, User | None] = InFlight(max_in_flight, "TokenReviews")
+        self._in_flight: InFlight[bytes, User | None] = InFlight(
+            max_in_flight, "TokenReviews", "server.auth.max_token_reviews"
+        )
 
     async def review(self, token: str) -> User | None:
         """The token's user, None when it is refused; raise KubeError, or ReviewsBusy past the bound."""
@@ -211,7 +213,7 @@ class Authenticator:
     def __init__(self, tokens: TokenReviewer | None) -> None:
         self._tokens = tokens
         self.bundle = TrustBundle()
-        self._warnings = LogThrottle(60.0)  # a failing or saturated review path logs a line a minute
+        self._warnings = LogThrottle(60.0)  # a failing review path logs a line a minute
 
     async def authenticate(self, request: Request) -> User:
         """The caller, with `system:authenticated` added; raise Unauthenticated."""
@@ -247,20 +249,12 @@ class Authenticator:
             raise Unauthenticated("only bearer tokens are accepted")
         try:
             user = await self._tokens.review(token)
-        except ReviewsBusy as err:
+        except ReviewsBusy:
             telemetry.AUTHENTICATIONS.labels("token", "busy").inc()
-            suppressed = self._warnings.allow("busy")
-            if suppressed is not None:
-                log.warning(
-                    "bearer token refused for now (429): %s; raise server.auth.max_token_reviews if the callers "
-                    "are legitimate%s",
-                    err,
-                    held_back(suppressed),
-                )
             raise
         except KubeError as err:
             telemetry.AUTHENTICATIONS.labels("token", "error").inc()
-            suppressed = self._warnings.allow("error")
+            suppressed = self._warnings.allow(None)
             if suppressed is not None:
                 log.warning("TokenReview failed: %s%s", err, held_back(suppressed))
             raise Unauthenticated("the token could not be reviewed") from None

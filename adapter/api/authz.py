@@ -65,7 +65,7 @@ class Authorizer:
         self._allowed: TTLCache[tuple[User, Attributes], Decision] = TTLCache(config.cache_size)
         self._denied: TTLCache[tuple[User, Attributes], Decision] = TTLCache(config.cache_size)
         self._in_flight: InFlight[tuple[User, Attributes], Decision] = InFlight(
-            config.max_access_reviews, "SubjectAccessReviews"
+            config.max_access_reviews, "SubjectAccessReviews", "server.auth.max_access_reviews"
         )
 
     async def authorize(self, user: User, attributes: Attributes) -> Decision:

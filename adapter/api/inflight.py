@@ -8,8 +8,13 @@ past `limit` distinct ones a caller is refused at once (ReviewsBusy, answered 42
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine, Hashable
 from typing import Any, Generic, TypeVar
+
+from adapter.telemetry.throttle import LogThrottle, held_back
+
+log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -20,16 +25,21 @@ class ReviewsBusy(Exception):
 
 
 class InFlight(Generic[K, V]):
-    def __init__(self, limit: int, what: str) -> None:
+    """`what` names the reviews and `limit_key` the config key of `limit`, for the warning when it refuses."""
+
+    def __init__(self, limit: int, what: str, limit_key: str) -> None:
         self._limit = limit
         self._what = what
+        self._limit_key = limit_key
         self._running: dict[K, asyncio.Task[V]] = {}
+        self._refusals = LogThrottle(60.0)  # a line a minute, however many are refused
 
     async def run(self, key: K, review: Callable[[], Coroutine[Any, Any, V]]) -> V:
         """The answer of the review in flight for `key`, started if none is; raise ReviewsBusy past the limit."""
         task = self._running.get(key)
         if task is None:
             if len(self._running) >= self._limit:
+                self._warn()
                 raise ReviewsBusy(f"{len(self._running)} {self._what} in flight")
             task = asyncio.get_running_loop().create_task(review())
             self._running[key] = task
@@ -41,3 +51,14 @@ class InFlight(Generic[K, V]):
         del self._running[key]
         if not task.cancelled():
             task.exception()  # retrieved here too: every waiter may have gone
+
+    def _warn(self) -> None:
+        suppressed = self._refusals.allow(None)
+        if suppressed is not None:
+            log.warning(
+                "%d %s in flight, answering 429 to callers that need another; raise %s if they are legitimate%s",
+                len(self._running),
+                self._what,
+                self._limit_key,
+                held_back(suppressed),
+            )

@@ -72,7 +72,7 @@ class ExternalMetricsAPI:
         # Keyed by the Reading's identity (held in the entry, so never reused while there), not by the request's
         # spelling: the many spellings of one series (up to a 16 KB selector each) share one small entry.
         self._rendered: dict[int, tuple[Reading, bytes]] = {}
-        self._review_failures = LogThrottle(60.0)  # reviews failing or saturated: a line a minute each
+        self._review_failures = LogThrottle(60.0)  # Kubernetes down: a line a minute, not one per request
 
     async def __call__(self, request: Request) -> Response:
         started = time.perf_counter()
@@ -151,18 +151,10 @@ class ExternalMetricsAPI:
             return None
         try:
             decision = await self._authorizer.authorize(user, attributes)
-        except ReviewsBusy as err:
-            suppressed = self._review_failures.allow("busy")
-            if suppressed is not None:
-                log.warning(
-                    "request refused for now (429): %s; raise server.auth.max_access_reviews if the callers "
-                    "are legitimate%s",
-                    err,
-                    held_back(suppressed),
-                )
+        except ReviewsBusy:
             return _TOO_MANY_REVIEWS
         except KubeError as err:
-            suppressed = self._review_failures.allow("error")
+            suppressed = self._review_failures.allow(None)
             if suppressed is not None:
                 log.warning("SubjectAccessReview for %r failed: %s%s", user.name, err, held_back(suppressed))
             return _status(500, "InternalError", "Internal error occurred: the authorization check could not be made")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+from collections.abc import Coroutine
 from typing import Any
 
 import pytest
@@ -58,28 +59,34 @@ async def _get(port: int, token: str, path: str = LIST) -> bytes:
     return answer.split(b" ", 2)[1]
 
 
+async def _flood(held: HeldReviews, requests: list[Coroutine[Any, Any, bytes]]) -> tuple[list[bytes], list[bytes]]:
+    """Send the requests at once while the reviews are held: the answers that came before the release, then all."""
+    flood = [asyncio.create_task(request) for request in requests]
+    await asyncio.sleep(2.0)  # every request reaches the server; those past the bound are answered
+    early = [task.result() for task in flood if task.done()]
+    held.release.set()
+    return early, list(await asyncio.gather(*flood))
+
+
 def _auth(kube: KubeStandIn, **extra: Any) -> dict[str, Any]:
     return {"auth": {"enabled": True, "kubernetes": kube.client_config(), **extra}}
 
 
-def test_token_reviews_in_flight_are_bounded_and_the_rest_are_429() -> None:
+def test_token_reviews_in_flight_are_bounded_and_the_rest_are_429(caplog: pytest.LogCaptureFixture) -> None:
     """Before: every bogus token started its own TokenReview at once (40 of 40 in flight here)."""
 
     async def scenario() -> None:
         with KubeStandIn() as kube:
             held = HeldReviews(kube)
             async with serving(_auth(kube, max_token_reviews=4)) as ports:
-                flood = [asyncio.create_task(_get(ports.api, f"bogus-{n}")) for n in range(40)]
-                await asyncio.sleep(2.0)  # every request reaches the server; those past the bound are answered
-                early = [task.result() for task in flood if task.done()]
-                held.release.set()
-                codes = await asyncio.gather(*flood)
+                early, codes = await _flood(held, [_get(ports.api, f"bogus-{n}") for n in range(40)])
                 assert held.most <= 4
                 assert len(early) >= 36, "answered at once, not queued"
                 assert set(early) == {b"429"}
                 assert set(codes) == {b"401", b"429"}
 
     run(scenario())
+    assert caplog.text.count("raise server.auth.max_token_reviews if they are legitimate") == 1  # a line a minute
 
 
 def test_callers_with_the_same_token_share_one_review() -> None:
@@ -138,11 +145,8 @@ def test_access_reviews_in_flight_are_bounded_and_the_rest_are_429() -> None:
             kube.tokens[GOOD] = {"username": "system:serviceaccount:web:default"}
             held = HeldReviews(kube, ACCESSREVIEWS)
             async with serving(_auth(kube, max_access_reviews=4)) as ports:
-                flood = [asyncio.create_task(_get(ports.api, GOOD, _metric(f"made-up-{n}"))) for n in range(40)]
-                await asyncio.sleep(2.0)
-                early = [task.result() for task in flood if task.done()]
-                held.release.set()
-                codes = await asyncio.gather(*flood)
+                flood = [_get(ports.api, GOOD, _metric(f"made-up-{n}")) for n in range(40)]
+                early, codes = await _flood(held, flood)
                 assert held.most <= 4
                 assert len(early) >= 36, "answered at once, not queued"
                 assert set(early) == {b"429"}

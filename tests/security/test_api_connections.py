@@ -39,6 +39,13 @@ def _counter(metric: object, *labels: str) -> float:
     return value
 
 
+async def _healthz_served(port: int, tls: bool) -> None:
+    reader, writer = await connect(port, tls)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert (await read_all(reader)).startswith(b"HTTP/1.1 200 OK\r\n")
+    writer.close()
+
+
 def _listeners(ports: Ports) -> list[tuple[int, bool]]:
     return [(ports.api, True), (ports.metrics, False)]
 
@@ -133,11 +140,7 @@ def test_the_metrics_port_has_its_own_connection_cap() -> None:
             assert await read_all(reader, 5) == b""
             writer.close()
             assert _counter(telemetry.CONNECTIONS_REFUSED, "metrics") == refused + 1
-            # The API port does not share that budget.
-            reader, writer = await connect(ports.api, tls=True)
-            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            assert (await read_all(reader)).startswith(b"HTTP/1.1 200 OK\r\n")
-            writer.close()
+            await _healthz_served(ports.api, tls=True)  # the API port does not share that budget
             for _, held_writer in held:
                 held_writer.close()
 
@@ -398,11 +401,7 @@ def test_one_source_cannot_take_every_connection(listener: str, caplog: pytest.L
             writer.close()
             assert _counter(telemetry.CONNECTIONS_REFUSED, listener) == refused + 1
             assert f"3 connections open from 127.0.0.2, refusing more; raise {key}" in caplog.text
-            # Another source is served while the first holds its share.
-            reader, writer = await connect(port, tls)
-            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            assert (await read_all(reader)).startswith(b"HTTP/1.1 200 OK\r\n")
-            writer.close()
+            await _healthz_served(port, tls)  # another source is served while the first holds its share
             for _, held_writer in held:
                 held_writer.close()
 
