@@ -155,7 +155,8 @@ def _from_headers(request: Request, bundle: TrustBundle) -> User | None:
             continue
         for prefix in bundle.extra_prefixes:
             if name.startswith(prefix):
-                extra.setdefault(unquote(name[len(prefix) :]), []).append(value)
+                if value:  # as for groups (and as the generic apiserver does): an empty value says nothing
+                    extra.setdefault(unquote(name[len(prefix) :]), []).append(value)
                 break
     return User(
         username,

@@ -10,9 +10,10 @@ from collections.abc import Coroutine
 from typing import Any
 
 import pytest
+import trustme
 
 from tests.kube_standin import KubeStandIn, Reply, StandInRequest
-from tests.security.api_serving import connect, read_all, run, serving
+from tests.security.api_serving import connect, insecure_client, read_all, run, serving
 
 LIST = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/demo-queue-depth"
 GOOD = "good-token-0123456789"
@@ -225,5 +226,29 @@ def test_spellings_of_one_request_share_one_access_review() -> None:
                     path = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{spelling}/demo-queue-depth"
                     assert await _get(ports.api, GOOD, path) == b"200"
                 assert len(kube.access_reviews) == 1
+
+    run(scenario())
+
+
+def test_front_proxy_headers_with_empty_values_add_nothing() -> None:
+    """Before: an empty `X-Remote-Extra-*` value became an extra of "" in the SubjectAccessReview (empty
+    groups were already dropped); the generic apiserver drops both."""
+    ca = trustme.CA()
+    proxy_cert = ca.issue_cert(common_name="front-proxy-client")
+
+    async def scenario() -> None:
+        with KubeStandIn() as kube:
+            kube.set_authentication_configmap(ca.cert_pem.bytes(), ["front-proxy-client"])
+            async with serving(_auth(kube)) as ports:
+                client = insecure_client()
+                proxy_cert.configure_cert(client)
+                reader, writer = await asyncio.open_connection("127.0.0.1", ports.api, ssl=client)
+                headers = "X-Remote-User: hpa\r\nX-Remote-Group:\r\nX-Remote-Group: g\r\nX-Remote-Extra-Scope:  \r\n"
+                writer.write(f"GET {LIST} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n".encode())
+                assert (await read_all(reader)).startswith(b"HTTP/1.1 200 ")
+                writer.close()
+                (review,) = kube.access_reviews
+                assert review["spec"]["groups"] == ["g", "system:authenticated"]
+                assert review["spec"]["extra"] == {}
 
     run(scenario())
