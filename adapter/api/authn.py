@@ -179,15 +179,16 @@ class TokenReviewer:
             max_in_flight, "TokenReviews", "server.auth.max_token_reviews"
         )
 
-    async def review(self, token: str) -> User | None:
-        """The token's user, None when it is refused; raise KubeError, or ReviewsBusy past the bound."""
+    async def review(self, token: str, source: str) -> User | None:
+        """The token's user, None when it is refused; raise KubeError, or ReviewsBusy past the bound or the
+        share of it one `source` (the caller's address) may take."""
         key = hashlib.sha256(token.encode()).digest()
         user = self._accepted.get(key)
         if user is not None:
             return user
         if self._refused.get(key):
             return None
-        return await self._in_flight.run(key, lambda: self._review(token, key))
+        return await self._in_flight.run(key, source, lambda: self._review(token, key))
 
     async def _review(self, token: str, key: bytes) -> User | None:
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
@@ -238,18 +239,18 @@ class Authenticator:
             return verdict.user.with_authenticated_group()
         authorization = request.header("authorization")
         if authorization:
-            return await self._bearer(authorization)
+            return await self._bearer(authorization, connection.source)
         telemetry.AUTHENTICATIONS.labels("none", "failure").inc()
         raise Unauthenticated("no client certificate, front-proxy identity or bearer token")
 
-    async def _bearer(self, authorization: str) -> User:
+    async def _bearer(self, authorization: str, source: str) -> User:
         scheme, _, token = authorization.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token or self._tokens is None:
             telemetry.AUTHENTICATIONS.labels("token", "failure").inc()
             raise Unauthenticated("only bearer tokens are accepted")
         try:
-            user = await self._tokens.review(token)
+            user = await self._tokens.review(token, source)
         except ReviewsBusy:
             telemetry.AUTHENTICATIONS.labels("token", "busy").inc()
             raise

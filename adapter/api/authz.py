@@ -79,7 +79,7 @@ class Authorizer:
             telemetry.AUTHORIZATIONS.labels("allow" if cached.allowed else "deny", "cache").inc()
             return cached
         try:
-            return await self._in_flight.run(key, lambda: self._decide(user, attributes))
+            return await self._in_flight.run(key, user.name, lambda: self._decide(user, attributes))
         except ReviewsBusy:
             telemetry.AUTHORIZATIONS.labels("busy", "review").inc()
             raise

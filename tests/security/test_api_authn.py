@@ -252,3 +252,22 @@ def test_front_proxy_headers_with_empty_values_add_nothing() -> None:
                 assert review["spec"]["extra"] == {}
 
     run(scenario())
+
+
+def test_one_callers_review_flood_leaves_room_for_another_caller() -> None:
+    """Before: one authenticated caller asking about made-up metrics took every review slot, and the HPA,
+    whose cached allows expire every few seconds, was answered 429."""
+
+    async def scenario() -> None:
+        with KubeStandIn() as kube:
+            kube.tokens[GOOD] = {"username": "hpa"}
+            kube.tokens["other"] = {"username": "mallory"}
+            held = HeldReviews(kube, ACCESSREVIEWS)
+            async with serving(_auth(kube, max_access_reviews=8)) as ports:
+                flood = [_get(ports.api, "other", _metric(f"made-up-{n}")) for n in range(20)]
+                early, codes = await _flood(held, [*flood, _get(ports.api, GOOD)], 2 + 1)
+                assert early.count(b"429") == 18  # mallory: her share (a quarter of 8) in flight, the rest 429
+                assert codes[-1] == b"200"
+                assert [spec["user"] for spec in held.seen].count("hpa") == 1
+
+    run(scenario())
