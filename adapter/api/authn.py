@@ -8,7 +8,10 @@ Tried in the order the generic apiserver uses (docs/protocols.md#front-proxy-aut
    list is non-empty; only then are the username / uid / group / extra headers read.
 2. Ordinary client certificate issued by a `client-ca-file` CA: the user is its CN, the
    groups its O values. X-Remote-* headers are never read for these.
-3. `Authorization: Bearer <token>`: a TokenReview, cached by a hash of the token.
+3. `Authorization: Bearer <token>`: a TokenReview, cached by a hash of the token. Reviews are
+   bounded: one in flight per distinct token (callers with the same token share it), at most
+   `auth.max_token_reviews` at once (more are answered 429), and accepted tokens are cached apart
+   from refused ones, so a flood of made-up tokens cannot evict the callers who have real ones.
 
 Every authenticated user gets the group `system:authenticated`. A request with none of
 these is refused (401); anonymous access is not offered. The certificate checks accept a
@@ -29,9 +32,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
 from adapter.api.http import Request
+from adapter.api.inflight import InFlight, ReviewsBusy
 from adapter.api.ttlcache import TTLCache
 from adapter.kube.client import KubeClient, KubeError
 from adapter.telemetry import api as telemetry
+from adapter.telemetry.throttle import LogThrottle, held_back
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +156,8 @@ def _from_headers(request: Request, bundle: TrustBundle) -> User | None:
             continue
         for prefix in bundle.extra_prefixes:
             if name.startswith(prefix):
-                extra.setdefault(unquote(name[len(prefix) :]), []).append(value)
+                if value:  # as for groups (and as the generic apiserver does): an empty value says nothing
+                    extra.setdefault(unquote(name[len(prefix) :]), []).append(value)
                 break
     return User(
         username,
@@ -162,32 +168,47 @@ def _from_headers(request: Request, bundle: TrustBundle) -> User | None:
 
 
 class TokenReviewer:
-    """Bearer tokens checked by TokenReview; answers cached (success and failure) for `ttl` seconds."""
+    """Bearer tokens checked by TokenReview; answers cached for `ttl` seconds, accepted and refused apart."""
 
-    def __init__(self, client: KubeClient, ttl: float, size: int) -> None:
+    def __init__(self, client: KubeClient, ttl: float, size: int, max_in_flight: int) -> None:
         self._client = client
         self._ttl = ttl
-        self._cache: TTLCache[bytes, User | bool] = TTLCache(size)
+        # The cache never holds a token itself, only its hash.
+        self._accepted: TTLCache[bytes, User] = TTLCache(size)
+        self._refused: TTLCache[bytes, bool] = TTLCache(size)
+        self._in_flight: InFlight[bytes, User | None] = InFlight(
+            max_in_flight, "TokenReviews", "server.auth.max_token_reviews"
+        )
 
-    async def review(self, token: str) -> User | None:
-        key = hashlib.sha256(token.encode()).digest()  # the cache never holds a token itself
-        cached = self._cache.get(key)
-        if cached is not None:
-            return cached if isinstance(cached, User) else None
+    async def review(self, token: str, source: str) -> User | None:
+        """The token's user, None when it is refused; raise KubeError, or ReviewsBusy past the bound or the
+        share of it one `source` (the caller's address) may take."""
+        key = hashlib.sha256(token.encode()).digest()
+        user = self._accepted.get(key)
+        if user is not None:
+            return user
+        if self._refused.get(key):
+            return None
+        return await self._in_flight.run(key, source, lambda: self._review(token, key))
+
+    async def _review(self, token: str, key: bytes) -> User | None:
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
         _, review = await self._client.request("POST", TOKENREVIEWS, body, secret=token)
         status = review.get("status") or {}
-        user: User | None = None
-        if status.get("authenticated"):
-            info = status.get("user") or {}
-            extra = info.get("extra") or {}
-            user = User(
-                str(info.get("username", "")),
-                str(info.get("uid", "")),
-                tuple(info.get("groups") or ()),
-                tuple(sorted((str(key), tuple(values)) for key, values in extra.items())),
-            )
-        self._cache.put(key, user if user is not None else False, self._ttl)
+        info = status.get("user") or {}
+        name = str(info.get("username", ""))
+        if not status.get("authenticated") or not name:
+            # An authenticated answer without a username names nobody: refused, as the apiserver does.
+            self._refused.put(key, True, self._ttl)
+            return None
+        extra = info.get("extra") or {}
+        user = User(
+            name,
+            str(info.get("uid", "")),
+            tuple(info.get("groups") or ()),
+            tuple(sorted((str(field), tuple(values)) for field, values in extra.items())),
+        )
+        self._accepted.put(key, user, self._ttl)
         return user
 
 
@@ -195,6 +216,7 @@ class Authenticator:
     def __init__(self, tokens: TokenReviewer | None) -> None:
         self._tokens = tokens
         self.bundle = TrustBundle()
+        self._warnings = LogThrottle(60.0)  # a failing review path logs a line a minute
 
     async def authenticate(self, request: Request) -> User:
         """The caller, with `system:authenticated` added; raise Unauthenticated."""
@@ -218,21 +240,26 @@ class Authenticator:
             return verdict.user.with_authenticated_group()
         authorization = request.header("authorization")
         if authorization:
-            return await self._bearer(authorization)
+            return await self._bearer(authorization, connection.source)
         telemetry.AUTHENTICATIONS.labels("none", "failure").inc()
         raise Unauthenticated("no client certificate, front-proxy identity or bearer token")
 
-    async def _bearer(self, authorization: str) -> User:
+    async def _bearer(self, authorization: str, source: str) -> User:
         scheme, _, token = authorization.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token or self._tokens is None:
             telemetry.AUTHENTICATIONS.labels("token", "failure").inc()
             raise Unauthenticated("only bearer tokens are accepted")
         try:
-            user = await self._tokens.review(token)
+            user = await self._tokens.review(token, source)
+        except ReviewsBusy:
+            telemetry.AUTHENTICATIONS.labels("token", "busy").inc()
+            raise
         except KubeError as err:
             telemetry.AUTHENTICATIONS.labels("token", "error").inc()
-            log.warning("TokenReview failed: %s", err)
+            suppressed = self._warnings.allow(None)
+            if suppressed is not None:
+                log.warning("TokenReview failed: %s%s", err, held_back(suppressed))
             raise Unauthenticated("the token could not be reviewed") from None
         if user is None:
             telemetry.AUTHENTICATIONS.labels("token", "failure").inc()

@@ -40,17 +40,20 @@ _MAX_PENDING = 16
 _FEED_STEP = 1024
 # Whitespace RFC 9110 5.5 lets a field value carry on either side (httptools keeps the trailing part).
 _OWS = b" \t"
+# Bodies up to this size are joined with their head into one write; larger ones are written as they are.
+_JOIN_LIMIT = 16384
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
 _T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
 class Limits:
-    """The bounds of one listener (from `server:`, see adapter.api.run.listener_limits); `connections_key` is
-    the config key its connection limit comes from."""
+    """The bounds of one listener (from `server:`, see adapter.api.run.listener_limits); `connections_key` and
+    `per_source_key` are the config keys its connection limits come from."""
 
     max_header_bytes: int
     max_connections: int
+    max_connections_per_source: int
     header_timeout: float
     idle_timeout: float
     body_timeout: float
@@ -58,6 +61,7 @@ class Limits:
     max_body_bytes: int
     max_buffered_bytes: int
     connections_key: str
+    per_source_key: str
 
 
 class Phase(enum.Enum):
@@ -157,6 +161,7 @@ class Connection(asyncio.Protocol):
         self._failure: tuple[int, str] | None = None  # an error answer owed after the requests in progress
         self._closing = False
         self.peer_certificate: bytes | None = None
+        self.source = ""  # the peer's address, without its port: connections are capped per source too
         # Per-connection memo for the authenticator (keyed by what it depends on).
         self.auth_memo: object = None
 
@@ -167,6 +172,8 @@ class Connection(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
         self._accepted_at = self._loop.time()
+        peer = transport.get_extra_info("peername")
+        self.source = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         if not self._server.admit(self):
             self._closing = True
             self._transport.abort()
@@ -249,7 +256,11 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        if not self._busy() and not self._closing:
+        if self._closing:
+            return
+        if self._worker is None and self._pending:
+            self._worker = self._loop.create_task(self._drained())
+        elif not self._busy():
             self._arm_waiting()
         self._resume_reading()
 
@@ -301,7 +312,13 @@ class Connection(asyncio.Protocol):
                 return
 
     def _full(self) -> bool:
-        return len(self._pending) >= _MAX_PENDING or self._pending_bytes >= self._limits.max_buffered_bytes
+        # A client that does not read its answers gets none parsed past the one that filled its socket:
+        # each answer written is memory held for it (answers that never suspend are written during _feed).
+        return (
+            self._write_paused
+            or len(self._pending) >= _MAX_PENDING
+            or self._pending_bytes >= self._limits.max_buffered_bytes
+        )
 
     def close(self) -> None:
         if self._transport is not None and not self._closing:
@@ -409,9 +426,10 @@ class Connection(asyncio.Protocol):
         request = Request(self, method, self._url.decode("latin-1"), self._headers)
         # An Upgrade is never taken: answer the request as a plain one, then close (one request, one answer).
         keep_alive = self._parser.should_keep_alive() and not self._parser.should_upgrade()
-        if self._worker is None:
+        if self._worker is None and not self._pending and not self._write_paused:
             self._start(request, keep_alive)
             return
+        # Behind an answer in progress, or a client that is not reading its answers: answered in turn.
         self._pending.append((request, keep_alive, self._head_bytes))
         self._pending_bytes += self._head_bytes
 
@@ -435,7 +453,7 @@ class Connection(asyncio.Protocol):
             self._answer(request, done.value, keep_alive)
             return
         except Exception:
-            log.exception("request %s %s failed", request.method, redact(request.target))
+            _handler_failed(request)
             self._answer(request, _INTERNAL_ERROR, keep_alive)
             return
         self._arm(Phase.RESPONSE, self._limits.response_timeout)
@@ -449,25 +467,41 @@ class Connection(asyncio.Protocol):
             try:
                 response = await _resume(coroutine, suspended)
             except Exception:
-                log.exception("request %s %s failed", request.method, redact(request.target))
+                _handler_failed(request)
+                response = _INTERNAL_ERROR
+            if self._answer(request, response, keep_alive):
+                await self._drain()
+        finally:
+            self._worker = None
+        self._after_answers()
+
+    async def _drained(self) -> None:
+        """The worker that answers what was pipelined behind a client that has read again."""
+        try:
+            await self._drain()
+        finally:
+            self._worker = None
+        self._after_answers()
+
+    async def _drain(self) -> None:
+        # A client not reading its answers gets no more made until it does (resume_writing goes on).
+        while self._pending and not self._closing and not self._write_paused:
+            request, keep_alive, head_bytes = self._pending.popleft()
+            self._pending_bytes -= head_bytes
+            self._resume_reading()
+            self._arm(Phase.RESPONSE, self._limits.response_timeout)
+            try:
+                response = await self._server.handler(request)
+            except Exception:
+                _handler_failed(request)
                 response = _INTERNAL_ERROR
             if not self._answer(request, response, keep_alive):
                 return
-            while self._pending and not self._closing:
-                request, keep_alive, head_bytes = self._pending.popleft()
-                self._pending_bytes -= head_bytes
-                self._resume_reading()
-                self._arm(Phase.RESPONSE, self._limits.response_timeout)
-                try:
-                    response = await self._server.handler(request)
-                except Exception:
-                    log.exception("request %s %s failed", request.method, redact(request.target))
-                    response = _INTERNAL_ERROR
-                if not self._answer(request, response, keep_alive):
-                    return
-        finally:
-            self._worker = None
+
+    def _after_answers(self) -> None:
         if self._closing:
+            return
+        if self._pending:  # held back until the client reads: still the response phase (armed by _answer)
             return
         if self._failure is not None:
             self._fail(*self._failure)  # now that every earlier request has its answer
@@ -498,7 +532,14 @@ class Connection(asyncio.Protocol):
             head = _head(*shape)
             if len(_heads) < _MAX_HEADS:
                 _heads[shape] = head
-        self._transport.write(head if head_only else head + response.body)
+        if head_only:
+            self._transport.write(head)
+        elif len(response.body) > _JOIN_LIMIT:
+            # A large body (a /metrics page, shared while cached) is queued as it is, not copied per answer.
+            self._transport.write(head)
+            self._transport.write(response.body)
+        else:
+            self._transport.write(head + response.body)
 
     def _fail(self, status: int, message: str) -> None:
         """Answer a request that could not be parsed, was too large or too slow, then close."""
@@ -551,6 +592,16 @@ def _head_too_large(limits: Limits) -> str:
     return f"request head larger than {limits.max_header_bytes} bytes (server.max_header_bytes)"
 
 
+_handler_failures = LogThrottle(60.0)
+
+
+def _handler_failed(request: Request) -> None:
+    """A handler raised: answered 500; its traceback logged at most once a minute, however often it recurs."""
+    suppressed = _handler_failures.allow(None)
+    if suppressed is not None:
+        log.exception("request %s %s failed%s", request.method, redact(request.target), held_back(suppressed))
+
+
 class _RequestTooLarge(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -566,27 +617,37 @@ class HTTPServer:
         self.name = name
         self.tls: ssl.SSLContext | None = None
         self._connections: set[Connection] = set()
+        self._per_source: dict[str, int] = {}  # open connections by source address (entries at zero removed)
         self._server: asyncio.Server | None = None
         self._open = telemetry.CONNECTIONS.labels(name)
         self._refused = telemetry.CONNECTIONS_REFUSED.labels(name)
         self._refusals = LogThrottle(60.0)  # one line a minute, however many are refused
 
     def admit(self, connection: Connection) -> bool:
+        source = connection.source
         if len(self._connections) >= self.limits.max_connections:
-            self._refused.inc()
-            suppressed = self._refusals.allow(None)
-            if suppressed is not None:
-                log.warning(
-                    "%s listener: %d connections open, refusing more; raise %s if they are legitimate%s",
-                    self.name,
-                    len(self._connections),
-                    self.limits.connections_key,
-                    held_back(suppressed),
-                )
+            self._refuse(f"{len(self._connections)} connections open", self.limits.connections_key)
+            return False
+        held = self._per_source.get(source, 0)
+        if held >= self.limits.max_connections_per_source:
+            self._refuse(f"{held} connections open from {source}", self.limits.per_source_key)
             return False
         self._connections.add(connection)
+        self._per_source[source] = held + 1
         self._open.inc()
         return True
+
+    def _refuse(self, what: str, key: str) -> None:
+        self._refused.inc()
+        suppressed = self._refusals.allow(key)  # a line a minute for each limit, however many sources hit it
+        if suppressed is not None:
+            log.warning(
+                "%s listener: %s, refusing more; raise %s if they are legitimate%s",
+                self.name,
+                what,
+                key,
+                held_back(suppressed),
+            )
 
     def holds(self, connection: Connection) -> bool:
         return connection in self._connections
@@ -594,6 +655,11 @@ class HTTPServer:
     def release(self, connection: Connection) -> None:
         if connection in self._connections:
             self._connections.remove(connection)
+            left = self._per_source[connection.source] - 1
+            if left:
+                self._per_source[connection.source] = left
+            else:
+                del self._per_source[connection.source]
             self._open.dec()
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None) -> int:

@@ -2,8 +2,9 @@
 authentication and authorization in front.
 
 Order of a request: health paths answer `ok` without credentials; `/openapi/*` answers 404
-before authorization (docs/protocols.md#openapi); everything else is authenticated (401), authorized (403)
-and then routed: discovery documents, the list call, or a 404 Status.
+before authorization (docs/protocols.md#openapi); everything else is authenticated (401); the discovery documents
+and the list call are then authorized (403) and answered; any other path is a 404 Status with no
+authorization review (each distinct path would cost one).
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from adapter.api.authn import Authenticator, Unauthenticated, User
 from adapter.api.authz import Attributes, Authorizer
 from adapter.api.delegate import Delegate
 from adapter.api.http import Request, Response
+from adapter.api.inflight import ReviewsBusy
 from adapter.kube.client import KubeError
 from adapter.metrics.cache import MetricCache, Reading
-from adapter.metrics.catalogue import namespace_problem
+from adapter.metrics.catalogue import metric_name_problem, namespace_problem
 from adapter.metrics.errors import MetricError
 from adapter.metrics.quantity import format_quantity
+from adapter.redact import redact
 from adapter.telemetry import api as telemetry
+from adapter.telemetry.throttle import LogThrottle, held_back
 
 log = logging.getLogger(__name__)
 # One line per request at DEBUG: what the aggregator and the HPA controller ask, and what they got.
@@ -43,6 +47,7 @@ def _status(code: int, reason: str, message: str, details: dict[str, str] | None
 
 _OPENAPI_NOT_FOUND = _status(404, "NotFound", "this server does not publish an OpenAPI document")
 _NOT_ACCEPTABLE = Response(406, negotiate.NOT_ACCEPTABLE)
+_TOO_MANY_REVIEWS = _status(429, "TooManyRequests", "too many reviews in flight at once, please try again later")
 
 
 class ExternalMetricsAPI:
@@ -65,7 +70,10 @@ class ExternalMetricsAPI:
         # Names outside ours go to the delegate; discovery is the union, rebuilt when its list changes.
         self._delegate = delegate
         self._union: tuple[tuple[str, ...], bytes] = ((), self._resource_list)
-        self._rendered: dict[tuple[str, str, str], tuple[Reading, bytes]] = {}
+        # Keyed by the Reading's identity (held in the entry, so never reused while there), not by the request's
+        # spelling: the many spellings of one series (up to a 16 KB selector each) share one small entry.
+        self._rendered: dict[int, tuple[Reading, bytes]] = {}
+        self._review_failures = LogThrottle(60.0)  # Kubernetes down: a line a minute, not one per request
 
     async def __call__(self, request: Request) -> Response:
         started = time.perf_counter()
@@ -75,7 +83,7 @@ class ExternalMetricsAPI:
             access_log.debug(
                 "%s %r accept=%r user-agent=%r -> %d",
                 request.method,
-                request.target,
+                redact(request.target),  # a query may carry a token
                 request.header("accept"),
                 request.header("user-agent"),
                 response.status,
@@ -94,14 +102,23 @@ class ExternalMetricsAPI:
         if "%" in path:
             segments = [unquote(segment) for segment in segments]
         is_list = len(segments) == 7 and path.startswith(_VERSION_PATH + "/namespaces/")
-        problem = namespace_problem(segments[5]) if is_list else None
+        problem = (namespace_problem(segments[5]) or metric_name_problem(segments[6])) if is_list else None
         if problem is not None:
-            # Before any review: a name Kubernetes cannot have costs no TokenReview or SubjectAccessReview.
+            # Before any review: a name that cannot be costs no TokenReview or SubjectAccessReview, and no cache entry.
             return "list", _status(400, "BadRequest", problem)
         route = "list" if is_list else "discovery" if path in _DISCOVERY or path == _VERSION_PATH else "other"
         if self._authenticator is not None:
+            # A path we do not serve is a 404 once authenticated, with no review: each distinct path would cost
+            # a SubjectAccessReview and key a cache entry (up to 16 KB), and every authenticated user may
+            # get /apis/* anyway (the system:discovery role).
             attributes = (
-                Attributes("list", path, segments[5], segments[6].lower()) if is_list else Attributes("get", path)
+                # Decoded names only, not the path as spelled: `%64efault` is the same question as `default`
+                # (one review, one cache entry), however many ways a caller percent-encodes it.
+                Attributes("list", "", segments[5], segments[6].lower())
+                if is_list
+                else Attributes("get", path)
+                if route == "discovery"
+                else None
             )
             refused = await self._refuse(request, self._authenticator, attributes)
             if refused is not None:
@@ -119,17 +136,28 @@ class ExternalMetricsAPI:
             return route, Response(200, document)
         return route, _status(404, "NotFound", f"the server could not find the requested resource {path}")
 
-    async def _refuse(self, request: Request, authenticator: Authenticator, attributes: Attributes) -> Response | None:
-        """401 / 403 / 500 when the caller may not make this request; None when it may."""
+    async def _refuse(
+        self, request: Request, authenticator: Authenticator, attributes: Attributes | None
+    ) -> Response | None:
+        """401 / 403 / 429 / 500 when the caller may not make this request; None when it may (`attributes`
+        None: any authenticated caller may)."""
         assert self._authorizer is not None
         try:
             user = await authenticator.authenticate(request)
         except Unauthenticated:
             return _status(401, "Unauthorized", "Unauthorized")
+        except ReviewsBusy:
+            return _TOO_MANY_REVIEWS
+        if attributes is None:
+            return None
         try:
             decision = await self._authorizer.authorize(user, attributes)
+        except ReviewsBusy:
+            return _TOO_MANY_REVIEWS
         except KubeError as err:
-            log.warning("SubjectAccessReview for %s failed: %s", user.name, err)
+            suppressed = self._review_failures.allow(None)
+            if suppressed is not None:
+                log.warning("SubjectAccessReview for %r failed: %s%s", user.name, err, held_back(suppressed))
             return _status(500, "InternalError", "Internal error occurred: the authorization check could not be made")
         if decision.allowed:
             return None
@@ -151,7 +179,7 @@ class ExternalMetricsAPI:
             reading = await self._cache.read(metric, namespace, selector)
         except MetricError as err:
             return _status(err.code, err.reason, err.message)
-        key = (metric, namespace, selector)
+        key = id(reading)
         rendered = self._rendered.get(key)
         if rendered is None or rendered[0] is not reading:
             if len(self._rendered) >= _RENDERED_LIMIT:

@@ -51,6 +51,10 @@ class AuthConfig(Strict):
     deny_cache_ttl: Duration = 10.0
     token_cache_ttl: Duration = 10.0
     cache_size: int = Field(default=10_000, ge=1)
+    # TokenReviews in flight at once (one per distinct token); past it a bearer token is answered 429.
+    max_token_reviews: int = Field(default=64, ge=1)
+    # SubjectAccessReviews in flight at once (one per user and request); past it a request is answered 429.
+    max_access_reviews: int = Field(default=64, ge=1)
     kubernetes: KubeAPIConfig = Field(default_factory=KubeAPIConfig)
 
 
@@ -70,6 +74,10 @@ class ServerConfig(Strict):
     max_connections: int = Field(default=4096, ge=1)
     # The plain metrics port (health and /metrics) has its own, smaller budget.
     metrics_max_connections: int = Field(default=256, ge=1)
+    # One source address's share of each budget: one peer cannot take the connections the aggregator,
+    # the kubelet's probes or Prometheus need (the aggregator opens one connection per concurrent request).
+    max_connections_per_source: int = Field(default=512, ge=1)
+    metrics_max_connections_per_source: int = Field(default=32, ge=1)
     # The TLS handshake, then each request head.
     header_timeout: Duration = Field(default=10.0, gt=0)
     body_timeout: Duration = Field(default=30.0, gt=0, le=60)

@@ -13,6 +13,10 @@ from adapter.sources.base import SourceQuery
 
 # A namespace name as Kubernetes validates it: a DNS-1123 label.
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+# Parts of a selector (requirements and set values: what commas separate) read at most. An HPA's selector
+# has a few; a 16 KB one of thousands of requirements costs tens of milliseconds of event loop to parse,
+# so it is refused by a count in C before any parsing (its requirements are ANDed: each is one label).
+MAX_SELECTOR_PARTS = 256
 
 
 def namespace_problem(namespace: str) -> str | None:
@@ -23,6 +27,27 @@ def namespace_problem(namespace: str) -> str | None:
     return (
         f"invalid namespace {namespace!r}: a namespace is a DNS-1123 label (lower-case letters, digits "
         "and '-', starting and ending with a letter or digit, at most 63 characters)"
+    )
+
+
+# The longest metric name read: a DNS-1123 subdomain's length (an HPA's names are far shorter). The name
+# keys the review caches, so an unbounded one would let any authenticated caller park 16 KB per entry there.
+MAX_METRIC_NAME = 253
+
+
+def metric_name_problem(name: str) -> str | None:
+    """Why `name` (percent-decoded) cannot be a metric's name (answered 400 before any review), or None: what
+    Kubernetes allows in a path segment (not `.`, `..`, nothing with `/` or `%`), printable, of bounded length."""
+    if (
+        0 < len(name) <= MAX_METRIC_NAME
+        and name not in (".", "..")
+        and name.isprintable()
+        and not {"/", "%"} & set(name)
+    ):
+        return None
+    return (
+        f"invalid metric name {name[:64]!r}: a metric name is 1 to {MAX_METRIC_NAME} printable characters, "
+        "without '/' or '%', and not '.' or '..'"
     )
 
 
@@ -57,6 +82,11 @@ class Catalogue:
         metric = self.metric(name)
         if metric.namespaces and namespace not in metric.namespaces:
             raise MetricNotFound(f"the server could not find the metric {name} for namespace {namespace}")
+        if selector_text.count(",") >= MAX_SELECTOR_PARTS:
+            raise BadSelector(
+                f"label selector has more than {MAX_SELECTOR_PARTS} requirements and set values; "
+                "a metric's selector names each of its labels at most once"
+            )
         try:
             selector = parse_selector(selector_text)
         except SelectorError as err:

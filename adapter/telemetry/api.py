@@ -22,8 +22,8 @@ CONNECTIONS = Gauge(
 )
 CONNECTIONS_REFUSED = Counter(
     "zeroscale_api_connections_refused_total",
-    "Connections closed at once because the listener's limit (server.max_connections or "
-    "server.metrics_max_connections) was reached, by listener",
+    "Connections closed at once because a limit of the listener was reached (server.max_connections, "
+    "server.metrics_max_connections, or their _per_source shares), by listener",
     ["listener"],
 )
 TIMEOUTS = Counter(
@@ -33,12 +33,14 @@ TIMEOUTS = Counter(
 )
 AUTHENTICATIONS = Counter(
     "zeroscale_api_authentications_total",
-    "Authentication outcomes, by method (front-proxy, client-certificate, token, none) and result",
+    "Authentication outcomes, by method (front-proxy, client-certificate, token, none) and result (success, "
+    "failure, error, busy: a bearer token answered 429 past server.auth.max_token_reviews)",
     ["method", "result"],
 )
 AUTHORIZATIONS = Counter(
     "zeroscale_api_authorizations_total",
-    "Authorization decisions (allow, deny, error), and whether they came from the cache or skipped the review",
+    "Authorization decisions (allow, deny, error, busy: answered 429 past server.auth.max_access_reviews), and "
+    "whether they came from the cache or skipped the review",
     ["decision", "origin"],
 )
 TLS_RELOADS = Counter(

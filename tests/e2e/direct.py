@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import ssl
+import time
 from http.client import HTTPSConnection
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,17 @@ def client_certificate(ca_cert: Path, ca_key: Path, common_name: str, out_dir: P
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     return cert_path, key_path
+
+
+def counter_after(metrics_port: int, name: str, labels: dict[str, str], before: float, seconds: float = 5) -> float:
+    """The sample once it differs from `before` (or `before` after `seconds`): /metrics is rendered at most once
+    a second and shared by the scrapes in between, so a change shows on a scrape up to a second later."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = counter(metrics_port, name, labels)
+        if value != before or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
 
 
 def counter(metrics_port: int, name: str, labels: dict[str, str]) -> float:

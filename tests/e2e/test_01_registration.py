@@ -11,7 +11,7 @@ import pytest
 from tests.e2e import install
 from tests.e2e.cluster import ControlPlane, Kube, KubeError, wait_for
 from tests.e2e.conftest import Adapter, Installed, Timeline
-from tests.e2e.direct import call, client_certificate, counter
+from tests.e2e.direct import call, client_certificate, counter, counter_after
 from tests.redis.servers import RedisProcess
 
 NAMESPACE = "e2e-auth"
@@ -93,7 +93,8 @@ def test_direct_callers_are_authenticated_and_authorized(
     status, body = call(adapter.port, SELECTED, ca, front_proxy, {"X-Remote-User": "alice", "X-Remote-Group": "devs"})
     assert status == 403, body
     assert 'User "alice" cannot list resource "redis-jobs"' in body["message"]
-    assert counter(adapter.metrics_port, *DENIED_BY_REVIEW) == denials + 1, "decided by a SubjectAccessReview"
+    decided = counter_after(adapter.metrics_port, *DENIED_BY_REVIEW, before=denials)
+    assert decided == denials + 1, "decided by a SubjectAccessReview"
     status, body = call(adapter.port, SELECTED, ca, front_proxy, {"X-Remote-User": "bob"})
     assert status == 200, body
     assert body["items"][0]["value"] == "7"

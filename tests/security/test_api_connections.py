@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from adapter.api.http import HTTPServer, Limits, Request, Response
+from adapter.api.run import MetricsPage
 from adapter.telemetry import api as telemetry
 from tests.netutil import free_port, wait_for_port
 from tests.security.api_serving import Ports, api_limits, connect, read_all, run, serving
@@ -37,6 +38,13 @@ def _gauge(listener: str) -> float:
 def _counter(metric: object, *labels: str) -> float:
     value: float = metric.labels(*labels)._value.get()  # type: ignore[attr-defined]
     return value
+
+
+async def _healthz_served(port: int, tls: bool) -> None:
+    reader, writer = await connect(port, tls)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert (await read_all(reader)).startswith(b"HTTP/1.1 200 OK\r\n")
+    writer.close()
 
 
 def _listeners(ports: Ports) -> list[tuple[int, bool]]:
@@ -133,11 +141,7 @@ def test_the_metrics_port_has_its_own_connection_cap() -> None:
             assert await read_all(reader, 5) == b""
             writer.close()
             assert _counter(telemetry.CONNECTIONS_REFUSED, "metrics") == refused + 1
-            # The API port does not share that budget.
-            reader, writer = await connect(ports.api, tls=True)
-            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            assert (await read_all(reader)).startswith(b"HTTP/1.1 200 OK\r\n")
-            writer.close()
+            await _healthz_served(ports.api, tls=True)  # the API port does not share that budget
             for _, held_writer in held:
                 held_writer.close()
 
@@ -374,5 +378,94 @@ def test_a_connection_that_never_sends_a_request_is_closed_at_the_head_deadline(
                 assert await read_all(reader, 10) == b""
                 writer.close()
                 assert _counter(telemetry.TIMEOUTS, "api" if tls else "metrics", "head") == timeouts + 1
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("listener", ["api", "metrics"])
+def test_one_source_cannot_take_every_connection(listener: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Before: one address could hold the whole budget, and the kubelet's probes, the aggregator and
+    Prometheus were refused; now each source address gets at most its share, on both listeners."""
+    prefix = "metrics_" if listener == "metrics" else ""
+    key = f"server.{prefix}max_connections_per_source"
+
+    async def scenario() -> None:
+        settings = {f"{prefix}max_connections": 8, f"{prefix}max_connections_per_source": 3}
+        async with serving(settings) as ports:
+            port, tls = (ports.api, True) if listener == "api" else (ports.metrics, False)
+            refused = _counter(telemetry.CONNECTIONS_REFUSED, listener)
+            held = [await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0)) for _ in range(3)]
+            await asyncio.sleep(0.2)
+            assert _gauge(listener) == 3
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            assert await read_all(reader, 5) == b""  # the fourth from that source is refused at once
+            writer.close()
+            assert _counter(telemetry.CONNECTIONS_REFUSED, listener) == refused + 1
+            assert f"3 connections open from 127.0.0.2, refusing more; raise {key}" in caplog.text
+            await _healthz_served(port, tls)  # another source is served while the first holds its share
+            for _, held_writer in held:
+                held_writer.close()
+
+    run(scenario())
+
+
+def test_a_client_that_does_not_read_gets_no_more_answers_made_for_it() -> None:
+    """Before: answers that complete at once (as /metrics does) were written for every request of a
+    pipelined burst, read or not: 2,000 one-line requests made 2,000 answers of 1 MB each for one client."""
+    limits = api_limits(max_header_bytes=4096, max_connections=8, header_timeout=30, idle_timeout=30)
+    body = b"x" * 1_000_000
+    calls = 0
+
+    async def handler(request: Request) -> Response:
+        nonlocal calls
+        calls += 1
+        return Response(200, body, "text/plain")
+
+    async def scenario() -> None:
+        server = HTTPServer(handler, limits, "metrics")
+        port = await server.start("127.0.0.1", 0, None)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1024)
+        count = 2000
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * count)
+        await asyncio.sleep(1.0)
+        assert calls < 100  # the ones that fit the socket buffers (tens of MB on loopback), then reading stops
+        (connection,) = server._connections
+        assert connection._transport is not None
+        assert connection._transport.get_write_buffer_size() <= 2 * len(body)
+        received = 0  # and once the client reads, every request is answered
+        while received < count * len(body):
+            chunk = await asyncio.wait_for(reader.read(1 << 20), 10)
+            assert chunk
+            received += len(chunk)
+        assert calls == count
+        writer.close()
+        await server.stop()
+
+    run(scenario(), 120)
+
+
+def test_a_scrape_flood_shares_one_rendering_of_the_metrics_page() -> None:
+    """Before: every GET /metrics rendered the page on the event loop (70 ms over 10,000 series), for anyone."""
+
+    async def scrape(port: int) -> bytes:
+        reader, writer = await connect(port, False)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = await read_all(reader)
+        writer.close()
+        return answer.partition(b"\r\n\r\n")[2]
+
+    def served(page: bytes) -> list[bytes]:
+        return [line for line in page.splitlines() if line.startswith(b"zeroscale_api_requests_total{")]
+
+    async def scenario() -> None:
+        limits = api_limits(header_timeout=5, idle_timeout=5)
+        for ttl, shared in ((3600.0, True), (0.0, False)):  # within the page's lifetime, and past it
+            server = HTTPServer(MetricsPage(ttl), limits, "metrics")
+            port = await server.start("127.0.0.1", 0, None)
+            first = await scrape(port)
+            telemetry.observe_request("health", 200, 0.001)  # what a request on the API port counts
+            again = await scrape(port)
+            assert (served(again) == served(first)) is shared
+            await server.stop()
 
     run(scenario())

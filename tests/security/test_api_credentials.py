@@ -93,3 +93,44 @@ def test_a_kubeconfig_error_does_not_quote_its_token(tmp_path: Path) -> None:
         KubeClient.from_config(KubeAPIConfig(kubeconfig=kubeconfig))
     assert "cannot read the kubeconfig" in str(refused.value)
     assert TOKEN not in str(refused.value)
+
+
+def test_the_access_log_carries_no_token_from_a_query(caplog: pytest.LogCaptureFixture) -> None:
+    """Before: the DEBUG access log wrote the request target as it came, `?access_token=` included."""
+
+    async def scenario() -> None:
+        async with serving({}) as ports:
+            reader, writer = await connect(ports.api, tls=True)
+            writer.write(f"GET {LIST}?access_token={TOKEN} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            assert (await read_all(reader)).startswith(b"HTTP/1.1 ")
+            writer.close()
+
+    with caplog.at_level(logging.DEBUG, "adapter.api.access"):
+        run(scenario())
+    assert "access_token=[redacted]" in caplog.text
+    assert TOKEN not in caplog.text
+
+
+def test_a_failing_access_review_logs_a_line_a_minute_not_one_per_request(caplog: pytest.LogCaptureFixture) -> None:
+    """Before: with SubjectAccessReviews failing, every request logged a warning."""
+
+    def broken(_request: StandInRequest, _match: re.Match[str]) -> Reply:
+        return Reply(500, status_body(500, "InternalError", "etcd is down"))
+
+    async def scenario() -> None:
+        with KubeStandIn() as kube:
+            kube.tokens[TOKEN] = {"username": "alice"}
+            kube.add_route("POST", r"/apis/authorization\.k8s\.io/v1/subjectaccessreviews", broken)
+            async with serving({"auth": {"enabled": True, "kubernetes": kube.client_config()}}) as ports:
+                for _ in range(20):
+                    reader, writer = await connect(ports.api, tls=True)
+                    head = (
+                        f"GET {LIST} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+                    )
+                    writer.write(head.encode())
+                    assert (await read_all(reader)).startswith(b"HTTP/1.1 500 ")
+                    writer.close()
+
+    with caplog.at_level(logging.WARNING):
+        run(scenario())
+    assert caplog.text.count("SubjectAccessReview for") == 1
