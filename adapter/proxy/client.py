@@ -212,13 +212,13 @@ class ClientConnection(asyncio.Protocol):
         self._feed_stepwise(data)
 
     def _feed(self, data: bytes | memoryview) -> None:
-        if self._parsing is None:
+        if self._parsing is None or self._chunk_empty:
             # Between bodies everything is head: httptools buffers a header until it ends, so the
-            # limit is enforced on the bytes received, not only in on_header.
+            # limit is enforced on the bytes received, not only in on_header. The same for a chunked body's
+            # trailer section (httptools buffers trailer lines too): bytes fed while a chunk header has been
+            # read and no data followed are counted, and a chunk header parsed in them starts the count anew
+            # (so a chunk's data and the next chunk's header in one read are never taken for trailers).
             self._head_bytes += len(data)
-        # The same for a chunked body's trailer section (httptools buffers trailer lines too): bytes fed
-        # while the last chunk header has been read and no data followed are counted as head.
-        in_chunk_head = self._chunk_empty
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -228,8 +228,6 @@ class ClientConnection(asyncio.Protocol):
             if not self._rejected:
                 self._bad_request(str(err))
         else:
-            if in_chunk_head and self._chunk_empty:
-                self._head_bytes += len(data)
             if self._head_bytes > self._max_head and not self._rejected:
                 if self._parsing is None:
                     self._refuse(
