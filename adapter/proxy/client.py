@@ -32,6 +32,7 @@ from adapter.proxy.http1 import (
     error_response,
     transfer_codings,
     trim,
+    tunnel_protocols,
 )
 from adapter.telemetry import proxy as telemetry
 
@@ -471,7 +472,12 @@ class ClientConnection(asyncio.Protocol):
         if route is None:
             telemetry.ERRORS.labels("", "404").inc()
             self._reject(404, "no route for this host and path")
-        is_upgrade = bool(upgrade) and b"upgrade" in tokens
+        # As the parser decides: after such a head it only passes bytes through, so the connection ends with
+        # this request even when the upgrade is not relayed.
+        upgrade_asked = bool(upgrade) and b"upgrade" in tokens
+        if upgrade_asked:
+            upgrade = tunnel_protocols(upgrade)
+        is_upgrade = upgrade_asked and bool(upgrade)
         if is_upgrade and route.tunnels >= route.limits.max_tunnels:
             telemetry.LIMIT_HITS.labels(route.name, "max_tunnels").inc()
             self._reject(
@@ -505,8 +511,7 @@ class ClientConnection(asyncio.Protocol):
             b"".join(parts),
             chunked,
             content_length,
-            # After an upgrade request the parser only passes bytes through: the connection cannot be reused.
-            keep_alive and not is_upgrade,
+            keep_alive and not upgrade_asked,
             is_upgrade,
             expect_continue,
             http10,

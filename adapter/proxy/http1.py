@@ -62,6 +62,22 @@ def transfer_codings(value: bytes) -> list[bytes]:
     return [coding.strip(_OWS).lower() for coding in value.split(b",") if coding.strip(_OWS)]
 
 
+# Upgrade tokens naming HTTP itself (RFC 9110 7.8: protocol-name "/" version). A tunnel to one would carry
+# requests the proxy never parses: not routed, not counted as pending, under no per-request limit or deadline
+# (the "h2c smuggling" of reverse proxies). RFC 9113 3.1 retired the h2c upgrade anyway.
+_HTTP_PROTOCOLS = frozenset({b"h2c", b"h2", b"http"})
+
+
+def tunnel_protocols(value: bytes) -> bytes:
+    """An Upgrade request value without the protocols that are HTTP itself (b"" when none is left)."""
+    kept = [
+        protocol.strip(_OWS)
+        for protocol in value.split(b",")
+        if protocol.strip(_OWS) and protocol.strip(_OWS).split(b"/", 1)[0].lower() not in _HTTP_PROTOCOLS
+    ]
+    return b", ".join(kept)
+
+
 def trim(value: bytes) -> bytes:
     """A header value without the optional whitespace RFC 9110 5.5 allows around it."""
     return value.strip(_OWS)
