@@ -424,6 +424,10 @@ class ClientConnection(asyncio.Protocol):
         for name, value in self._headers:
             kind = _SPECIAL.get(name.lower())
             if kind is None:
+                if b"_" in name and name.lower().replace(b"_", b"-") in _SPECIAL:
+                    # CGI, WSGI and their kin read `X_Forwarded_For` as X-Forwarded-For (both become
+                    # HTTP_X_FORWARDED_FOR): a spelling of a header the proxy owns is never passed on.
+                    continue
                 parts += (name, b": ", value, b"\r\n")
             elif kind == _HOST:
                 if host is not None:
@@ -440,7 +444,8 @@ class ClientConnection(asyncio.Protocol):
             elif kind == _EXPECT:
                 if trim(value).lower() != b"100-continue":
                     self._reject(417, "only Expect: 100-continue is understood")
-                expect_continue = True
+                # RFC 9110 10.1.1: ignored in HTTP/1.0, whose client would read a 100 as its final answer.
+                expect_continue = not http10
             elif kind == _FORWARDED:
                 # RFC 7239: what the client claims stays, the hop the proxy saw is added last (below).
                 forwarded = trim(value) if not forwarded else forwarded + b", " + trim(value)
