@@ -23,6 +23,7 @@ import httptools
 
 from adapter.proxy.exchange import DONE, Exchange
 from adapter.proxy.http1 import (
+    CONTENT_UNDEFINED,
     CONTINUE,
     FRAMING,
     HOP_BY_HOP,
@@ -522,6 +523,7 @@ class ClientConnection(asyncio.Protocol):
             http10,
             method == b"HEAD",
             method in IDEMPOTENT,
+            pool_upstream=not (chunked or content_length) or method not in CONTENT_UNDEFINED,
         )
 
     def _check_codings(self, codings: list[bytes], http10: bool, content_length: int | None) -> bool:

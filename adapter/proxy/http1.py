@@ -30,6 +30,9 @@ REPLACED = frozenset({b"x-forwarded-proto", b"x-forwarded-host", b"expect"})
 CHUNK_END = b"0\r\n\r\n"
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
+# Methods whose request content has no defined meaning (RFC 9110 9.3): many servers ignore such a body and
+# read it as the next request. It is forwarded, and the upstream connection is closed after, never pooled.
+CONTENT_UNDEFINED = frozenset({b"GET", b"HEAD", b"DELETE", b"TRACE"})
 
 _STATUS_LINES: dict[int, bytes] = {}
 

@@ -215,3 +215,40 @@ async def test_a_204_is_forwarded_without_a_content_length(
         writer.close()
         assert head.startswith(b"HTTP/1.1 204")
         assert b"content-length" not in head.lower()
+
+
+def _echo_target(target: bytes) -> list[bytes]:
+    # In a read of its own: a second answer comes after the proxy has handed the connection on. The first
+    # request's answer is empty, so it is a whole answer to a HEAD too.
+    body = b"" if target == b"/a" else target
+    return [b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)]
+
+
+@pytest.mark.parametrize("method", [b"GET", b"HEAD", b"DELETE", b"TRACE"])
+async def test_a_body_on_a_method_without_content_semantics_never_leaves_its_connection_pooled(
+    scripted: Callable[[Answer], ScriptedUpstream], method: bytes
+) -> None:
+    """Many servers ignore the body of a GET (RFC 9110 9.3.1: it has no defined meaning); this stand-in does too.
+    The body is then read as a request of its own, and its answer, on a pooled connection, as the answer to the
+    next request sent there (another client's)."""
+    upstream = scripted(_echo_target)
+    await upstream.start()
+    upstream.gate.clear()
+    smuggled = b"GET /smuggled HTTP/1.1\r\nHost: app.example\r\n\r\n"
+    async with running_proxy([route("app", upstream.address, limits={"endpoint_concurrency": 1})]) as server:
+        reader_a, writer_a = await asyncio.open_connection("127.0.0.1", server.port)
+        reader_b, writer_b = await asyncio.open_connection("127.0.0.1", server.port)
+        writer_a.write(
+            b"%b /a HTTP/1.1\r\nHost: app.example\r\nContent-Length: %d\r\n\r\n%b" % (method, len(smuggled), smuggled)
+        )
+        await until(lambda: len(upstream.seen) == 1)
+        writer_b.write(get("/b"))
+        await until(lambda: server.routes["app"].counts.held == 1)
+        upstream.gate.set()
+        a = await asyncio.wait_for(read_response(reader_a, head_only=method == b"HEAD"), 5)
+        b = await asyncio.wait_for(read_response(reader_b), 5)
+        writer_a.close()
+        writer_b.close()
+        assert a.status == 200
+        assert (b.status, b.body) == (200, b"/b")
+        assert upstream.seen[-1] == (2, b"/b")
