@@ -4,7 +4,6 @@ on a pooled keep-alive upstream connection (where a mis-framed body becomes the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import REGISTRY
@@ -20,19 +19,6 @@ SMUGGLED = b"GET /admin HTTP/1.1\r\nHost: app.example\r\nX-Smuggled: 1\r\n\r\n"
 def _refused(side: str, reason: str) -> float:
     value = REGISTRY.get_sample_value("zeroscale_proxy_refused_messages_total", {"side": side, "reason": reason})
     return value or 0.0
-
-
-@pytest.fixture
-async def h11_upstream() -> AsyncIterator[H11Upstream]:
-    app = await H11Upstream().start()
-    yield app
-    await app.stop()
-
-
-@pytest.fixture
-async def h11_proxy(h11_upstream: H11Upstream) -> AsyncIterator[ProxyServer]:
-    async with running_proxy([route("app", h11_upstream.address)]) as server:
-        yield server
 
 
 async def _pool_one_connection(server: ProxyServer, upstream: H11Upstream) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from adapter.proxy.server import ProxyServer
@@ -12,19 +10,6 @@ from tests.proxy.upstream_app import Upstream
 from tests.security.h11_upstream import H11Upstream
 
 H2C = b"Connection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
-
-
-@pytest.fixture
-async def h11_upstream() -> AsyncIterator[H11Upstream]:
-    app = await H11Upstream().start()
-    yield app
-    await app.stop()
-
-
-@pytest.fixture
-async def h11_proxy(h11_upstream: H11Upstream) -> AsyncIterator[ProxyServer]:
-    async with running_proxy([route("app", h11_upstream.address)]) as server:
-        yield server
 
 
 @pytest.mark.parametrize("protocols", [b"h2c", b"H2C", b"HTTP/2.0", b"h2c, HTTP/1.1", b"h2"])
