@@ -23,6 +23,7 @@ import httptools
 
 from adapter.proxy.exchange import DONE, Exchange
 from adapter.proxy.http1 import (
+    CONTENT_UNDEFINED,
     CONTINUE,
     FRAMING,
     HOP_BY_HOP,
@@ -32,6 +33,7 @@ from adapter.proxy.http1 import (
     error_response,
     transfer_codings,
     trim,
+    tunnel_protocols,
 )
 from adapter.telemetry import proxy as telemetry
 
@@ -212,13 +214,13 @@ class ClientConnection(asyncio.Protocol):
         self._feed_stepwise(data)
 
     def _feed(self, data: bytes | memoryview) -> None:
-        if self._parsing is None:
+        if self._parsing is None or self._chunk_empty:
             # Between bodies everything is head: httptools buffers a header until it ends, so the
-            # limit is enforced on the bytes received, not only in on_header.
+            # limit is enforced on the bytes received, not only in on_header. The same for a chunked body's
+            # trailer section (httptools buffers trailer lines too): bytes fed while a chunk header has been
+            # read and no data followed are counted, and a chunk header parsed in them starts the count anew
+            # (so a chunk's data and the next chunk's header in one read are never taken for trailers).
             self._head_bytes += len(data)
-        # The same for a chunked body's trailer section (httptools buffers trailer lines too): bytes fed
-        # while the last chunk header has been read and no data followed are counted as head.
-        in_chunk_head = self._chunk_empty
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -228,8 +230,6 @@ class ClientConnection(asyncio.Protocol):
             if not self._rejected:
                 self._bad_request(str(err))
         else:
-            if in_chunk_head and self._chunk_empty:
-                self._head_bytes += len(data)
             if self._head_bytes > self._max_head and not self._rejected:
                 if self._parsing is None:
                     self._refuse(
@@ -425,6 +425,10 @@ class ClientConnection(asyncio.Protocol):
         for name, value in self._headers:
             kind = _SPECIAL.get(name.lower())
             if kind is None:
+                if b"_" in name and name.lower().replace(b"_", b"-") in _SPECIAL:
+                    # CGI, WSGI and their kin read `X_Forwarded_For` as X-Forwarded-For (both become
+                    # HTTP_X_FORWARDED_FOR): a spelling of a header the proxy owns is never passed on.
+                    continue
                 parts += (name, b": ", value, b"\r\n")
             elif kind == _HOST:
                 if host is not None:
@@ -441,7 +445,8 @@ class ClientConnection(asyncio.Protocol):
             elif kind == _EXPECT:
                 if trim(value).lower() != b"100-continue":
                     self._reject(417, "only Expect: 100-continue is understood")
-                expect_continue = True
+                # RFC 9110 10.1.1: ignored in HTTP/1.0, whose client would read a 100 as its final answer.
+                expect_continue = not http10
             elif kind == _FORWARDED:
                 # RFC 7239: what the client claims stays, the hop the proxy saw is added last (below).
                 forwarded = trim(value) if not forwarded else forwarded + b", " + trim(value)
@@ -473,7 +478,12 @@ class ClientConnection(asyncio.Protocol):
         if route is None:
             telemetry.ERRORS.labels("", "404").inc()
             self._reject(404, "no route for this host and path")
-        is_upgrade = bool(upgrade) and b"upgrade" in tokens
+        # As the parser decides: after such a head it only passes bytes through, so the connection ends with
+        # this request even when the upgrade is not relayed.
+        upgrade_asked = bool(upgrade) and b"upgrade" in tokens
+        if upgrade_asked:
+            upgrade = tunnel_protocols(upgrade)
+        is_upgrade = upgrade_asked and bool(upgrade)
         if is_upgrade and route.tunnels >= route.limits.max_tunnels:
             telemetry.LIMIT_HITS.labels(route.name, "max_tunnels").inc()
             self._reject(
@@ -507,13 +517,13 @@ class ClientConnection(asyncio.Protocol):
             b"".join(parts),
             chunked,
             content_length,
-            # After an upgrade request the parser only passes bytes through: the connection cannot be reused.
-            keep_alive and not is_upgrade,
+            keep_alive and not upgrade_asked,
             is_upgrade,
             expect_continue,
             http10,
             method == b"HEAD",
             method in IDEMPOTENT,
+            pool_upstream=not (chunked or content_length) or method not in CONTENT_UNDEFINED,
         )
 
     def _check_codings(self, codings: list[bytes], http10: bool, content_length: int | None) -> bool:

@@ -42,6 +42,7 @@ class Exchange:
         "http10",
         "is_head",
         "keep_alive",
+        "pool_upstream",
         "replay",
         "replay_size",
         "response_started",
@@ -68,6 +69,8 @@ class Exchange:
         http10: bool,
         is_head: bool,
         idempotent: bool,
+        *,
+        pool_upstream: bool = True,
     ) -> None:
         self.client = client
         self.route = route
@@ -79,6 +82,8 @@ class Exchange:
         self.expect_continue = expect_continue
         self.http10 = http10
         self.is_head = is_head
+        # Whether the upstream connection may go back to the pool after this exchange (see CONTENT_UNDEFINED).
+        self.pool_upstream = pool_upstream
         # Framed body pieces waiting for an upstream connection.
         self.body: list[bytes] = []
         self.body_size = 0
@@ -223,7 +228,7 @@ class Exchange:
         self.upstream = None
         if upstream is not None:
             upstream.exchange = None
-            if upstream_reusable and self.body_done:
+            if upstream_reusable and self.body_done and self.pool_upstream:
                 upstream.release()
             else:
                 upstream.close()

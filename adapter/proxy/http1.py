@@ -30,6 +30,9 @@ REPLACED = frozenset({b"x-forwarded-proto", b"x-forwarded-host", b"expect"})
 CHUNK_END = b"0\r\n\r\n"
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
+# Methods whose request content has no defined meaning (RFC 9110 9.3): many servers ignore such a body and
+# read it as the next request. It is forwarded, and the upstream connection is closed after, never pooled.
+CONTENT_UNDEFINED = frozenset({b"GET", b"HEAD", b"DELETE", b"TRACE"})
 
 _STATUS_LINES: dict[int, bytes] = {}
 
@@ -60,6 +63,22 @@ def connection_tokens(value: bytes) -> set[bytes]:
 def transfer_codings(value: bytes) -> list[bytes]:
     """The codings of a Transfer-Encoding value, lower-cased, parameters kept (so `chunked;x` is not chunked)."""
     return [coding.strip(_OWS).lower() for coding in value.split(b",") if coding.strip(_OWS)]
+
+
+# Upgrade tokens naming HTTP itself (RFC 9110 7.8: protocol-name "/" version). A tunnel to one would carry
+# requests the proxy never parses: not routed, not counted as pending, under no per-request limit or deadline
+# (the "h2c smuggling" of reverse proxies). RFC 9113 3.1 retired the h2c upgrade anyway.
+_HTTP_PROTOCOLS = frozenset({b"h2c", b"h2", b"http"})
+
+
+def tunnel_protocols(value: bytes) -> bytes:
+    """An Upgrade request value without the protocols that are HTTP itself (b"" when none is left)."""
+    kept = [
+        protocol.strip(_OWS)
+        for protocol in value.split(b",")
+        if protocol.strip(_OWS) and protocol.strip(_OWS).split(b"/", 1)[0].lower() not in _HTTP_PROTOCOLS
+    ]
+    return b", ".join(kept)
 
 
 def trim(value: bytes) -> bytes:

@@ -52,19 +52,15 @@ class _HeadResponse:
     so this parser is used for one response and dropped after its head. Any byte past that head (a
     body, a second response) is an upstream error: the connection's framing can no longer be trusted."""
 
-    __slots__ = ("connection", "head_seen", "on_header")
+    __slots__ = ("connection", "on_header", "on_headers_complete")
 
     def __init__(self, connection: UpstreamConnection) -> None:
         self.connection = connection
         self.on_header = connection.on_header
-        self.head_seen = False
-
-    def on_headers_complete(self) -> None:
-        self.connection.on_headers_complete()
-        self.head_seen = self.connection.exchange is not None and not self.connection.interim
+        self.on_headers_complete = connection.on_headers_complete
 
     def on_message_begin(self) -> None:
-        if self.head_seen:
+        if self.connection.complete is not None:
             raise _BadResponse("sent a second response after the head of a HEAD response", "bytes_after_head")
 
     def on_body(self, _body: bytes) -> None:
@@ -101,10 +97,14 @@ class UpstreamConnection(asyncio.Protocol):
         self._timeout = 0.0
         self._reads = 0
         self._reads_seen = 0
-        # The answer to a HEAD request whose head arrived in the read being parsed: finished after that read.
-        self._head_answer: bool | None = None
-        # Bytes received for the response head (interim answers included) of the exchange.
+        # A response ended in the read being parsed (the value: whether the connection may be reused). It is
+        # finished after that read, once the parser has shown that no byte follows it: a pooled connection
+        # must hold nothing that could be read as the next request's response.
+        self.complete: bool | None = None
+        # Bytes received for the response head (interim answers included) of the exchange, then for its trailers.
         self._head_bytes = 0
+        # A chunk header was parsed and no data followed yet: the last chunk's trailer section may be coming.
+        self._chunk_empty = False
         # The response head is in _out, not yet written to the client (a refusal may still replace it).
         self._unsent_head = False
 
@@ -124,8 +124,9 @@ class UpstreamConnection(asyncio.Protocol):
             return
         self._reads += 1
         exchange = self.exchange
-        if not exchange.response_started:
-            # httptools buffers a header line until it ends: the head's bound is on the bytes received.
+        # httptools buffers a header line until it ends: the bound on a head (and on trailers) is on the bytes
+        # received while one is being read. A chunk header parsed in this read starts the count anew.
+        if not exchange.response_started or self._chunk_empty:
             self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
@@ -134,26 +135,24 @@ class UpstreamConnection(asyncio.Protocol):
             self._start_tunnel(data[upgrade.args[0] :])
             return
         except httptools.HttpParserError as err:
+            if self.complete is not None and not exchange.is_head:
+                # The response was whole and went out as it came; what followed it is for no one.
+                telemetry.REFUSED_MESSAGES.labels("response", "bytes_after_response").inc()
+                self.complete = False
+                self._finish()
+                return
             self._refused(err.__context__ if isinstance(err.__context__, _BadResponse) else None)
             return
-        if self._head_answer is not None:
-            self._finish_head_answer()
+        if self.complete is not None:
+            self._finish()
         elif self._out:
             self._flush()
-        elif (
-            not exchange.response_started
+        if (
+            (self._chunk_empty or not exchange.response_started)
             and self._head_bytes > exchange.route.limits.max_response_head_bytes
             and self.exchange is exchange
         ):
-            limit = exchange.route.limits.max_response_head_bytes
-            telemetry.LIMIT_HITS.labels(exchange.route.name, "max_response_head_bytes").inc()
-            self._refused(
-                _BadResponse(
-                    f"sent a response head larger than {limit} bytes (route {exchange.route.name}: "
-                    "limits.max_response_head_bytes)",
-                    "head_too_large",
-                )
-            )
+            self._head_too_large(exchange)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -188,10 +187,18 @@ class UpstreamConnection(asyncio.Protocol):
 
     # --- httptools callbacks ---
 
-    # No on_message_begin (one callback less per response): on_headers_complete takes the headers and starts
-    # anew, and the connection is closed whenever a response head breaks off before it.
+    def on_message_begin(self) -> None:
+        if self.complete is not None:
+            # A second message in the read that ended the response: on a pooled connection it would be read as
+            # the answer to the next request sent on it (another client's).
+            raise _BadResponse("sent bytes after its response", "bytes_after_response")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._chunk_empty:
+            # A trailer: dropped (the chunked body is re-framed without), never kept for the next head; counted
+            # with the trailer section, so ones that complete within one read are bounded too.
+            self._head_bytes += len(name) + len(value)
+            return
         # Only names as long as a hop-by-hop one or Content-Length need a closer (lower-cased) look.
         if len(name) in _SPECIAL_LENGTHS:
             lower = name.lower()
@@ -232,9 +239,14 @@ class UpstreamConnection(asyncio.Protocol):
         elif exchange.is_head:
             # Asked here only (the version costs a string format): other responses ask should_keep_alive.
             # The head is the whole answer, sent once the rest of this read shows nothing follows it.
-            self._head_answer = not upstream_close and self._parser.get_http_version() == "1.1"
+            self.complete = not upstream_close and self._parser.get_http_version() == "1.1"
+
+    def on_chunk_header(self) -> None:
+        self._chunk_empty = True
+        self._head_bytes = 0
 
     def on_body(self, body: bytes) -> None:
+        self._chunk_empty = False
         self._out.append(chunk(body) if self._client_chunked else body)
 
     def on_message_complete(self) -> None:
@@ -244,13 +256,11 @@ class UpstreamConnection(asyncio.Protocol):
         exchange = self.exchange
         if exchange is None:
             return
-        # Read here and nowhere else: after this callback httptools reports False.
-        keep_alive = self._parser.should_keep_alive()
+        self._chunk_empty = False
         if self._client_chunked:
             self._out.append(CHUNK_END)
-        if self._out:
-            self._flush()
-        exchange.response_done(upstream_reusable=keep_alive)
+        # Read here and nowhere else: after this callback httptools reports False.
+        self.complete = self._parser.should_keep_alive()
 
     # --- what the exchange and the pool call ---
 
@@ -258,6 +268,7 @@ class UpstreamConnection(asyncio.Protocol):
         """Bind the connection to `exchange` before its request is written."""
         self.exchange = exchange
         self._head_bytes = 0
+        self._chunk_empty = False
         self._until_close = False
         self._client_chunked = False
         if exchange.is_head:
@@ -331,6 +342,13 @@ class UpstreamConnection(asyncio.Protocol):
             # Headers the upstream named in Connection are hop-by-hop too.
             at_names = range(1, len(parts), 4)
             parts[1:] = [piece for at in at_names if parts[at].lower() not in tokens for piece in parts[at : at + 4]]
+        if status == 204 and has_length:
+            # RFC 9110 8.6: never in a 204 (the parser reads none there); a client that believed it would take
+            # the next response on its connection for this one's body.
+            at_names = range(1, len(parts), 4)
+            parts[1:] = [
+                piece for at in at_names if parts[at].lower() != b"content-length" for piece in parts[at : at + 4]
+            ]
         client = exchange.client
         if status == 101:
             parts.append(b"Connection: Upgrade\r\nUpgrade: %b\r\n" % upgrade)
@@ -373,20 +391,33 @@ class UpstreamConnection(asyncio.Protocol):
         if rest:
             exchange.client.transport.write(rest)
 
-    def _finish_head_answer(self) -> None:
-        """The head of a HEAD response arrived and nothing after it: that is the whole answer."""
-        reusable, self._head_answer = bool(self._head_answer), None
-        # A fresh parser reads the next response on this connection.
-        self._parser = httptools.HttpResponseParser(self)
-        self._flush()
+    def _finish(self) -> None:
+        """A response ended in the read just parsed and nothing after it (or the connection is not reused)."""
+        reusable, self.complete = bool(self.complete), None
         exchange = self.exchange
+        if exchange is not None and exchange.is_head:
+            # A fresh parser reads the next response on this connection.
+            self._parser = httptools.HttpResponseParser(self)
+        self._flush()
         if exchange is not None:
             exchange.response_done(upstream_reusable=reusable)
+
+    def _head_too_large(self, exchange: Exchange) -> None:
+        """A response head, or a response's trailer section, is over the route's bound."""
+        limit = exchange.route.limits.max_response_head_bytes
+        telemetry.LIMIT_HITS.labels(exchange.route.name, "max_response_head_bytes").inc()
+        self._refused(
+            _BadResponse(
+                f"sent a response head or trailers larger than {limit} bytes (route {exchange.route.name}: "
+                "limits.max_response_head_bytes)",
+                "head_too_large",
+            )
+        )
 
     def _refused(self, bad: _BadResponse | None) -> None:
         """A response that cannot be forwarded: 502 if nothing of it reached the client, else cut off; the
         connection is closed, never pooled."""
-        self._head_answer = None
+        self.complete = None
         reason = bad.args[0] if bad is not None else "sent a malformed response"
         if bad is not None:
             telemetry.REFUSED_MESSAGES.labels("response", bad.args[1]).inc()

@@ -232,19 +232,29 @@ _RESPONSE_HOSTILE = [
 ]
 
 
+# Trailer lines of a chunked response (never in a head: a client that sees one got another response's trailers).
+_TRAILERS = [b"X-Trailer: 1", b"Set-Cookie: trailer=1", b"Content-Length: 7"]
+# What a broken upstream may send past the end of a response: it must never answer the next request.
+_AFTER = [b"", b"", b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL", b"HTTP/1.1 2", b"junk", b"\r\n"]
+
+
 @st.composite
-def _response(draw: st.DrawFn) -> bytes:
+def _response(draw: st.DrawFn) -> tuple[bytes, bytes]:
+    """(a response, what the upstream sends after it on the same connection)."""
     status = draw(st.sampled_from([200, 201, 204, 404, 500]))
     body = b"" if status == 204 else draw(st.binary(max_size=40))
     lines = draw(st.lists(st.sampled_from(_RESPONSE_HOSTILE), max_size=2))
     if status != 204 and draw(st.booleans()):
         lines.append(b"Transfer-Encoding: chunked")
-        payload = (b"%x\r\n%b\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
+        trailers = draw(st.lists(st.sampled_from(_TRAILERS), max_size=2))
+        payload = (b"%x\r\n%b\r\n" % (len(body), body) if body else b"") + b"0\r\n"
+        payload += b"".join(line + b"\r\n" for line in trailers) + b"\r\n"
     else:
         lines.append(b"Content-Length: %d" % len(body))
         payload = body
     lines = draw(st.permutations(lines))
-    return b"HTTP/1.1 %d X\r\n%b\r\n%b" % (status, b"".join(line + b"\r\n" for line in lines), payload)
+    head = b"HTTP/1.1 %d X\r\n%b\r\n" % (status, b"".join(line + b"\r\n" for line in lines))
+    return head + payload, draw(st.sampled_from(_AFTER))
 
 
 def _as_h11_response(raw: bytes) -> tuple[int, bytes] | None:
@@ -281,14 +291,16 @@ async def scripted() -> AsyncIterator[tuple[ProxyServer, H11Upstream, list[bytes
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(responses=st.lists(_response(), min_size=1, max_size=5))
 async def test_the_client_reads_what_the_upstream_sent(
-    scripted: tuple[ProxyServer, H11Upstream, list[bytes]], responses: list[bytes]
+    scripted: tuple[ProxyServer, H11Upstream, list[bytes]], responses: list[tuple[bytes, bytes]]
 ) -> None:
+    """Each response on the pooled upstream connection reaches its own client request: never its trailers in
+    the next one's head, never bytes sent after it as the next one's answer."""
     server, _upstream, replies = scripted
-    replies[:] = responses
+    replies[:] = [raw + after for raw, after in responses]
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     client = h11.Connection(h11.CLIENT)
     try:
-        for raw in responses:
+        for raw, _after in responses:
             expected = _as_h11_response(raw)
             writer.write(client.send(h11.Request(method="GET", target="/", headers=[("Host", "app.example")])))
             writer.write(client.send(h11.EndOfMessage()))
@@ -301,6 +313,8 @@ async def test_the_client_reads_what_the_upstream_sent(
                     elif isinstance(event, h11.Response):
                         status = event.status_code
                         own = any(name == b"x-zeroscale-proxy" for name, _ in event.headers)
+                        leaked = {name for name, _ in event.headers} & {b"x-trailer", b"set-cookie"}
+                        assert not leaked, f"trailers in a response head: {leaked}"
                     elif isinstance(event, h11.Data):
                         body += event.data
                     elif isinstance(event, h11.EndOfMessage):

@@ -4,7 +4,6 @@ on a pooled keep-alive upstream connection (where a mis-framed body becomes the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import REGISTRY
@@ -20,19 +19,6 @@ SMUGGLED = b"GET /admin HTTP/1.1\r\nHost: app.example\r\nX-Smuggled: 1\r\n\r\n"
 def _refused(side: str, reason: str) -> float:
     value = REGISTRY.get_sample_value("zeroscale_proxy_refused_messages_total", {"side": side, "reason": reason})
     return value or 0.0
-
-
-@pytest.fixture
-async def h11_upstream() -> AsyncIterator[H11Upstream]:
-    app = await H11Upstream().start()
-    yield app
-    await app.stop()
-
-
-@pytest.fixture
-async def h11_proxy(h11_upstream: H11Upstream) -> AsyncIterator[ProxyServer]:
-    async with running_proxy([route("app", h11_upstream.address)]) as server:
-        yield server
 
 
 async def _pool_one_connection(server: ProxyServer, upstream: H11Upstream) -> None:
@@ -275,3 +261,40 @@ async def test_a_clients_forwarded_header_gets_the_hop_the_proxy_saw_appended(
     raw = b"GET /echo HTTP/1.1\r\nHost: app.example\r\nForwarded: for=203.0.113.9 \r\nForwarded: for=10.0.0.1\r\n\r\n"
     assert (await request(h11_proxy.port, raw)).status == 200
     assert h11_upstream.requests[0].header(b"forwarded") == [b"for=203.0.113.9, for=10.0.0.1, for=127.0.0.1;proto=http"]
+
+
+async def test_underscore_spellings_of_headers_the_proxy_owns_are_not_forwarded(
+    h11_proxy: ProxyServer, h11_upstream: H11Upstream
+) -> None:
+    """A CGI or WSGI server maps `_` and `-` in a header name alike (HTTP_X_FORWARDED_FOR): these would spoof the
+    forwarding headers the proxy sets, or reach the app as framing it never saw."""
+    aliases = [
+        b"X_Forwarded_For: 6.6.6.6",
+        b"x_forwarded_host: evil.example",
+        b"X-Forwarded_Proto: https",
+        b"Content_Length: 99",
+        b"Transfer_Encoding: chunked",
+        b"Proxy_Authorization: Basic Zm9vOmJhcg==",
+        b"Keep_Alive: 1",
+    ]
+    raw = post(b"hello", extra="".join(f"{line.decode()}\r\n" for line in [*aliases, b"X_App_Thing: kept"]))
+    response = await request(h11_proxy.port, raw)
+    assert (response.status, response.body) == (200, b"hello")
+    [seen] = h11_upstream.requests
+    names = [name for name, _ in seen.headers]
+    assert not [name for name in names if b"_" in name and name != b"x_app_thing"]
+    assert seen.header(b"x_app_thing") == [b"kept"]
+    assert seen.header(b"x-forwarded-for") == [b"127.0.0.1"]
+
+
+async def test_an_http10_expect_is_ignored_not_answered_with_100(h11_proxy: ProxyServer) -> None:
+    """An HTTP/1.0 client knows no interim answers: a 100 would be read as its response, the real one after it
+    as garbage."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", h11_proxy.port)
+    writer.write(b"POST /echo HTTP/1.0\r\nHost: app.example\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+    await asyncio.sleep(0.2)
+    writer.write(b"hello")
+    response = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert response.startswith(b"HTTP/1.1 200")
+    assert b" 100 " not in response

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from tests.netutil import free_port
-from tests.proxy.conftest import Responses, get, read_response, request, route, running_proxy
+from tests.proxy.conftest import Responses, get, read_response, request, route, running_proxy, until
 from tests.proxy.upstream_app import Upstream
 from tests.security.h11_upstream import H11Upstream
 
@@ -174,6 +174,24 @@ async def test_endless_trailers_are_431_not_buffered(upstream: Upstream) -> None
         writer.close()
         assert answer.startswith(b"HTTP/1.1 431")
         assert server.routes["trailers"].counts.inflight == 0
+
+
+async def test_chunks_larger_than_the_head_limit_are_not_taken_for_trailers(upstream: Upstream) -> None:
+    """The trailer bound counts bytes read while a chunk header waits for its data: a read holding a chunk's data
+    and the next chunk's header is body, however large (it was refused 431 as trailers)."""
+    async with running_proxy(
+        [route("chunks", upstream.address)], max_header_bytes=1024, max_request_line_bytes=1024
+    ) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1000\r\n")
+        for piece in (b"a" * 4096 + b"\r\n1000\r\n", b"b" * 4096 + b"\r\n0\r\n\r\n"):
+            # Each in its own read: the chunk header before it has had no data yet.
+            await until(lambda: server.routes["chunks"].counts.inflight == 1)
+            await asyncio.sleep(0.05)
+            writer.write(piece)
+        response = await asyncio.wait_for(read_response(reader), 5)
+        writer.close()
+        assert (response.status, response.body) == (200, b"a" * 4096 + b"b" * 4096)
 
 
 async def test_a_pipelined_body_cut_by_the_limit_gets_the_refusal_in_its_place(upstream: Upstream) -> None:
