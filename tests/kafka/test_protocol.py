@@ -87,3 +87,45 @@ def test_list_offsets_before_v3_is_left_to_aiokafka() -> None:
     with pytest.raises(VersionUnsupported):
         ListOffsets(-1, 0, [("t", [(0, -1)])]).prepare({2: (0, 2)})
     assert ListOffsets(-1, 0, [("t", [(0, -1)])]).prepare({2: (1, 10)}).API_VERSION == 3
+
+
+# Hostile answers: lengths and counts come from the wire and are checked against the bytes received
+# before they are used, so a broken or hostile broker costs one failed request, never a hung event loop.
+
+
+# A topic name of 16 bytes, then partition count -1: the reader used to step back one partition's 22 bytes,
+# landing where the topic began; with 2^31-1 topics announced it read the same 22 bytes over and over, in
+# the event loop, keeping every copy (before the fix this test hung).
+_LOOPING_TOPIC = (16).to_bytes(2, "big") + b"t" * 16 + (-1).to_bytes(4, "big", signed=True)
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        ((2**31 - 1).to_bytes(4, "big") + _LOOPING_TOPIC, "topic count 2147483647"),
+        ((1).to_bytes(4, "big") + _LOOPING_TOPIC, "partition count -1"),
+        # A topic name said to be 500 bytes long where 4 are left.
+        ((1).to_bytes(4, "big") + (500).to_bytes(2, "big") + b"tttt", "topic string of 500 bytes"),
+    ],
+)
+def test_lengths_from_the_wire_are_checked_in_list_offsets(payload: bytes, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        ListOffsetsResponseV3.decode(bytes(4) + payload)
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        # A varint longer than any 32-bit count (each extra byte made a bigger number, without end).
+        (bytes(4) + bytes([0xFF] * 6) + bytes([1]), "varint"),
+        # 2^28 groups announced in a few bytes: more elements than bytes left.
+        (bytes(4) + bytes([0x80, 0x80, 0x80, 0x80, 0x01]) + bytes(3), "groups"),
+        # A group name said to be 100 bytes long where 1 is left: read short, then past the end.
+        (bytes(4) + bytes([2, 101]) + b"g", "string"),
+        # A tagged field said to hold 100 bytes where none are left.
+        (bytes(4) + bytes([1, 1, 0, 100]), "tagged field"),
+    ],
+)
+def test_lengths_from_the_wire_are_checked_in_offset_fetch(payload: bytes, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        OffsetFetchResponseV8.decode(payload)
