@@ -27,6 +27,8 @@ from adapter.sources.kafka_connection import KafkaConnection
 from adapter.sources.kafka_offsets import (
     EARLIEST,
     LATEST,
+    ClusterMetadata,
+    Committed,
     CommittedReader,
     Coordinators,
     MetadataReader,
@@ -182,7 +184,7 @@ class GroupReader:
     async def _read_round(self, wanted: Mapping[str, set[str]], read: int) -> dict[str, GroupOffsets | SourceError]:
         wall = self._wall_clock()
         outcomes: dict[str, GroupOffsets | SourceError] = {}
-        committed: dict[str, dict[TopicPartition, int]] = {}
+        committed: dict[str, Committed] = {}
         for group, result in (await self._committed.read(list(wanted))).items():
             if isinstance(result, SourceError):
                 outcomes[group] = result
@@ -190,6 +192,12 @@ class GroupReader:
                 committed[group] = result
         asked = {group: {tp.topic for tp in offsets} | wanted[group] for group, offsets in committed.items()}
         metadata = await self._metadata.leaders(set().union(*asked.values()))
+        if unlisted := _unlisted(committed, metadata):
+            # Partitions are only ever added (a recreated topic's commits are removed with it): a commit on a
+            # partition the kept metadata lacks means the metadata is older than the partition. Ask again.
+            self._metadata.invalidate({tp.topic for tps in unlisted.values() for tp in tps})
+            metadata = await self._metadata.leaders(set().union(*asked.values()))
+            unlisted = _unlisted(committed, metadata)
         partitions = {
             group: [TopicPartition(t, p) for t in sorted(names & metadata.leaders.keys()) for p in metadata.leaders[t]]
             for group, names in asked.items()
@@ -205,7 +213,11 @@ class GroupReader:
         now = self._clock()
         for group, tps in partitions.items():
             by_topic: dict[str, dict[int, PartitionOffsets]] = {t: {} for t in asked[group] if t in metadata.leaders}
-            unread: dict[tuple[str, int], str] = {}
+            unread: dict[tuple[str, int], str] = {
+                (tp.topic, tp.partition): f"the group committed to partition {tp.partition}, which the cluster's "
+                f"metadata does not list (it lists {len(metadata.leaders[tp.topic])} partitions)"
+                for tp in unlisted.get(group, ())
+            }
             for tp in tps:
                 cause = ends.errors.get(tp) or starts.errors.get(tp)
                 if cause is not None:
@@ -226,6 +238,16 @@ class GroupReader:
                 unread=unread,
             )
         return outcomes
+
+
+def _unlisted(committed: Mapping[str, Committed], metadata: ClusterMetadata) -> dict[str, list[TopicPartition]]:
+    """Per group, its committed partitions of existing topics that the metadata does not list."""
+    unlisted: dict[str, list[TopicPartition]] = {}
+    for group, offsets in committed.items():
+        for tp in offsets:
+            if tp.topic in metadata.leaders and tp.partition not in metadata.leaders[tp.topic]:
+                unlisted.setdefault(group, []).append(tp)
+    return unlisted
 
 
 def _consume_exception(future: asyncio.Future[GroupOffsets]) -> None:

@@ -63,9 +63,13 @@ class MetadataReader:
         self._clock = clock
         self._topics: dict[str, tuple[float, dict[int, int]]] = {}  # topic -> (read at, leaders)
 
-    def invalidate(self) -> None:
-        """Leadership changed (a NOT_LEADER answer): the next read asks afresh."""
-        self._topics.clear()
+    def invalidate(self, topics: Collection[str] | None = None) -> None:
+        """Leadership changed (a NOT_LEADER answer), or a group committed to a partition these topics'
+        entries lack: the next read asks afresh (for `topics`, or every topic)."""
+        if topics is None:
+            self._topics.clear()
+        for topic in topics or ():
+            self._topics.pop(topic, None)
 
     async def leaders(self, topics: Collection[str]) -> ClusterMetadata:
         now = self._clock()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -15,6 +16,7 @@ from adapter.sources.kafka import KafkaLag
 
 # Names unique in the session: the broker is shared by every test.
 names = itertools.count(1)
+_METADATA_TRIES = 200  # 50 ms apart
 
 
 class KafkaDriver:
@@ -30,13 +32,23 @@ class KafkaDriver:
 
     async def produce(self, topic: str, counts: dict[int, int]) -> None:
         """`counts[p]` messages into partition p."""
-        known = self.producer.client.cluster.partitions_for_topic(topic) or set()
-        if not set(counts) <= known:  # partitions just added: the producer learns of them first
-            await self.producer.client.force_metadata_update()
+        await self.known_to_producer(topic, set(counts))
         for partition, count in counts.items():
             for _ in range(count):
                 await self.producer.send(topic, b"m", partition=partition)
         await self.producer.flush()
+
+    async def known_to_producer(self, topic: str, partitions: set[int]) -> None:
+        """Wait until the producer's metadata lists the partitions (just added ones included). The broker
+        applies a CreatePartitions to its metadata after answering it, so one refresh may not show them
+        yet: producing then failed with aiokafka's "Unrecognized partition" (the flaky tests under load)."""
+        client = self.producer.client
+        for _ in range(_METADATA_TRIES):
+            if partitions <= (client.cluster.partitions_for_topic(topic) or set()):
+                return
+            await client.force_metadata_update()
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"partitions {sorted(partitions)} of {topic} not in the broker's metadata after 10s")
 
     async def commit(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
         """Commit offsets for the group as a consumer with manually assigned partitions does."""

@@ -285,3 +285,24 @@ async def test_lag_reads_through_a_rebalance(kafka: KafkaDriver, lag_source: Kaf
     finally:
         await second.stop()
         await first.stop()
+
+
+async def test_partitions_added_and_committed_count_before_the_metadata_expires(
+    kafka: KafkaDriver, broker: KafkaBroker, name: str
+) -> None:
+    await kafka.topic(name, 2)
+    await kafka.produce(name, {0: 3, 1: 3})
+    await kafka.commit(name, {(name, 0): 1, (name, 1): 1})
+    source = KafkaLag(source_config(broker.bootstrap, metadata_max_age=60))
+    try:
+        metric = lag_metric(source.name, allow_idle_consumers=True)
+        assert await read_lag(source, metric, f"group={name}") == 4
+        await kafka.admin.create_partitions({name: NewPartitions(total_count=4)})
+        await kafka.produce(name, {2: 4, 3: 4})
+        await kafka.commit(name, {(name, 2): 0, (name, 3): 2})
+        # A commit on a partition the cached metadata does not list: the metadata is stale, not the commit.
+        # The partitions used to be left out (lag 4) until metadata_max_age passed.
+        assert await read_lag(source, metric, f"group={name}") == 4 + 4 + 2
+        assert await read_lag(source, metric, f"group={name},partition=3") == 2
+    finally:
+        await source.close()
