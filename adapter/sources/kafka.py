@@ -59,7 +59,7 @@ class KafkaLag(Source):
         except SourceError as err:
             raise SourceError(f"{about}: {err}") from err
         lags = group_lags(metric, group, offsets.read, chosen, self._persistent)
-        self._export.lag(metric.name, group, lags)
+        self._export.lag(metric.name, group, lags, query)
         return [
             Sample(
                 Decimal(served_lag(lags, metric)),
@@ -85,8 +85,7 @@ class KafkaLag(Source):
             return
         group = groups[0]
         watched.discard(query)
-        if not any(q.metric.name == query.metric.name for q in watched):
-            self._export.forget_lag(query.metric.name, group)
+        self._export.forget_lag(query.metric.name, group, query)
         if not watched:
             del self._watched[group]
             self._groups.forget(group)
