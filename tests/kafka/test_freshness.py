@@ -24,17 +24,19 @@ from tests.rpc.conftest import adapter_config, ref, scaler_stub
 pytestmark = pytest.mark.kafka
 
 # The defaults of offsets_max_age and metadata_max_age (source_config sets 0 for the other tests).
-DEFAULT_AGES = {"offsets_max_age": 5.0, "metadata_max_age": 5.0}
+DEFAULT_AGES = {"offsets_max_age": 5.0, "metadata_max_age": 5.0, "persistent_lag_window": 5.0}
 
 
+@pytest.mark.parametrize("exclude_persistent_lag", [False, True])
 async def test_a_produce_reaches_the_value_and_the_subscribers_before_the_series_interval(
-    kafka: KafkaDriver, broker: KafkaBroker, name: str
+    kafka: KafkaDriver, broker: KafkaBroker, name: str, exclude_persistent_lag: bool
 ) -> None:
     await kafka.topic(name, 1)
     await kafka.produce(name, {0: 2})
     await kafka.commit(name, {(name, 0): 2})
     source = KafkaLag(source_config(broker.bootstrap, **DEFAULT_AGES))
-    metric = lag_metric(source.name, allow_idle_consumers=True)
+    # exclude_persistent_lag too: its series used to keep the interval (it compared commits read to read).
+    metric = lag_metric(source.name, allow_idle_consumers=True, exclude_persistent_lag=exclude_persistent_lag)
     config = CacheConfig()  # interval 5s: without the source's push the lag shows after up to 5s + 5s
     cache = MetricCache(Catalogue([metric]), {source.name: source}, config)
     selector = f"group={name},topic={name}"
