@@ -64,8 +64,8 @@ class KafkaDriver:
 
 def source_config(bootstrap: str, **settings: object) -> KafkaSource:
     """A source that reads afresh on every query unless a test asks otherwise."""
-    ages = {"metadata_max_age": 0, "offsets_max_age": 0, "persistent_lag_window": 0}
-    fields: dict[str, object] = ages | {"request_timeout": 5}
+    ages: dict[str, object] = {"metadata_max_age": 0, "offsets_max_age": 0, "persistent_lag_window": 0}
+    fields = ages | {"request_timeout": 5}
     return KafkaSource(type="kafka", name=f"kafka-{next(names)}", bootstrap_servers=[bootstrap], **fields | settings)
 
 
