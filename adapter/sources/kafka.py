@@ -168,7 +168,7 @@ def _select(
     )
     if unread:
         (topic, partition), cause = unread[0]
-        raise SourceError(f"reading the log offsets of topic {topic!r} partition {partition}: {cause}")
+        raise SourceError(f"reading the offsets of topic {topic!r} partition {partition}: {cause}")
     chosen = [
         (topic, partition, partition_offsets)
         for topic in topics

@@ -61,7 +61,7 @@ class GroupOffsets:
     asked: frozenset[str]  # every topic this read covers (committed or named), whether it exists or not
     topics: Mapping[str, Mapping[int, PartitionOffsets]]  # the asked topics that exist, without `unread`
     missing: frozenset[str]  # the asked topics the cluster does not have
-    unread: Mapping[tuple[str, int], str]  # partitions whose log offsets could not be read, and why
+    unread: Mapping[tuple[str, int], str]  # partitions whose offsets (committed or log) could not be read, and why
 
 
 # Told of every group read, and of every group forgotten (nobody read it for _FORGET_AFTER).
@@ -190,7 +190,7 @@ class GroupReader:
                 outcomes[group] = result
             else:
                 committed[group] = result
-        asked = {group: {tp.topic for tp in offsets} | wanted[group] for group, offsets in committed.items()}
+        asked = {group: offsets.topics() | wanted[group] for group, offsets in committed.items()}
         metadata = await self._metadata.leaders(set().union(*asked.values()))
         if unlisted := _unlisted(committed, metadata):
             # Partitions are only ever added (a recreated topic's commits are removed with it): a commit on a
@@ -219,19 +219,21 @@ class GroupReader:
                 for tp in unlisted.get(group, ())
             }
             for tp in tps:
-                cause = ends.errors.get(tp) or starts.errors.get(tp)
+                cause = committed[group].errors.get(tp) or ends.errors.get(tp) or starts.errors.get(tp)
                 if cause is not None:
                     unread[(tp.topic, tp.partition)] = cause
                     continue
                 by_topic[tp.topic][tp.partition] = PartitionOffsets(
-                    committed=committed[group].get(tp, NO_COMMIT), end=ends.offsets[tp], start=starts.offsets[tp]
+                    committed=committed[group].offsets.get(tp, NO_COMMIT),
+                    end=ends.offsets[tp],
+                    start=starts.offsets[tp],
                 )
             outcomes[group] = GroupOffsets(
                 group=group,
                 read=read,
                 read_at=now,
                 read_wall=wall,
-                committed_topics=frozenset(tp.topic for tp in committed[group]),
+                committed_topics=frozenset(committed[group].topics()),
                 asked=frozenset(asked[group]),
                 topics=by_topic,
                 missing=frozenset(asked[group] - metadata.leaders.keys()),
@@ -244,7 +246,7 @@ def _unlisted(committed: Mapping[str, Committed], metadata: ClusterMetadata) -> 
     """Per group, its committed partitions of existing topics that the metadata does not list."""
     unlisted: dict[str, list[TopicPartition]] = {}
     for group, offsets in committed.items():
-        for tp in offsets:
+        for tp in [*offsets.offsets, *offsets.errors]:
             if tp.topic in metadata.leaders and tp.partition not in metadata.leaders[tp.topic]:
                 unlisted.setdefault(group, []).append(tp)
     return unlisted

@@ -7,7 +7,10 @@ from __future__ import annotations
 from io import BytesIO
 
 import pytest
+from aiokafka.structs import TopicPartition
 
+from adapter.sources.kafka_connection import KafkaConnection
+from adapter.sources.kafka_offsets import Committed, CommittedReader, Coordinators
 from adapter.sources.kafka_protocol import (
     ListOffsets,
     ListOffsetsResponseV3,
@@ -15,6 +18,7 @@ from adapter.sources.kafka_protocol import (
     OffsetFetchResponseV8,
     VersionUnsupported,
 )
+from tests.kafka.helpers import source_config
 
 
 def test_the_request_lists_the_groups_with_null_topics() -> None:
@@ -129,3 +133,22 @@ def test_lengths_from_the_wire_are_checked_in_list_offsets(payload: bytes, probl
 def test_lengths_from_the_wire_are_checked_in_offset_fetch(payload: bytes, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         OffsetFetchResponseV8.decode(payload)
+
+
+async def test_a_partition_error_in_an_offset_fetch_answer_stays_with_its_partition() -> None:
+    # Stand-in: an OffsetFetch v8 answer of the exact wire shape, read by the real reader. Group g has topic
+    # "a" partition 0 at 42 and topic "b" partition 0 answered UNKNOWN_TOPIC_OR_PARTITION (3). That error used
+    # to fail the whole group: every series of g, also those reading only "a".
+    def partition(offset: int, error: int) -> bytes:
+        head = bytes([2, 0, 0, 0, 0]) + offset.to_bytes(8, "big", signed=True) + bytes([255] * 4)
+        return head + bytes([0]) + error.to_bytes(2, "big") + bytes([0, 0])  # metadata null, error, tags
+
+    topics = bytes([3, 2]) + b"a" + partition(42, 0) + bytes([2]) + b"b" + partition(-1, 3)
+    payload = bytes(4) + bytes([2, 2]) + b"g" + topics + bytes([0, 0, 0]) + bytes([0])
+    conn = KafkaConnection(source_config("127.0.0.1:1"))
+    reader = CommittedReader(conn, Coordinators(conn))
+    answer = await reader._answers(["g"], OffsetFetchResponseV8.decode(payload), attempts=1)
+    committed = answer["g"]
+    assert isinstance(committed, Committed)
+    assert committed.offsets == {TopicPartition("a", 0): 42}
+    assert committed.errors == {TopicPartition("b", 0): "OffsetFetch answered UnknownTopicOrPartitionError"}
