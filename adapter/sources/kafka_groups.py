@@ -6,6 +6,15 @@ OffsetFetch per coordinator (v8; one per group on brokers without it), then two 
 leader broker (log end and log start, sent together) for all the groups' partitions. A group's
 result then serves every series for `offsets_max_age`.
 
+Why the log start is read every round, costing a second ListOffsets per leader: a broker refuses the same
+partition twice in one ListOffsets (INVALID_REQUEST), and no cheaper exact rule exists. The log start only
+grows, so a commit below a start read earlier is below the current one too; but a commit at or above it
+may be below the current start (retention may have run since), and that is exactly the lagging partition
+whose value depends on it (end - commit if valid, the policy's value if not). Skipping the read would
+serve a guess on every lagging partition. Fetch (v5+) answers both offsets in one request, but needs the
+READ permission on the topic (reading the records), where ListOffsets needs only DESCRIBE; a lag reader
+should not be able to read the data.
+
 A round's result is a set of facts (offsets, missing topics, partitions that could not be read),
 never one error for the whole group: a topic one series names and the cluster lacks is that series'
 error, not the error of every series of the group.
