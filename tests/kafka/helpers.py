@@ -7,6 +7,7 @@ import itertools
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.protocol.admin import DeleteGroupsRequest
 from aiokafka.structs import TopicPartition
 from prometheus_client import REGISTRY
 
@@ -17,6 +18,7 @@ from adapter.sources.kafka import KafkaLag
 # Names unique in the session: the broker is shared by every test.
 names = itertools.count(1)
 _METADATA_TRIES = 200  # 50 ms apart
+_GROUP_COORDINATOR = 0  # FindCoordinator key type
 
 
 class KafkaDriver:
@@ -49,6 +51,13 @@ class KafkaDriver:
             await client.force_metadata_update()
             await asyncio.sleep(0.05)
         raise AssertionError(f"partitions {sorted(partitions)} of {topic} not in the broker's metadata after 10s")
+
+    async def delete_group(self, group: str) -> None:
+        """Delete the group (it has no members) as `kafka-consumer-groups --delete` does."""
+        client = self.admin._client
+        node = await client.coordinator_lookup(_GROUP_COORDINATOR, group)
+        response = await client.send(node, DeleteGroupsRequest([group]))
+        assert [error for _, error in response.results] == [0], response
 
     async def commit(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
         """Commit offsets for the group as a consumer with manually assigned partitions does."""

@@ -17,7 +17,7 @@ from adapter.metrics.catalogue import Catalogue
 from adapter.sources.base import SourceError
 from adapter.sources.kafka import KafkaLag
 from tests.kafka.broker import KafkaBroker
-from tests.kafka.helpers import KafkaDriver, lag_metric, read_lag, source_config
+from tests.kafka.helpers import KafkaDriver, exported, lag_metric, read_lag, source_config
 
 pytestmark = pytest.mark.kafka
 
@@ -153,3 +153,21 @@ async def test_a_topic_whose_offsets_cannot_be_read_fails_only_its_own_series(
         assert await read_lag(source, metric, f"group={name},topic={kept},partition=1") == 2
     finally:
         await source.close()
+
+
+async def test_a_group_deleted_while_series_read_it(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
+    await kafka.topic(name, 2)
+    await kafka.produce(name, {0: 3, 1: 3})
+    await kafka.commit(name, {(name, 0): 1, (name, 1): 3})
+    latest = lag_metric(lag_source.name, allow_idle_consumers=True)
+    earliest = lag_metric(lag_source.name, offset_reset_policy="earliest", allow_idle_consumers=True)
+    assert await read_lag(lag_source, latest, f"group={name},topic={name}") == 2
+    assert exported(lag_source, name) == {"committed", "start", "end", "lag"}
+    await kafka.delete_group(name)
+    # No commit any more: the consumers would reset, so each policy's invalid-offset value, never the old lag
+    # and never a zero; a series without a topic has nothing to read and says so, naming the group.
+    assert await read_lag(lag_source, latest, f"group={name},topic={name}") == 1 + 1
+    assert await read_lag(lag_source, earliest, f"group={name},topic={name}") == 3 + 3
+    with pytest.raises(SourceError, match=f"group '{name}', every committed topic: the group has no committed"):
+        await read_lag(lag_source, latest, f"group={name}")
+    assert "committed" not in exported(lag_source, name)  # the deleted commits leave /metrics
