@@ -97,7 +97,14 @@ class OffsetFetchResponseV8(Response):  # type: ignore[misc]
         """What SCHEMA decodes, read directly. Every length and count is checked against the bytes left
         (ValueError), so a hostile answer cannot make the reader loop or read past the end."""
         buf = data.read() if isinstance(data, BytesIO) else data
-        (throttle,) = _unpack(_INT32, buf, 0)
+        try:
+            return cls._read(buf)
+        except (struct.error, IndexError) as err:  # a fixed-size field or a varint cut off by the end
+            raise ValueError(f"OffsetFetch v8 answer ends inside a field: {err}") from err
+
+    @classmethod
+    def _read(cls, buf: bytes) -> OffsetFetchResponseV8:
+        (throttle,) = _INT32.unpack_from(buf, 0)
         count, pos = _count(buf, 4, "groups")
         groups = []
         for _ in range(count):
@@ -109,14 +116,14 @@ class OffsetFetchResponseV8(Response):  # type: ignore[misc]
                 partition_count, pos = _count(buf, pos, "partitions")
                 partitions = []
                 for _ in range(partition_count):
-                    index, offset, epoch = _unpack(_PARTITION_HEAD, buf, pos)
+                    index, offset, epoch = _PARTITION_HEAD.unpack_from(buf, pos)
                     metadata, pos = _string(buf, pos + _PARTITION_HEAD.size)
-                    (error,) = _unpack(_INT16, buf, pos)
+                    (error,) = _INT16.unpack_from(buf, pos)
                     tags, pos = _tags(buf, pos + 2)
                     partitions.append((index, offset, epoch, metadata, error, tags))
                 tags, pos = _tags(buf, pos)
                 topics.append((name, partitions, tags))
-            (error,) = _unpack(_INT16, buf, pos)
+            (error,) = _INT16.unpack_from(buf, pos)
             tags, pos = _tags(buf, pos + 2)
             groups.append((group, topics, error, tags))
         tags, pos = _tags(buf, pos)
@@ -128,18 +135,13 @@ class OffsetFetchResponseV8(Response):  # type: ignore[misc]
 _VARINT_BYTES = 5  # every varint here is an unsigned 32-bit length or count
 
 
-def _unpack(layout: struct.Struct, buf: bytes, pos: int) -> tuple[Any, ...]:
-    if pos + layout.size > len(buf):
-        raise ValueError(f"answer ends inside a field at byte {pos}")
-    return layout.unpack_from(buf, pos)
-
-
 def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
     """An unsigned varint (7 bits a byte, low first) at pos, and the position after it."""
+    byte = buf[pos]
+    if byte < 0x80:  # most are one byte: a few thousand a round
+        return byte, pos + 1
     value = 0
     for shift in range(0, 7 * _VARINT_BYTES, 7):
-        if pos >= len(buf):
-            raise ValueError("answer ends inside a varint")
         byte = buf[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
@@ -171,6 +173,8 @@ def _string(buf: bytes, pos: int) -> tuple[str | None, int]:
 
 def _tags(buf: bytes, pos: int) -> tuple[dict[int, bytes], int]:
     """A tagged-field buffer: a count, then (tag, size, bytes) each."""
+    if buf[pos] == 0:  # nearly always: no tagged field
+        return {}, pos + 1
     count, pos = _uvarint(buf, pos)
     if count > len(buf) - pos:
         raise ValueError(f"{count} tagged fields announced with {len(buf) - pos} bytes left")
@@ -237,15 +241,22 @@ class ListOffsetsResponseV3(OffsetResponse_v3):  # type: ignore[misc]
     def decode(cls, data: BytesIO | bytes) -> ListOffsetsResponseV3:
         """What SCHEMA decodes, read directly, every length and count checked against the bytes left."""
         buf = data.read() if isinstance(data, BytesIO) else data
-        throttle, count = _unpack(_TWO_INT32, buf, 0)
+        try:
+            return cls._read(buf)
+        except struct.error as err:  # a fixed-size field cut off by the end
+            raise ValueError(f"ListOffsets v3 answer ends inside a field: {err}") from err
+
+    @classmethod
+    def _read(cls, buf: bytes) -> ListOffsetsResponseV3:
+        throttle, count = _TWO_INT32.unpack_from(buf, 0)
         pos = 8
         topics = []
         for _ in range(_bounded(count, buf, pos, _TOPIC_HEAD_SIZE, "topic")):
-            (length,) = _unpack(_INT16, buf, pos)
+            (length,) = _INT16.unpack_from(buf, pos)
             if length < 0 or pos + 2 + length > len(buf):
                 raise ValueError(f"ListOffsets v3 answer: topic string of {length} bytes at byte {pos} is broken")
             topic = buf[pos + 2 : pos + 2 + length].decode()
-            (partition_count,) = _unpack(_INT32, buf, pos + 2 + length)
+            (partition_count,) = _INT32.unpack_from(buf, pos + 2 + length)
             pos += 6 + length
             size = _bounded(partition_count, buf, pos, _LOG_OFFSET.size, "partition") * _LOG_OFFSET.size
             partitions = list(_LOG_OFFSET.iter_unpack(buf[pos : pos + size]))
