@@ -199,7 +199,8 @@ class GroupReader:
                 outcomes[group] = result
             else:
                 committed[group] = result
-        asked = {group: offsets.topics() | wanted[group] for group, offsets in committed.items()}
+        committed_topics = {group: offsets.topics() for group, offsets in committed.items()}
+        asked = {group: topics | wanted[group] for group, topics in committed_topics.items()}
         metadata = await self._metadata.leaders(set().union(*asked.values()))
         if unlisted := _unlisted(committed, metadata):
             # Partitions are only ever added (a recreated topic's commits are removed with it): a commit on a
@@ -242,7 +243,7 @@ class GroupReader:
                 read=read,
                 read_at=now,
                 read_wall=wall,
-                committed_topics=frozenset(committed[group].topics()),
+                committed_topics=frozenset(committed_topics[group]),
                 asked=frozenset(asked[group]),
                 topics=by_topic,
                 missing=frozenset(asked[group] - metadata.leaders.keys()),

@@ -188,7 +188,10 @@ class CommittedReader:
         result: dict[str, Committed | SourceError] = {}
         again: list[str] = []
         loading = False
+        asked = set(groups)
         for group, topics, error, _tags in response.groups:
+            if group not in asked:
+                continue  # not ours to read (a broken answer): the group asked for is missing, said below
             if error != 0:
                 self._conn.counted_error("OffsetFetch")
             if error in _COORDINATOR_MOVED and attempts > 1:

@@ -152,3 +152,14 @@ async def test_a_partition_error_in_an_offset_fetch_answer_stays_with_its_partit
     assert isinstance(committed, Committed)
     assert committed.offsets == {TopicPartition("a", 0): 42}
     assert committed.errors == {TopicPartition("b", 0): "OffsetFetch answered UnknownTopicOrPartitionError"}
+
+
+async def test_a_group_the_reader_did_not_ask_for_is_ignored() -> None:
+    # Stand-in: an OffsetFetch v8 answer of the exact shape naming group "x", which was not asked for. Its
+    # entry used to reach the round, which failed every group read with it (an internal KeyError).
+    payload = bytes(4) + bytes([2, 2]) + b"x" + bytes([1, 0, 0, 0]) + bytes([0])
+    conn = KafkaConnection(source_config("127.0.0.1:1"))
+    reader = CommittedReader(conn, Coordinators(conn))
+    answer = await reader._answers(["g"], OffsetFetchResponseV8.decode(payload), attempts=1)
+    assert list(answer) == ["g"]
+    assert str(answer["g"]) == "the broker's OffsetFetch answer left the group out"
