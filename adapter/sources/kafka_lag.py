@@ -102,6 +102,9 @@ def _smallest_factor_reaching(partitions: int, total: int, threshold: int) -> in
     return partitions
 
 
+_SLOTS = 32  # reads kept per persistent_lag_window and partition, at most (plus three: the ends)
+
+
 class PersistentLag:
     """For `exclude_persistent_lag`: whether a partition's commit moved over the last `window` seconds.
 
@@ -118,7 +121,8 @@ class PersistentLag:
         self._window = window
         self._clock = clock
         # (metric, group, topic, partition) -> ([(read id, read at, commit)] oldest first, last look). Holds the
-        # reads within the window and the newest one before it: a few per window, one per poll at most.
+        # reads within the window, at least window/_SLOTS apart (so however often the group is read), and the
+        # newest one before the window: the read compared with is window to window * (1 + 2/_SLOTS) older.
         self._seen: dict[tuple[str, str, str, int], tuple[list[tuple[int, float, int]], float]] = {}
         self._swept = clock()
 
@@ -129,7 +133,10 @@ class PersistentLag:
         self._sweep(now)
         history = self._seen[key][0] if key in self._seen else []
         if not history or read > history[-1][0]:
-            history.append((read, read_at, committed))
+            if len(history) >= 2 and read_at - history[-2][1] < self._window / _SLOTS:
+                history[-1] = (read, read_at, committed)  # close to the one before: keep the newer only
+            else:
+                history.append((read, read_at, committed))
         before = [i for i, (seen, at, _) in enumerate(history) if seen < read and at <= read_at - self._window]
         if before:
             del history[: before[-1]]  # older reads than the newest one before the window are not needed

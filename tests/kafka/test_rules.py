@@ -160,3 +160,18 @@ def test_metric_config_refused(fields: dict[str, object], problem: str) -> None:
     document: dict[str, object] = {"type": "kafka", "name": "lag", "source": "kafka", "labels": LABELS} | fields
     with pytest.raises(ValidationError, match=problem):
         KafkaMetric.model_validate(document)
+
+
+def test_persistent_lag_keeps_a_bounded_history_however_often_the_group_is_read() -> None:
+    # Reads every millisecond for 12 s (offsets_max_age 0 and a busy cache): a consumer committing every 4 s
+    # is never stuck, and what is kept for the comparison stays a few dozen reads, not one per read.
+    tracker = PersistentLag(window=5.0)
+    busy = metric(exclude_persistent_lag=True, allow_idle_consumers=True)
+    counted: set[int] = set()
+    for read in range(1, 12_000):
+        at = read / 1000
+        commit = int(at // 4) * 10
+        offsets = [("t", 0, PartitionOffsets(committed=commit, end=commit + 50, start=0))]
+        counted.update(p.lag for p in group_lags(busy, "g", read, at, offsets, tracker))
+        assert len(tracker._seen[(busy.key, "g", "t", 0)][0]) <= 32 + 3
+    assert counted == {50}
