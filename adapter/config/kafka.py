@@ -39,6 +39,11 @@ class KafkaSource(SourceBase):
     # reuses the metadata (metadata_max_age), so it costs one OffsetFetch per coordinator and two
     # ListOffsets per leader: at 0.8s that is no more than one full refresh's requests per second.
     poll_interval: Duration = Field(default=0.8, gt=0)
+    # With exclude_persistent_lag, a partition's lag is persistent when its commit did not move over this
+    # long: compared with the read at least this much older, whether a series is evaluated every interval or
+    # woken by the poller at each change (0: the read before). A consumer committing less often than this
+    # looks stuck between its commits.
+    persistent_lag_window: Duration = Field(default=5.0, ge=0)
     # Bound on the per-partition series this source exports to Prometheus: per partition read, its
     # committed offset, log start and log end, plus the lag per metric reading it.
     partition_lag_series_limit: int = Field(default=10_000, ge=0)

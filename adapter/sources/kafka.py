@@ -36,7 +36,7 @@ class KafkaLag(Source):
         self._groups = GroupReader(
             self._conn, config.metadata_max_age, config.offsets_max_age, self._export.read, self._export.forget
         )
-        self._persistent = PersistentLag()
+        self._persistent = PersistentLag(config.persistent_lag_window)
         self._poll_interval = config.poll_interval
         self._watched: dict[str, set[SourceQuery]] = {}  # group -> the series kept warm that read it
         self._poller: asyncio.Task[None] | None = None
@@ -58,8 +58,8 @@ class KafkaLag(Source):
             chosen = _select(offsets, topics, wanted, query.params.get("partition", ()))
         except SourceError as err:
             raise SourceError(f"{about}: {err}") from err
-        lags = group_lags(metric, group, offsets.read, chosen, self._persistent)
-        self._export.lag(metric.name, group, lags)
+        lags = group_lags(metric, group, offsets.read, offsets.read_at, chosen, self._persistent)
+        self._export.lag(metric.name, group, lags, query)
         return [
             Sample(
                 Decimal(served_lag(lags, metric)),
@@ -85,8 +85,7 @@ class KafkaLag(Source):
             return
         group = groups[0]
         watched.discard(query)
-        if not any(q.metric.name == query.metric.name for q in watched):
-            self._export.forget_lag(query.metric.name, group)
+        self._export.forget_lag(query.metric.name, group, query)
         if not watched:
             del self._watched[group]
             self._groups.forget(group)
@@ -116,10 +115,9 @@ class KafkaLag(Source):
                     continue
                 previous[group] = result
                 for query in list(self._watched.get(group, ())):
-                    # exclude_persistent_lag compares commits between its reads: woken on every produce it
-                    # would see a consumer that commits every few seconds as stuck. It keeps its interval.
-                    if isinstance(query.metric, KafkaMetric) and not query.metric.exclude_persistent_lag:
-                        self.changed(query)
+                    # exclude_persistent_lag too: it compares commits persistent_lag_window apart, however
+                    # often it is woken.
+                    self.changed(query)
             for group in previous.keys() - self._watched.keys():
                 del previous[group]
             await asyncio.sleep(max(0.0, self._poll_interval - (loop.time() - started)))
@@ -170,7 +168,7 @@ def _select(
     )
     if unread:
         (topic, partition), cause = unread[0]
-        raise SourceError(f"reading the log offsets of topic {topic!r} partition {partition}: {cause}")
+        raise SourceError(f"reading the offsets of topic {topic!r} partition {partition}: {cause}")
     chosen = [
         (topic, partition, partition_offsets)
         for topic in topics

@@ -10,7 +10,7 @@ that is gone or no longer read are removed. At most `partition_lag_series_limit`
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 
 from prometheus_client import Gauge
 
@@ -34,6 +34,8 @@ class ReadExport:
         self._logs: dict[tuple[str, int], set[str]] = {}  # topic partition -> groups whose read holds it
         self._held: dict[str, set[tuple[str, int]]] = {}  # group -> the partitions its last read holds
         self._last: dict[str, Mapping[str, Mapping[int, PartitionOffsets]]] = {}  # group -> its last facts
+        # A metric's lag series -> the series (queries) that set it: it stays while one of them is read.
+        self._lag_readers: dict[_Key, set[Hashable]] = {}
 
     def read(self, offsets: GroupOffsets) -> None:
         """A group was read: set its facts, drop its series of partitions no longer in the read."""
@@ -67,9 +69,10 @@ class ReadExport:
         self._release(group, self._held.get(group, set()) - held)
         self._held[group] = held
 
-    def lag(self, metric: str, group: str, lags: Iterable[PartitionLag]) -> None:
-        """A metric's lag per partition of a group (before persistent-lag exclusion), for the partitions
-        whose facts are exported: a group forgotten while a series computed its lag gets none."""
+    def lag(self, metric: str, group: str, lags: Iterable[PartitionLag], reader: Hashable) -> None:
+        """A metric's lag per partition of a group (before persistent-lag exclusion) as series `reader`
+        computed it, for the partitions whose facts are exported: a group forgotten while a series
+        computed its lag gets none."""
         held = self._held.get(group)
         if not held:
             return
@@ -80,13 +83,18 @@ class ReadExport:
             key = self._set(telemetry.PARTITION_LAG, (metric, group, p.topic, str(p.partition)), p.lag_with_persistent)
             if key in self._children:
                 owned.add(key)
+                self._lag_readers.setdefault(key, set()).add(reader)
 
-    def forget_lag(self, metric: str, group: str) -> None:
-        """No series of `metric` reads the group any more."""
+    def forget_lag(self, metric: str, group: str, reader: Hashable) -> None:
+        """Series `reader` of `metric` no longer reads the group: the metric's lag series of partitions
+        no other series of the metric reads go (another series may select other topics or partitions)."""
         owned = self._groups.get(group, set())
         for key in [k for k in owned if k[0] is telemetry.PARTITION_LAG and k[1][0] == metric]:
-            owned.discard(key)
-            self._remove(key)
+            readers = self._lag_readers.get(key, set())
+            readers.discard(reader)
+            if not readers:
+                owned.discard(key)
+                self._remove(key)
 
     def forget(self, group: str) -> None:
         """Nobody reads the group any more."""
@@ -127,6 +135,7 @@ class ReadExport:
         return key
 
     def _remove(self, key: _Key) -> None:
+        self._lag_readers.pop(key, None)
         if self._children.pop(key, None) is not None:
             family, labels = key
             family.remove(self._source, *labels)

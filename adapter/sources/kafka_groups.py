@@ -6,6 +6,15 @@ OffsetFetch per coordinator (v8; one per group on brokers without it), then two 
 leader broker (log end and log start, sent together) for all the groups' partitions. A group's
 result then serves every series for `offsets_max_age`.
 
+Why the log start is read every round, costing a second ListOffsets per leader: a broker refuses the same
+partition twice in one ListOffsets (INVALID_REQUEST), and no cheaper exact rule exists. The log start only
+grows, so a commit below a start read earlier is below the current one too; but a commit at or above it
+may be below the current start (retention may have run since), and that is exactly the lagging partition
+whose value depends on it (end - commit if valid, the policy's value if not). Skipping the read would
+serve a guess on every lagging partition. Fetch (v5+) answers both offsets in one request, but needs the
+READ permission on the topic (reading the records), where ListOffsets needs only DESCRIBE; a lag reader
+should not be able to read the data.
+
 A round's result is a set of facts (offsets, missing topics, partitions that could not be read),
 never one error for the whole group: a topic one series names and the cluster lacks is that series'
 error, not the error of every series of the group.
@@ -27,6 +36,8 @@ from adapter.sources.kafka_connection import KafkaConnection
 from adapter.sources.kafka_offsets import (
     EARLIEST,
     LATEST,
+    ClusterMetadata,
+    Committed,
     CommittedReader,
     Coordinators,
     MetadataReader,
@@ -59,7 +70,7 @@ class GroupOffsets:
     asked: frozenset[str]  # every topic this read covers (committed or named), whether it exists or not
     topics: Mapping[str, Mapping[int, PartitionOffsets]]  # the asked topics that exist, without `unread`
     missing: frozenset[str]  # the asked topics the cluster does not have
-    unread: Mapping[tuple[str, int], str]  # partitions whose log offsets could not be read, and why
+    unread: Mapping[tuple[str, int], str]  # partitions whose offsets (committed or log) could not be read, and why
 
 
 # Told of every group read, and of every group forgotten (nobody read it for _FORGET_AFTER).
@@ -182,14 +193,21 @@ class GroupReader:
     async def _read_round(self, wanted: Mapping[str, set[str]], read: int) -> dict[str, GroupOffsets | SourceError]:
         wall = self._wall_clock()
         outcomes: dict[str, GroupOffsets | SourceError] = {}
-        committed: dict[str, dict[TopicPartition, int]] = {}
+        committed: dict[str, Committed] = {}
         for group, result in (await self._committed.read(list(wanted))).items():
             if isinstance(result, SourceError):
                 outcomes[group] = result
             else:
                 committed[group] = result
-        asked = {group: {tp.topic for tp in offsets} | wanted[group] for group, offsets in committed.items()}
+        committed_topics = {group: offsets.topics() for group, offsets in committed.items()}
+        asked = {group: topics | wanted[group] for group, topics in committed_topics.items()}
         metadata = await self._metadata.leaders(set().union(*asked.values()))
+        if unlisted := _unlisted(committed, metadata):
+            # Partitions are only ever added (a recreated topic's commits are removed with it): a commit on a
+            # partition the kept metadata lacks means the metadata is older than the partition. Ask again.
+            self._metadata.invalidate({tp.topic for tps in unlisted.values() for tp in tps})
+            metadata = await self._metadata.leaders(set().union(*asked.values()))
+            unlisted = _unlisted(committed, metadata)
         partitions = {
             group: [TopicPartition(t, p) for t in sorted(names & metadata.leaders.keys()) for p in metadata.leaders[t]]
             for group, names in asked.items()
@@ -205,27 +223,43 @@ class GroupReader:
         now = self._clock()
         for group, tps in partitions.items():
             by_topic: dict[str, dict[int, PartitionOffsets]] = {t: {} for t in asked[group] if t in metadata.leaders}
-            unread: dict[tuple[str, int], str] = {}
+            unread: dict[tuple[str, int], str] = {
+                (tp.topic, tp.partition): f"the group committed to partition {tp.partition}, which the cluster's "
+                f"metadata does not list (it lists {len(metadata.leaders[tp.topic])} partitions)"
+                for tp in unlisted.get(group, ())
+            }
             for tp in tps:
-                cause = ends.errors.get(tp) or starts.errors.get(tp)
+                cause = committed[group].errors.get(tp) or ends.errors.get(tp) or starts.errors.get(tp)
                 if cause is not None:
                     unread[(tp.topic, tp.partition)] = cause
                     continue
                 by_topic[tp.topic][tp.partition] = PartitionOffsets(
-                    committed=committed[group].get(tp, NO_COMMIT), end=ends.offsets[tp], start=starts.offsets[tp]
+                    committed=committed[group].offsets.get(tp, NO_COMMIT),
+                    end=ends.offsets[tp],
+                    start=starts.offsets[tp],
                 )
             outcomes[group] = GroupOffsets(
                 group=group,
                 read=read,
                 read_at=now,
                 read_wall=wall,
-                committed_topics=frozenset(tp.topic for tp in committed[group]),
+                committed_topics=frozenset(committed_topics[group]),
                 asked=frozenset(asked[group]),
                 topics=by_topic,
                 missing=frozenset(asked[group] - metadata.leaders.keys()),
                 unread=unread,
             )
         return outcomes
+
+
+def _unlisted(committed: Mapping[str, Committed], metadata: ClusterMetadata) -> dict[str, list[TopicPartition]]:
+    """Per group, its committed partitions of existing topics that the metadata does not list."""
+    unlisted: dict[str, list[TopicPartition]] = {}
+    for group, offsets in committed.items():
+        for tp in [*offsets.offsets, *offsets.errors]:
+            if tp.topic in metadata.leaders and tp.partition not in metadata.leaders[tp.topic]:
+                unlisted.setdefault(group, []).append(tp)
+    return unlisted
 
 
 def _consume_exception(future: asyncio.Future[GroupOffsets]) -> None:

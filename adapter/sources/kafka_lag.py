@@ -1,6 +1,6 @@
 """Consumer lag from offsets: KEDA's rules (docs/protocols.md#kafka-lag) with its known mistakes fixed.
 
-Pure functions and one small piece of state (the commits seen at the previous read, for
+Pure functions and one small piece of state (the commits seen at recent reads, for
 `exclude_persistent_lag`), so every rule can be tested without a broker.
 
 Where this differs from KEDA, on purpose:
@@ -102,40 +102,52 @@ def _smallest_factor_reaching(partitions: int, total: int, threshold: int) -> in
     return partitions
 
 
-class PersistentLag:
-    """For `exclude_persistent_lag`: each partition's commit at the previous distinct read.
+_SLOTS = 32  # reads kept per persistent_lag_window and partition, at most (plus three: the ends)
 
-    Several series may evaluate the same read; they all compare with the read before it.
+
+class PersistentLag:
+    """For `exclude_persistent_lag`: whether a partition's commit moved over the last `window` seconds.
+
+    A series compares the commit of the read it evaluates with the commit at the newest earlier read
+    made at least `window` before it: how often it is evaluated (every interval, or at each change the
+    poller finds) does not change the answer, so a consumer that commits every few seconds is not taken
+    for a stuck one when a produce wakes its series 0.8 s after the last read. With `window` 0 it is
+    the read before. Several series may evaluate the same read; they all get the same answer.
     """
 
     _FORGET_AFTER = 600.0  # seconds without a look: the series is gone
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, window: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._window = window
         self._clock = clock
-        # (metric, group, topic, partition) -> (read id, commit before that read, commit at it, last look)
-        self._seen: dict[tuple[str, str, str, int], tuple[int, int | None, int, float]] = {}
+        # (metric, group, topic, partition) -> ([(read id, read at, commit)] oldest first, last look). Holds the
+        # reads within the window, at least window/_SLOTS apart (so however often the group is read), and the
+        # newest one before the window: the read compared with is window to window * (1 + 2/_SLOTS) older.
+        self._seen: dict[tuple[str, str, str, int], tuple[list[tuple[int, float, int]], float]] = {}
         self._swept = clock()
 
-    def previous(self, key: tuple[str, str, str, int], read: int, committed: int) -> int | None:
-        """The commit at the read before `read`, or None on first sight."""
+    def previous(self, key: tuple[str, str, str, int], read: int, read_at: float, committed: int) -> int | None:
+        """The commit at the newest read at least `window` before this one (read at `read_at`), or None
+        when there is none yet (first sight)."""
         now = self._clock()
         self._sweep(now)
-        seen = self._seen.get(key)
-        if seen is None:
-            self._seen[key] = (read, None, committed, now)
-            return None
-        seen_read, before, at, _ = seen
-        if seen_read == read:
-            self._seen[key] = (read, before, at, now)
-            return before
-        self._seen[key] = (read, at, committed, now)
-        return at
+        history = self._seen[key][0] if key in self._seen else []
+        if not history or read > history[-1][0]:
+            if len(history) >= 2 and read_at - history[-2][1] < self._window / _SLOTS:
+                history[-1] = (read, read_at, committed)  # close to the one before: keep the newer only
+            else:
+                history.append((read, read_at, committed))
+        before = [i for i, (seen, at, _) in enumerate(history) if seen < read and at <= read_at - self._window]
+        if before:
+            del history[: before[-1]]  # older reads than the newest one before the window are not needed
+        self._seen[key] = (history, now)
+        return history[0][2] if before else None
 
     def _sweep(self, now: float) -> None:
         if now - self._swept < self._FORGET_AFTER:
             return
         self._swept = now
-        for key in [k for k, v in self._seen.items() if now - v[3] > self._FORGET_AFTER]:
+        for key in [k for k, v in self._seen.items() if now - v[1] > self._FORGET_AFTER]:
             del self._seen[key]
 
 
@@ -143,6 +155,7 @@ def group_lags(
     metric: KafkaMetric,
     group: str,
     read: int,
+    read_at: float,
     partitions: Iterable[tuple[str, int, PartitionOffsets]],
     persistent: PersistentLag,
 ) -> list[PartitionLag]:
@@ -152,8 +165,8 @@ def group_lags(
         lag = partition_lag(offsets, metric)
         counted = lag
         if metric.exclude_persistent_lag:
-            before = persistent.previous((metric.key, group, topic, partition), read, offsets.committed)
+            before = persistent.previous((metric.key, group, topic, partition), read, read_at, offsets.committed)
             if before is not None and before == offsets.committed:
-                counted = 0  # the consumer made no progress since the last read: stuck, not busy
+                counted = 0  # the consumer made no progress over the window: stuck, not busy
         result.append(PartitionLag(topic, partition, counted, lag))
     return result

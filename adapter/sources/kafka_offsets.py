@@ -32,8 +32,10 @@ EARLIEST = -2
 _CONSUMER_REPLICA = -1
 _READ_UNCOMMITTED = 0
 _NO_LEADER = -1
-# OffsetFetch answers that mean "ask the group's coordinator again".
+# OffsetFetch answers that mean "ask the group's coordinator again" (after finding it anew), and "ask again
+# shortly" (the coordinator is loading the group's offsets: after a broker start or a coordinator move).
 _COORDINATOR_MOVED = {15, 16}  # COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR
+_COORDINATOR_LOADING = 14  # COORDINATOR_LOAD_IN_PROGRESS
 _GROUP_COORDINATOR = 0
 _COORDINATOR_BUSY = {14, 15}  # COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE
 _COORDINATOR_ATTEMPTS = 5
@@ -63,9 +65,13 @@ class MetadataReader:
         self._clock = clock
         self._topics: dict[str, tuple[float, dict[int, int]]] = {}  # topic -> (read at, leaders)
 
-    def invalidate(self) -> None:
-        """Leadership changed (a NOT_LEADER answer): the next read asks afresh."""
-        self._topics.clear()
+    def invalidate(self, topics: Collection[str] | None = None) -> None:
+        """Leadership changed (a NOT_LEADER answer), or a group committed to a partition these topics'
+        entries lack: the next read asks afresh (for `topics`, or every topic)."""
+        if topics is None:
+            self._topics.clear()
+        for topic in topics or ():
+            self._topics.pop(topic, None)
 
     async def leaders(self, topics: Collection[str]) -> ClusterMetadata:
         now = self._clock()
@@ -120,7 +126,16 @@ class Coordinators:
         self._known.pop(group, None)
 
 
-Committed = dict[TopicPartition, int]  # partitions without a commit are absent
+@dataclass(frozen=True)
+class Committed:
+    """A group's committed offsets (partitions without a commit are absent), and the partitions whose
+    offset the coordinator answered with an error, and why: those fail only the series that select them."""
+
+    offsets: dict[TopicPartition, int]
+    errors: dict[TopicPartition, str]
+
+    def topics(self) -> set[str]:
+        return {tp.topic for tp in self.offsets} | {tp.topic for tp in self.errors}
 
 
 class CommittedReader:
@@ -134,9 +149,11 @@ class CommittedReader:
         self._coordinators = coordinators
         self._single: set[int] = set()  # brokers known to lack OffsetFetch v8
 
-    async def read(self, groups: Collection[str], retry: bool = True) -> dict[str, Committed | SourceError]:
-        """Each group's offsets or why they could not be read; groups whose coordinator moved are
-        asked again once (`retry`) where it went."""
+    async def read(
+        self, groups: Collection[str], attempts: int = _COORDINATOR_ATTEMPTS
+    ) -> dict[str, Committed | SourceError]:
+        """Each group's offsets or why they could not be read; groups whose coordinator moved or is
+        loading are asked again (`attempts` in all), where it went or after a pause."""
         nodes = await asyncio.gather(*(self._coordinators.of(group) for group in groups), return_exceptions=True)
         result: dict[str, Committed | SourceError] = {}
         by_node: dict[int, list[str]] = defaultdict(list)
@@ -147,12 +164,12 @@ class CommittedReader:
                 raise node
             else:
                 by_node[node].append(group)
-        answers = await asyncio.gather(*(self._ask(node, names, retry) for node, names in by_node.items()))
+        answers = await asyncio.gather(*(self._ask(node, names, attempts) for node, names in by_node.items()))
         for answer in answers:
             result |= answer
         return result
 
-    async def _ask(self, node: int, groups: list[str], retry: bool) -> dict[str, Committed | SourceError]:
+    async def _ask(self, node: int, groups: list[str], attempts: int) -> dict[str, Committed | SourceError]:
         if node not in self._single:
             try:
                 response = await self._conn.send(node, OffsetFetchGroups(groups), "OffsetFetch")
@@ -163,38 +180,44 @@ class CommittedReader:
                     self._coordinators.forget(group)
                 return dict.fromkeys(groups, err)
             else:
-                return await self._answers(groups, response, retry)
+                return await self._answers(groups, response, attempts)
         one_by_one = await asyncio.gather(*(self._one(group) for group in groups), return_exceptions=True)
         return {group: _source_error(answer) for group, answer in zip(groups, one_by_one, strict=True)}
 
-    async def _answers(self, groups: list[str], response: Any, retry: bool) -> dict[str, Committed | SourceError]:
+    async def _answers(self, groups: list[str], response: Any, attempts: int) -> dict[str, Committed | SourceError]:
         result: dict[str, Committed | SourceError] = {}
-        moved: list[str] = []
+        again: list[str] = []
+        loading = False
+        asked = set(groups)
         for group, topics, error, _tags in response.groups:
-            if error in _COORDINATOR_MOVED and retry:
+            if group not in asked:
+                continue  # not ours to read (a broken answer): the group asked for is missing, said below
+            if error != 0:
                 self._conn.counted_error("OffsetFetch")
+            if error in _COORDINATOR_MOVED and attempts > 1:
                 self._coordinators.forget(group)
-                moved.append(group)
+                again.append(group)
+            elif error == _COORDINATOR_LOADING and attempts > 1:
+                loading = True
+                again.append(group)
             elif error != 0:
-                self._conn.counted_error("OffsetFetch")
                 self._coordinators.forget(group)
                 result[group] = SourceError(f"OffsetFetch answered {for_code(error).__name__}")
             else:
                 entries = ((topic, [(p[0], p[1], p[4]) for p in partitions]) for topic, partitions, _ in topics)
-                try:
-                    result[group] = _committed(self._conn, entries)
-                except SourceError as err:
-                    result[group] = err
+                result[group] = _committed(self._conn, entries)
         for group in groups:
-            if group not in result and group not in moved:
+            if group not in result and group not in again:
                 result[group] = SourceError("the broker's OffsetFetch answer left the group out")
-        if moved:
-            result |= await self.read(moved, retry=False)
+        if again:
+            if loading:
+                await asyncio.sleep(_COORDINATOR_BACKOFF)
+            result |= await self.read(again, attempts - 1)
         return result
 
     async def _one(self, group: str) -> Committed:
-        """One group's offsets (OffsetFetch v1-v3); retries once if the coordinator moved."""
-        for attempt in (1, 2):
+        """One group's offsets (OffsetFetch v1-v3); asked again if the coordinator moved or is loading."""
+        for attempt in range(1, _COORDINATOR_ATTEMPTS + 1):
             node = await self._coordinators.of(group)
             try:
                 response = await self._conn.send(node, OffsetFetchRequest(group, None), "OffsetFetch")
@@ -202,9 +225,12 @@ class CommittedReader:
                 self._coordinators.forget(group)
                 raise
             error = getattr(response, "error_code", 0)
-            if error in _COORDINATOR_MOVED and attempt == 1:
+            if error in (*_COORDINATOR_MOVED, _COORDINATOR_LOADING) and attempt < _COORDINATOR_ATTEMPTS:
                 self._conn.counted_error("OffsetFetch")
-                self._coordinators.forget(group)
+                if error == _COORDINATOR_LOADING:
+                    await asyncio.sleep(_COORDINATOR_BACKOFF)
+                else:
+                    self._coordinators.forget(group)
                 continue
             if error != 0:
                 self._conn.counted_error("OffsetFetch")
@@ -216,16 +242,17 @@ class CommittedReader:
 
 
 def _committed(conn: KafkaConnection, topics: Iterable[tuple[str, list[tuple[int, int, int]]]]) -> Committed:
-    """(topic, [(partition, offset, error)]) -> the committed offsets; -1 means no commit."""
-    offsets: Committed = {}
+    """(topic, [(partition, offset, error)]) -> the committed offsets (-1 means no commit) and errors."""
+    committed = Committed({}, {})
     for topic, partitions in topics:
         for partition, offset, error in partitions:
+            tp = TopicPartition(topic, partition)
             if error != 0:
                 conn.counted_error("OffsetFetch")
-                raise SourceError(f"OffsetFetch answered {for_code(error).__name__} for {topic}-{partition}")
-            if offset >= 0:
-                offsets[TopicPartition(topic, partition)] = offset
-    return offsets
+                committed.errors[tp] = f"OffsetFetch answered {for_code(error).__name__}"
+            elif offset >= 0:
+                committed.offsets[tp] = offset
+    return committed
 
 
 def _source_error(answer: Committed | BaseException) -> Committed | SourceError:

@@ -1,5 +1,6 @@
 """OffsetFetch v8 (KIP-709): the committed offsets of many groups in one request per coordinator;
-and ListOffsets v3 with an answer read directly.
+and ListOffsets v3 with an answer read directly. Lengths and counts from the wire are checked against
+the bytes received before use: a hostile or broken answer fails its request, never loops the reader.
 
 aiokafka defines requests as data (a Schema of typed fields) and sends whatever Request it is given,
 negotiating the version per connection from the broker's ApiVersions; it defines OffsetFetch only up
@@ -41,6 +42,8 @@ _PARTITION_HEAD = struct.Struct(">iqi")
 _LOG_OFFSET = struct.Struct(">ihqq")
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
+_TWO_INT32 = struct.Struct(">ii")
+_TOPIC_HEAD_SIZE = 6  # a ListOffsets topic: int16 name length (the name may be empty), int32 partition count
 
 
 class VersionUnsupported(Exception):
@@ -91,20 +94,28 @@ class OffsetFetchResponseV8(Response):  # type: ignore[misc]
 
     @classmethod
     def decode(cls, data: BytesIO | bytes) -> OffsetFetchResponseV8:
-        """What SCHEMA decodes, read directly."""
+        """What SCHEMA decodes, read directly. Every length and count is checked against the bytes left
+        (ValueError), so a hostile answer cannot make the reader loop or read past the end."""
         buf = data.read() if isinstance(data, BytesIO) else data
+        try:
+            return cls._read(buf)
+        except (struct.error, IndexError) as err:  # a fixed-size field or a varint cut off by the end
+            raise ValueError(f"OffsetFetch v8 answer ends inside a field: {err}") from err
+
+    @classmethod
+    def _read(cls, buf: bytes) -> OffsetFetchResponseV8:
         (throttle,) = _INT32.unpack_from(buf, 0)
-        count, pos = _uvarint(buf, 4)
+        count, pos = _count(buf, 4, "groups")
         groups = []
-        for _ in range(count - 1):
+        for _ in range(count):
             group, pos = _string(buf, pos)
-            topic_count, pos = _uvarint(buf, pos)
+            topic_count, pos = _count(buf, pos, "topics")
             topics = []
-            for _ in range(topic_count - 1):
+            for _ in range(topic_count):
                 name, pos = _string(buf, pos)
-                partition_count, pos = _uvarint(buf, pos)
+                partition_count, pos = _count(buf, pos, "partitions")
                 partitions = []
-                for _ in range(partition_count - 1):
+                for _ in range(partition_count):
                     index, offset, epoch = _PARTITION_HEAD.unpack_from(buf, pos)
                     metadata, pos = _string(buf, pos + _PARTITION_HEAD.size)
                     (error,) = _INT16.unpack_from(buf, pos)
@@ -121,16 +132,32 @@ class OffsetFetchResponseV8(Response):  # type: ignore[misc]
         return cls(throttle, groups, tags)
 
 
+_VARINT_BYTES = 5  # every varint here is an unsigned 32-bit length or count
+
+
 def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
     """An unsigned varint (7 bits a byte, low first) at pos, and the position after it."""
-    value = shift = 0
-    while True:
+    byte = buf[pos]
+    if byte < 0x80:  # most are one byte: a few thousand a round
+        return byte, pos + 1
+    value = 0
+    for shift in range(0, 7 * _VARINT_BYTES, 7):
         byte = buf[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
         if byte < 0x80:
             return value, pos
-        shift += 7
+    raise ValueError(f"varint longer than {_VARINT_BYTES} bytes at byte {pos}")
+
+
+def _count(buf: bytes, pos: int, what: str) -> tuple[int, int]:
+    """A compact array's element count (0 for null); each element takes at least one byte, so a count
+    beyond the bytes left is a broken answer, refused before any element is read."""
+    count, pos = _uvarint(buf, pos)
+    count = max(count - 1, 0)
+    if count > len(buf) - pos:
+        raise ValueError(f"{count} {what} announced with {len(buf) - pos} bytes left")
+    return count, pos
 
 
 def _string(buf: bytes, pos: int) -> tuple[str | None, int]:
@@ -139,16 +166,24 @@ def _string(buf: bytes, pos: int) -> tuple[str | None, int]:
     if length == 0:
         return None, pos
     end = pos + length - 1
+    if end > len(buf):
+        raise ValueError(f"string of {length - 1} bytes at byte {pos} runs past the answer's end")
     return buf[pos:end].decode(), end
 
 
 def _tags(buf: bytes, pos: int) -> tuple[dict[int, bytes], int]:
     """A tagged-field buffer: a count, then (tag, size, bytes) each."""
+    if buf[pos] == 0:  # nearly always: no tagged field
+        return {}, pos + 1
     count, pos = _uvarint(buf, pos)
+    if count > len(buf) - pos:
+        raise ValueError(f"{count} tagged fields announced with {len(buf) - pos} bytes left")
     tags = {}
     for _ in range(count):
         tag, pos = _uvarint(buf, pos)
         size, pos = _uvarint(buf, pos)
+        if pos + size > len(buf):
+            raise ValueError(f"tagged field of {size} bytes at byte {pos} runs past the answer's end")
         tags[tag] = buf[pos : pos + size]
         pos += size
     return tags, pos
@@ -204,22 +239,39 @@ class ListOffsetsResponseV3(OffsetResponse_v3):  # type: ignore[misc]
 
     @classmethod
     def decode(cls, data: BytesIO | bytes) -> ListOffsetsResponseV3:
-        """What SCHEMA decodes, read directly."""
+        """What SCHEMA decodes, read directly, every length and count checked against the bytes left."""
         buf = data.read() if isinstance(data, BytesIO) else data
-        throttle, count = struct.unpack_from(">ii", buf, 0)
+        try:
+            return cls._read(buf)
+        except struct.error as err:  # a fixed-size field cut off by the end
+            raise ValueError(f"ListOffsets v3 answer ends inside a field: {err}") from err
+
+    @classmethod
+    def _read(cls, buf: bytes) -> ListOffsetsResponseV3:
+        throttle, count = _TWO_INT32.unpack_from(buf, 0)
         pos = 8
         topics = []
-        for _ in range(count):
+        for _ in range(_bounded(count, buf, pos, _TOPIC_HEAD_SIZE, "topic")):
             (length,) = _INT16.unpack_from(buf, pos)
+            if length < 0 or pos + 2 + length > len(buf):
+                raise ValueError(f"ListOffsets v3 answer: topic string of {length} bytes at byte {pos} is broken")
             topic = buf[pos + 2 : pos + 2 + length].decode()
             (partition_count,) = _INT32.unpack_from(buf, pos + 2 + length)
             pos += 6 + length
-            partitions = list(_LOG_OFFSET.iter_unpack(buf[pos : pos + partition_count * _LOG_OFFSET.size]))
-            pos += partition_count * _LOG_OFFSET.size
+            size = _bounded(partition_count, buf, pos, _LOG_OFFSET.size, "partition") * _LOG_OFFSET.size
+            partitions = list(_LOG_OFFSET.iter_unpack(buf[pos : pos + size]))
+            pos += size
             topics.append((topic, partitions))
         if pos != len(buf):
             raise ValueError(f"ListOffsets v3 answer: {len(buf) - pos} bytes left over")
         return cls(throttle, topics)
+
+
+def _bounded(count: int, buf: bytes, pos: int, size: int, what: str) -> int:
+    """An array count of elements of at least `size` bytes each, refused when negative or beyond the bytes left."""
+    if count < 0 or count * size > len(buf) - pos:
+        raise ValueError(f"ListOffsets v3 answer: {what} count {count} at byte {pos} with {len(buf) - pos} bytes left")
+    return count
 
 
 class ListOffsetsRequestV3(OffsetRequest_v3):  # type: ignore[misc]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.protocol.admin import DeleteGroupsRequest
 from aiokafka.structs import TopicPartition
 from prometheus_client import REGISTRY
 
@@ -15,6 +17,8 @@ from adapter.sources.kafka import KafkaLag
 
 # Names unique in the session: the broker is shared by every test.
 names = itertools.count(1)
+_METADATA_TRIES = 200  # 50 ms apart
+_GROUP_COORDINATOR = 0  # FindCoordinator key type
 
 
 class KafkaDriver:
@@ -30,13 +34,30 @@ class KafkaDriver:
 
     async def produce(self, topic: str, counts: dict[int, int]) -> None:
         """`counts[p]` messages into partition p."""
-        known = self.producer.client.cluster.partitions_for_topic(topic) or set()
-        if not set(counts) <= known:  # partitions just added: the producer learns of them first
-            await self.producer.client.force_metadata_update()
+        await self.known_to_producer(topic, set(counts))
         for partition, count in counts.items():
             for _ in range(count):
                 await self.producer.send(topic, b"m", partition=partition)
         await self.producer.flush()
+
+    async def known_to_producer(self, topic: str, partitions: set[int]) -> None:
+        """Wait until the producer's metadata lists the partitions (just added ones included). The broker
+        applies a CreatePartitions to its metadata after answering it, so one refresh may not show them
+        yet: producing then failed with aiokafka's "Unrecognized partition" (the flaky tests under load)."""
+        client = self.producer.client
+        for _ in range(_METADATA_TRIES):
+            if partitions <= (client.cluster.partitions_for_topic(topic) or set()):
+                return
+            await client.force_metadata_update()
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"partitions {sorted(partitions)} of {topic} not in the broker's metadata after 10s")
+
+    async def delete_group(self, group: str) -> None:
+        """Delete the group (it has no members) as `kafka-consumer-groups --delete` does."""
+        client = self.admin._client
+        node = await client.coordinator_lookup(_GROUP_COORDINATOR, group)
+        response = await client.send(node, DeleteGroupsRequest([group]))
+        assert [error for _, error in response.results] == [0], response
 
     async def commit(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
         """Commit offsets for the group as a consumer with manually assigned partitions does."""
@@ -52,7 +73,8 @@ class KafkaDriver:
 
 def source_config(bootstrap: str, **settings: object) -> KafkaSource:
     """A source that reads afresh on every query unless a test asks otherwise."""
-    fields: dict[str, object] = {"metadata_max_age": 0, "offsets_max_age": 0, "request_timeout": 5}
+    ages: dict[str, object] = {"metadata_max_age": 0, "offsets_max_age": 0, "persistent_lag_window": 0}
+    fields = ages | {"request_timeout": 5}
     return KafkaSource(type="kafka", name=f"kafka-{next(names)}", bootstrap_servers=[bootstrap], **fields | settings)
 
 

@@ -8,6 +8,7 @@ import asyncio
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from adapter.api.run import serve
 from adapter.config.server import CacheConfig
@@ -23,17 +24,19 @@ from tests.rpc.conftest import adapter_config, ref, scaler_stub
 pytestmark = pytest.mark.kafka
 
 # The defaults of offsets_max_age and metadata_max_age (source_config sets 0 for the other tests).
-DEFAULT_AGES = {"offsets_max_age": 5.0, "metadata_max_age": 5.0}
+DEFAULT_AGES = {"offsets_max_age": 5.0, "metadata_max_age": 5.0, "persistent_lag_window": 5.0}
 
 
+@pytest.mark.parametrize("exclude_persistent_lag", [False, True])
 async def test_a_produce_reaches_the_value_and_the_subscribers_before_the_series_interval(
-    kafka: KafkaDriver, broker: KafkaBroker, name: str
+    kafka: KafkaDriver, broker: KafkaBroker, name: str, exclude_persistent_lag: bool
 ) -> None:
     await kafka.topic(name, 1)
     await kafka.produce(name, {0: 2})
     await kafka.commit(name, {(name, 0): 2})
     source = KafkaLag(source_config(broker.bootstrap, **DEFAULT_AGES))
-    metric = lag_metric(source.name, allow_idle_consumers=True)
+    # exclude_persistent_lag too: its series used to keep the interval (it compared commits read to read).
+    metric = lag_metric(source.name, allow_idle_consumers=True, exclude_persistent_lag=exclude_persistent_lag)
     config = CacheConfig()  # interval 5s: without the source's push the lag shows after up to 5s + 5s
     cache = MetricCache(Catalogue([metric]), {source.name: source}, config)
     selector = f"group={name},topic={name}"
@@ -122,3 +125,41 @@ async def test_a_group_dropped_while_it_is_read_leaves_no_series(
         assert exported(source, name) == set()
     finally:
         await source.close()
+
+
+async def test_a_metric_s_partition_series_go_with_the_last_series_that_selects_them(
+    kafka: KafkaDriver, broker: KafkaBroker, name: str
+) -> None:
+    await kafka.topic(name, 2)
+    await kafka.produce(name, {0: 3, 1: 3})
+    await kafka.commit(name, {(name, 0): 1, (name, 1): 1})
+    source = KafkaLag(source_config(broker.bootstrap, **DEFAULT_AGES))
+    metric = lag_metric(source.name)
+    catalogue = Catalogue([metric])
+    _key, every = catalogue.resolve(metric.name, "default", f"group={name}")
+    _key, first = catalogue.resolve(metric.name, "default", f"group={name},partition=0")
+    try:
+        for query in (every, first):  # as the cache does: watched, then read
+            source.watch(query)
+            await source.query(query)
+        assert partition_lags(source, metric.name, name) == {"0": 2, "1": 2}
+        # The series of every partition is dropped (idle): partition 1's lag is no longer computed, so its
+        # series goes (it used to stay with its last value while any series of the metric read the group).
+        source.unwatch(every)
+        assert partition_lags(source, metric.name, name) == {"0": 2}
+        source.unwatch(first)
+        assert partition_lags(source, metric.name, name) == {}
+    finally:
+        await source.close()
+
+
+def partition_lags(source: KafkaLag, metric: str, topic: str) -> dict[str, float]:
+    return {
+        sample.labels["partition"]: sample.value
+        for family in REGISTRY.collect()
+        for sample in family.samples
+        if sample.name == "zeroscale_kafka_partition_lag_messages"
+        and sample.labels["source"] == source.name
+        and sample.labels["metric"] == metric
+        and sample.labels["topic"] == topic
+    }

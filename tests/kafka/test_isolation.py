@@ -17,7 +17,7 @@ from adapter.metrics.catalogue import Catalogue
 from adapter.sources.base import SourceError
 from adapter.sources.kafka import KafkaLag
 from tests.kafka.broker import KafkaBroker
-from tests.kafka.helpers import KafkaDriver, lag_metric, read_lag, source_config
+from tests.kafka.helpers import KafkaDriver, exported, lag_metric, read_lag, source_config
 
 pytestmark = pytest.mark.kafka
 
@@ -123,3 +123,51 @@ async def test_a_value_is_stamped_with_the_time_of_its_read(kafka: KafkaDriver, 
     finally:
         await cache.close()
         await source.close()
+
+
+async def test_a_topic_whose_offsets_cannot_be_read_fails_only_its_own_series(
+    kafka: KafkaDriver, broker: KafkaBroker, name: str
+) -> None:
+    kept, dropped = f"{name}-kept", f"{name}-dropped"
+    await kafka.topic(kept, 2)
+    await kafka.topic(dropped, 1)
+    await kafka.produce(kept, {0: 3, 1: 3})
+    await kafka.produce(dropped, {0: 3})
+    await kafka.commit(name, {(kept, 0): 1, (kept, 1): 1, (dropped, 0): 1})
+    # The metadata is kept a minute: after the deletion the round still asks the broker for the dropped
+    # topic's log offsets, and the broker refuses those partitions alone (UNKNOWN_TOPIC_OR_PARTITION).
+    source = KafkaLag(source_config(broker.bootstrap, metadata_max_age=60))
+    metric = lag_metric(source.name, allow_idle_consumers=True)
+    try:
+        assert await read_lag(source, metric, f"group={name}") == 2 + 2 + 2
+        await kafka.admin.delete_topics([dropped])
+        good, bad = await asyncio.gather(
+            read_lag(source, metric, f"group={name},topic={kept}"),
+            read_lag(source, metric, f"group={name},topic={dropped}"),
+            return_exceptions=True,
+        )
+        assert good == 4
+        assert isinstance(bad, SourceError)
+        assert f"group '{name}'" in str(bad)
+        assert f"topic '{dropped}'" in str(bad)
+        assert await read_lag(source, metric, f"group={name},topic={kept},partition=1") == 2
+    finally:
+        await source.close()
+
+
+async def test_a_group_deleted_while_series_read_it(kafka: KafkaDriver, lag_source: KafkaLag, name: str) -> None:
+    await kafka.topic(name, 2)
+    await kafka.produce(name, {0: 3, 1: 3})
+    await kafka.commit(name, {(name, 0): 1, (name, 1): 3})
+    latest = lag_metric(lag_source.name, allow_idle_consumers=True)
+    earliest = lag_metric(lag_source.name, offset_reset_policy="earliest", allow_idle_consumers=True)
+    assert await read_lag(lag_source, latest, f"group={name},topic={name}") == 2
+    assert exported(lag_source, name) == {"committed", "start", "end", "lag"}
+    await kafka.delete_group(name)
+    # No commit any more: the consumers would reset, so each policy's invalid-offset value, never the old lag
+    # and never a zero; a series without a topic has nothing to read and says so, naming the group.
+    assert await read_lag(lag_source, latest, f"group={name},topic={name}") == 1 + 1
+    assert await read_lag(lag_source, earliest, f"group={name},topic={name}") == 3 + 3
+    with pytest.raises(SourceError, match=f"group '{name}', every committed topic: the group has no committed"):
+        await read_lag(lag_source, latest, f"group={name}")
+    assert "committed" not in exported(lag_source, name)  # the deleted commits leave /metrics

@@ -7,7 +7,10 @@ from __future__ import annotations
 from io import BytesIO
 
 import pytest
+from aiokafka.structs import TopicPartition
 
+from adapter.sources.kafka_connection import KafkaConnection
+from adapter.sources.kafka_offsets import Committed, CommittedReader, Coordinators
 from adapter.sources.kafka_protocol import (
     ListOffsets,
     ListOffsetsResponseV3,
@@ -15,6 +18,7 @@ from adapter.sources.kafka_protocol import (
     OffsetFetchResponseV8,
     VersionUnsupported,
 )
+from tests.kafka.helpers import source_config
 
 
 def test_the_request_lists_the_groups_with_null_topics() -> None:
@@ -87,3 +91,75 @@ def test_list_offsets_before_v3_is_left_to_aiokafka() -> None:
     with pytest.raises(VersionUnsupported):
         ListOffsets(-1, 0, [("t", [(0, -1)])]).prepare({2: (0, 2)})
     assert ListOffsets(-1, 0, [("t", [(0, -1)])]).prepare({2: (1, 10)}).API_VERSION == 3
+
+
+# Hostile answers: lengths and counts come from the wire and are checked against the bytes received
+# before they are used, so a broken or hostile broker costs one failed request, never a hung event loop.
+
+
+# A topic name of 16 bytes, then partition count -1: the reader used to step back one partition's 22 bytes,
+# landing where the topic began; with 2^31-1 topics announced it read the same 22 bytes over and over, in
+# the event loop, keeping every copy (before the fix this test hung).
+_LOOPING_TOPIC = (16).to_bytes(2, "big") + b"t" * 16 + (-1).to_bytes(4, "big", signed=True)
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        ((2**31 - 1).to_bytes(4, "big") + _LOOPING_TOPIC, "topic count 2147483647"),
+        ((1).to_bytes(4, "big") + _LOOPING_TOPIC, "partition count -1"),
+        # A topic name said to be 500 bytes long where 4 are left.
+        ((1).to_bytes(4, "big") + (500).to_bytes(2, "big") + b"tttt", "topic string of 500 bytes"),
+    ],
+)
+def test_lengths_from_the_wire_are_checked_in_list_offsets(payload: bytes, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        ListOffsetsResponseV3.decode(bytes(4) + payload)
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        # A varint longer than any 32-bit count (each extra byte made a bigger number, without end).
+        (bytes(4) + bytes([0xFF] * 6) + bytes([1]), "varint"),
+        # 2^28 groups announced in a few bytes: more elements than bytes left.
+        (bytes(4) + bytes([0x80, 0x80, 0x80, 0x80, 0x01]) + bytes(3), "groups"),
+        # A group name said to be 100 bytes long where 1 is left: read short, then past the end.
+        (bytes(4) + bytes([2, 101]) + b"g", "string"),
+        # A tagged field said to hold 100 bytes where none are left.
+        (bytes(4) + bytes([1, 1, 0, 100]), "tagged field"),
+    ],
+)
+def test_lengths_from_the_wire_are_checked_in_offset_fetch(payload: bytes, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        OffsetFetchResponseV8.decode(payload)
+
+
+async def test_a_partition_error_in_an_offset_fetch_answer_stays_with_its_partition() -> None:
+    # Stand-in: an OffsetFetch v8 answer of the exact wire shape, read by the real reader. Group g has topic
+    # "a" partition 0 at 42 and topic "b" partition 0 answered UNKNOWN_TOPIC_OR_PARTITION (3). That error used
+    # to fail the whole group: every series of g, also those reading only "a".
+    def partition(offset: int, error: int) -> bytes:
+        head = bytes([2, 0, 0, 0, 0]) + offset.to_bytes(8, "big", signed=True) + bytes([255] * 4)
+        return head + bytes([0]) + error.to_bytes(2, "big") + bytes([0, 0])  # metadata null, error, tags
+
+    topics = bytes([3, 2]) + b"a" + partition(42, 0) + bytes([2]) + b"b" + partition(-1, 3)
+    payload = bytes(4) + bytes([2, 2]) + b"g" + topics + bytes([0, 0, 0]) + bytes([0])
+    conn = KafkaConnection(source_config("127.0.0.1:1"))
+    reader = CommittedReader(conn, Coordinators(conn))
+    answer = await reader._answers(["g"], OffsetFetchResponseV8.decode(payload), attempts=1)
+    committed = answer["g"]
+    assert isinstance(committed, Committed)
+    assert committed.offsets == {TopicPartition("a", 0): 42}
+    assert committed.errors == {TopicPartition("b", 0): "OffsetFetch answered UnknownTopicOrPartitionError"}
+
+
+async def test_a_group_the_reader_did_not_ask_for_is_ignored() -> None:
+    # Stand-in: an OffsetFetch v8 answer of the exact shape naming group "x", which was not asked for. Its
+    # entry used to reach the round, which failed every group read with it (an internal KeyError).
+    payload = bytes(4) + bytes([2, 2]) + b"x" + bytes([1, 0, 0, 0]) + bytes([0])
+    conn = KafkaConnection(source_config("127.0.0.1:1"))
+    reader = CommittedReader(conn, Coordinators(conn))
+    answer = await reader._answers(["g"], OffsetFetchResponseV8.decode(payload), attempts=1)
+    assert list(answer) == ["g"]
+    assert str(answer["g"]) == "the broker's OffsetFetch answer left the group out"

@@ -91,15 +91,33 @@ def test_never_more_consumers_than_partitions(values: list[int], threshold: int,
 
 
 def test_persistent_lag_compares_with_the_previous_read_only() -> None:
-    tracker = PersistentLag()
+    tracker = PersistentLag(window=0.0)
     stuck = metric(exclude_persistent_lag=True)
     offsets = [("t", 0, PartitionOffsets(committed=2, end=5, start=0))]
-    assert [p.lag for p in group_lags(stuck, "g", 1, offsets, tracker)] == [3]  # first sight counts
-    assert [p.lag for p in group_lags(stuck, "g", 1, offsets, tracker)] == [3]  # same read, another series
-    second = group_lags(stuck, "g", 2, offsets, tracker)
+    assert [p.lag for p in group_lags(stuck, "g", 1, 1.0, offsets, tracker)] == [3]  # first sight counts
+    assert [p.lag for p in group_lags(stuck, "g", 1, 1.0, offsets, tracker)] == [3]  # same read, another series
+    second = group_lags(stuck, "g", 2, 2.0, offsets, tracker)
     assert [(p.lag, p.lag_with_persistent) for p in second] == [(0, 3)]
     moved = [("t", 0, PartitionOffsets(committed=4, end=5, start=0))]
-    assert [p.lag for p in group_lags(stuck, "g", 3, moved, tracker)] == [1]
+    assert [p.lag for p in group_lags(stuck, "g", 3, 3.0, moved, tracker)] == [1]
+
+
+def test_persistent_lag_does_not_depend_on_how_often_a_series_is_evaluated() -> None:
+    # Reads every 0.8 s (the poller's), each evaluated (woken at each change); the consumer commits every
+    # 4 s. Compared read to read it looked stuck 4 reads in 5, so waking the series made it flap.
+    tracker = PersistentLag(window=5.0)
+    busy = metric(exclude_persistent_lag=True, allow_idle_consumers=True)
+    counted = []
+    for read in range(1, 40):
+        at = read * 0.8
+        commit = int(at // 4) * 10
+        offsets = [("t", 0, PartitionOffsets(committed=commit, end=commit + 50, start=0))]
+        counted += [p.lag for p in group_lags(busy, "g", read, at, offsets, tracker)]
+    assert counted == [50] * 39
+    # A consumer that stopped: persistent once a read at least the window older has the same commit.
+    stopped = [("t", 0, PartitionOffsets(committed=500, end=550, start=0))]
+    values = [group_lags(busy, "g", read, read * 0.8, stopped, tracker)[0].lag for read in range(40, 50)]
+    assert values == [50] * 7 + [0] * 3  # read 47 at 37.6 s is the first with read 40 (32 s) 5 s or more before
 
 
 def test_persistent_lag_keeps_one_consumer_awake() -> None:
@@ -116,11 +134,11 @@ def test_persistent_lag_keeps_one_consumer_awake() -> None:
 
 
 def test_invalid_offsets_count_in_persistent_lag_detection() -> None:
-    tracker = PersistentLag()
+    tracker = PersistentLag(window=0.0)
     stuck = metric(exclude_persistent_lag=True, offset_reset_policy="earliest")
     offsets = [("t", 0, PartitionOffsets(committed=NO_COMMIT, end=5, start=1))]
-    assert [p.lag for p in group_lags(stuck, "g", 1, offsets, tracker)] == [4]
-    assert [p.lag for p in group_lags(stuck, "g", 2, offsets, tracker)] == [0]
+    assert [p.lag for p in group_lags(stuck, "g", 1, 1.0, offsets, tracker)] == [4]
+    assert [p.lag for p in group_lags(stuck, "g", 2, 2.0, offsets, tracker)] == [0]
 
 
 def test_activation_follows_activation_lag_threshold() -> None:
@@ -143,3 +161,18 @@ def test_metric_config_refused(fields: dict[str, object], problem: str) -> None:
     document: dict[str, object] = {"type": "kafka", "name": "lag", "source": "kafka", "labels": LABELS} | fields
     with pytest.raises(ValidationError, match=problem):
         KafkaMetric.model_validate(document)
+
+
+def test_persistent_lag_keeps_a_bounded_history_however_often_the_group_is_read() -> None:
+    # Reads every millisecond for 12 s (offsets_max_age 0 and a busy cache): a consumer committing every 4 s
+    # is never stuck, and what is kept for the comparison stays a few dozen reads, not one per read.
+    tracker = PersistentLag(window=5.0)
+    busy = metric(exclude_persistent_lag=True, allow_idle_consumers=True)
+    counted: set[int] = set()
+    for read in range(1, 12_000):
+        at = read / 1000
+        commit = int(at // 4) * 10
+        offsets = [("t", 0, PartitionOffsets(committed=commit, end=commit + 50, start=0))]
+        counted.update(p.lag for p in group_lags(busy, "g", read, at, offsets, tracker))
+        assert len(tracker._seen[(busy.key, "g", "t", 0)][0]) <= 32 + 3
+    assert counted == {50}
