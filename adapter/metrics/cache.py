@@ -203,8 +203,9 @@ class MetricCache:
         """Someone asks for it: subscribed, an ask waits for fresher, or its asker is still around."""
         if series.stale_asked or self._listeners.get(series.key):
             return True
-        window = series.ask_period if series.ask_period is not None else series.interval
-        return now - series.last_access < window
+        if series.ask_period is None:
+            return now - series.last_access < series.interval
+        return now - series.last_access < series.ask_period + series.interval / 2  # the next ask is not late yet
 
     def _unavailable(self, series: _Series) -> MetricUnavailable:
         telemetry.STALE_READS.labels(series.key.metric).inc()
