@@ -14,8 +14,9 @@ the value is younger than `max_staleness`:
   refresh failed, it is answered 503 with the cause;
 - a subscribed series (KEDA's StreamIsActive) is asked continuously: refreshed every `interval`;
 - a change pushed by the source (keyspace notification, Kafka round) refreshes at the next tick
-  a series that is subscribed or whose asker is still around (asked within its ask period, or
-  within `interval` when it has none), one refresh in flight at a time;
+  a series that is subscribed or whose asker is still around (its next ask is not half an
+  `interval` late, or it was asked within `interval` when its asks have no period yet), one
+  refresh in flight at a time;
 - nothing else reads the source: a series nobody asks for costs at most the one refresh planned
   for an ask that did not come, and is dropped after `idle_ttl` without asks.
 

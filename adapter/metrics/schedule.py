@@ -15,9 +15,12 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
+
+log = logging.getLogger(__name__)
 
 # Items due within this much after the tick are visited with it: their reads share a round trip.
 COALESCE = 0.05
@@ -47,9 +50,12 @@ class Schedule(Generic[S]):
         self._stale = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        self._closed = False
 
     def at(self, item: S, when: float) -> None:
         """Visit `item` no later than `when` (an earlier time already set stands)."""
+        if self._closed:
+            return
         if item.due is not None:
             if item.due <= when:
                 return
@@ -67,6 +73,7 @@ class Schedule(Generic[S]):
             self._stale += 1
 
     def close(self) -> None:
+        self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -97,7 +104,10 @@ class Schedule(Generic[S]):
                 self._stale -= 1
                 continue
             item.due = None
-            self._visit(item, now)
+            try:
+                self._visit(item, now)
+            except Exception:  # a bug for one item must not stop the others' visits
+                log.exception("visit of %s failed", item)
             visited += 1
             if visited % _CHECK_EVERY == 0 and time.perf_counter() - started > _TICK_BUDGET:
                 self._arm(now)  # the rest in the next iteration of the loop, after what is waiting

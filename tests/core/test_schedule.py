@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from adapter.metrics.schedule import Schedule
 
 
@@ -55,4 +57,27 @@ async def test_the_earliest_time_stands_and_a_later_one_is_ignored() -> None:
     await asyncio.sleep(0.6)
     assert calls == [item]  # the replaced entries are not visits
     schedule.cancel(item)
+    schedule.close()
+
+
+async def test_a_failing_visit_is_logged_and_the_others_still_happen(caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[Item] = []
+    broken = Item()
+
+    def visit(item: Item, _now: float) -> None:
+        if item is broken:
+            raise RuntimeError("a bug")
+        calls.append(item)
+
+    schedule: Schedule[Item] = Schedule(time.monotonic, visit, 1.0)
+    items = [Item(), broken, Item()]
+    for item in items:
+        schedule.at(item, time.monotonic())
+    await asyncio.sleep(0.05)
+    assert calls == [items[0], items[2]]
+    assert "visit of" in caplog.text
+    later = Item()
+    schedule.at(later, time.monotonic())  # the timer still runs
+    await asyncio.sleep(0.05)
+    assert calls[-1] is later
     schedule.close()
