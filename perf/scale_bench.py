@@ -181,16 +181,19 @@ async def generate(spec: dict[str, Any]) -> dict[str, Any]:
     measure_from: float = spec["measure_from"]
     until: float = spec["until"]
     latencies: list[float] = []
+    late: list[float] = []  # how late the generator itself sent (its own share of the latency)
     errors: dict[str, int] = {}
     pending: set[asyncio.Task[None]] = set()
     rng = random.Random(spec["seed"])
 
     async def one(index: int, due: float) -> None:
         link = rng.randrange(len(links))  # the aggregator's choice of connection: any of them
+        sent = time.time()
         status, body = await _ask(*links[link], locks[link], index)
         done = time.time()
         if done >= measure_from:
             latencies.append((done - due) * 1000)
+            late.append((sent - due) * 1000)
             if status != 200:
                 key = f"{status} {body[:120]!r}"
                 errors[key] = errors.get(key, 0) + 1
@@ -212,13 +215,14 @@ async def generate(spec: dict[str, Any]) -> dict[str, Any]:
     await asyncio.gather(*pending)
     for _, writer in links:
         writer.close()
-    return {"latencies": latencies, "errors": errors}
+    return {"latencies": latencies, "late": late, "errors": errors}
 
 
 def run_load(
     ports: list[int], n: int, period: float, warmup: float, measure: float
-) -> tuple[list[float], dict[str, int]]:
-    """The N series split over the generator processes; returns latencies (ms) of the measured part and errors."""
+) -> tuple[list[float], list[float], dict[str, int]]:
+    """The N series split over the generator processes: latencies and sending delays (ms) of the measured
+    part, and the errors."""
     now = time.time() + 1.0
     specs = [
         {
@@ -239,14 +243,16 @@ def run_load(
         for spec in specs
     ]
     latencies: list[float] = []
+    late: list[float] = []
     errors: dict[str, int] = {}
     for child in children:
         out, _ = child.communicate(timeout=warmup + measure + 300)
         result = json.loads(out)
         latencies += result["latencies"]
+        late += result["late"]
         for key, count in result["errors"].items():
             errors[key] = errors.get(key, 0) + count
-    return latencies, errors
+    return latencies, late, errors
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -266,13 +272,14 @@ class Result:
     reads_idle: float
     rss: float
     errors: int
+    late_p99: float
 
     def line(self) -> str:
         return (
             f"{self.label:<10} N={self.n:>6}: p50 {self.p50:8.2f} ms  p99 {self.p99:8.2f} ms  "
             f"cpu asked {self.cpu_asked:5.1f}%  cpu idle {self.cpu_idle:5.1f}%  "
             f"reads/s asked {self.reads_asked:7.1f}  idle {self.reads_idle:7.1f}  RSS {self.rss:6.1f} MiB"
-            f"  errors {self.errors}"
+            f"  errors {self.errors}  (generator's own sending delay p99 {self.late_p99:.2f} ms)"
         )
 
 
@@ -299,7 +306,7 @@ def scenario(
         before = sample(adapters)
         thread.join()
         cpu_asked, reads_asked = rates(adapters, before)
-        latencies, errors = result["out"]
+        latencies, late, errors = result["out"]
         # Nobody asks any more: after one period (the refreshes planned for asks that did not come),
         # what keeping the series costs.
         time.sleep(args.period)
@@ -320,6 +327,7 @@ def scenario(
             reads_idle,
             rss,
             sum(errors.values()),
+            percentile(late, 0.99),
         )
     finally:
         stop(adapters)
