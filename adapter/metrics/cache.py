@@ -1,11 +1,33 @@
-"""The series cache: background refresh, one shared query per cold read, staleness, a size bound.
+"""The series cache: refresh as often as asked, one shared query per cold read, staleness, a size bound.
 
-A series (metric, namespace, selector) is born on its first read, refreshed in the
-background every `interval` for as long as someone reads it, and dropped after `idle_ttl`
-without reads. A failed refresh keeps the last good value until it is older than
-`max_staleness`; after that the read fails with 503. No path produces a zero that the
-source did not report (docs/architecture.md#no-fabricated-zero), nor a value the HPA would misread (a Quantity whose
-milli-value overflows int64, NaN, infinity): those are errors of the series.
+A series (metric, namespace, selector) is born on its first read, which waits for the source
+(concurrent first reads share one query). After that it is read from the source about as often as
+it is asked for, never more often than its `interval`, and nobody waits on the source again while
+the value is younger than `max_staleness`:
+
+- an ask that finds the value younger than `interval` is served; once asks have a period (the
+  HPA asks every sync, 15 s by default), the next refresh is planned half an `interval` before
+  the next ask is due, so the next ask finds a value younger than `interval` too;
+- an ask that finds it older than `interval` (an unforeseen ask) is served that value and a
+  refresh is made at the next tick (stale-while-revalidate);
+- an ask that finds no value younger than `max_staleness` waits for a refresh; if the last
+  refresh failed, it is answered 503 with the cause;
+- a subscribed series (KEDA's StreamIsActive) is asked continuously: refreshed every `interval`;
+- a change pushed by the source (keyspace notification, Kafka round) refreshes at the next tick
+  a series that is subscribed or whose asker is still around (its next ask is not half an
+  `interval` late, or it was asked within `interval` when its asks have no period yet), one
+  refresh in flight at a time;
+- nothing else reads the source: a series nobody asks for costs at most the one refresh planned
+  for an ask that did not come, and is dropped after `idle_ttl` without asks.
+
+The work is driven by one schedule (adapter.metrics.schedule), not a coroutine per series: a
+tick starts every due refresh in a plain loop, and a source batches the reads started together
+(one Redis pipeline per node).
+
+A failed refresh keeps the last good value until it is older than `max_staleness`; after that
+the read fails with 503. No path produces a zero that the source did not report (docs/architecture.md#no-fabricated-zero),
+nor a value the HPA would misread (a Quantity whose milli-value overflows int64, NaN, infinity):
+those are errors of the series.
 
 The table is shared by every caller, so no caller can take it from another: a full table
 refuses NEW series (503 naming `cache.max_series`) and never evicts a live one, and one
@@ -28,6 +50,7 @@ from adapter.config.server import CacheConfig
 from adapter.metrics.catalogue import Catalogue, SeriesKey
 from adapter.metrics.errors import MetricUnavailable
 from adapter.metrics.quantity import unservable
+from adapter.metrics.schedule import COALESCE, Schedule
 from adapter.sources.base import Sample, Source, SourceError, SourceQuery
 from adapter.telemetry import cache as telemetry
 from adapter.telemetry.throttle import LogThrottle, held_back
@@ -67,10 +90,13 @@ class _Series:
         self.answered = False  # whether any refresh ever succeeded
         self.error: str | None = None
         self.failed_at = 0.0
-        self.last_access = 0.0
+        self.last_access = 0.0  # monotonic time of the latest ask
+        self.ask_period: float | None = None  # average time between asks, once there were two
+        self.refreshed_at = -float("inf")  # monotonic time the latest refresh started
+        self.stale_asked = False  # an ask found the value older than `interval` and no refresh in flight
+        self.changed = False  # the source pushed a change since the latest refresh started
+        self.due: float | None = None  # when the schedule looks at it next
         self.in_flight: asyncio.Task[None] | None = None
-        self.loop_task: asyncio.Task[None] | None = None
-        self.wake = asyncio.Event()
         self.requests: list[tuple[str, str, str]] = []  # spellings of this series' requests, see _by_request
         self.labels = {key: ",".join(values) for key, values in query.params.items()}
 
@@ -98,6 +124,8 @@ class MetricCache:
         self._listeners: dict[SeriesKey, list[ReadingListener]] = {}
         self._per_namespace: dict[str, int] = {}
         self._warnings = LogThrottle(_WARNING_INTERVAL, clock)
+        # Re-reading the clock at least every interval (or second) lets a test's clock move the schedule.
+        self._schedule: Schedule[_Series] = Schedule(clock, self._visit, min(config.interval, 1.0))
         for source in sources.values():
             source.set_change_listener(self._on_change)
 
@@ -109,11 +137,14 @@ class MetricCache:
         """Call `listener` after every successful refresh of the series `key`; returns the unsubscribe function.
 
         For pushing changes (KEDA's StreamIsActive) without polling. The listener runs on the event loop
-        inside the refresh: it must only record the reading, never block or raise. A subscription does
-        not keep the series warm; reading it does.
+        inside the refresh: it must only record the reading, never block or raise. A subscribed series
+        counts as asked continuously (refreshed every `interval`); only reading it keeps it in the table.
         """
         listeners = self._listeners.setdefault(key, [])
         listeners.append(listener)
+        series = self._series.get(key)
+        if series is not None:
+            self._schedule.at(series, max(self._clock(), series.refreshed_at + series.interval))
 
         def unsubscribe() -> None:
             listeners.remove(listener)
@@ -134,8 +165,15 @@ class MetricCache:
             series = self._series.get(key) or self._create(key, query)
             self._remember(request, series)
         now = self._clock()
-        series.last_access = now
-        if not series.fresh(now):
+        self._asked(series, now)
+        if series.fresh(now):
+            if now - series.read_at > series.interval:
+                if series.in_flight is None:  # served now, refreshed at the next tick
+                    series.stale_asked = True
+                    self._schedule.at(series, max(now, series.refreshed_at + series.interval))
+            elif series.ask_period is not None:  # ready for the next ask
+                self._schedule.at(series, self._planned(series))
+        else:
             recently_failed = series.error is not None and now - series.failed_at < series.interval
             if series.in_flight is not None or not recently_failed:
                 await asyncio.shield(self._refresh(series))
@@ -144,6 +182,31 @@ class MetricCache:
         assert series.reading is not None
         telemetry.VALUE_AGE_SECONDS.labels(series.key.metric).observe(self._clock() - series.read_at)
         return series.reading
+
+    @staticmethod
+    def _asked(series: _Series, now: float) -> None:
+        gap = now - series.last_access
+        if series.last_access and gap >= COALESCE:  # asks together (a burst, two HPAs at once) are one
+            series.ask_period = gap if series.ask_period is None else (series.ask_period + gap) / 2
+        series.last_access = now
+
+    @staticmethod
+    def _ahead(series: _Series) -> float:
+        """Half an interval before the next ask is due: a refresh then is done when it comes."""
+        assert series.ask_period is not None
+        return series.last_access + series.ask_period - series.interval / 2
+
+    def _planned(self, series: _Series) -> float:
+        """The refresh for the next ask, never within `interval` of the latest."""
+        return max(series.refreshed_at + series.interval, self._ahead(series))
+
+    def _wanted(self, series: _Series, now: float) -> bool:
+        """Someone asks for it: subscribed, an ask waits for fresher, or its asker is still around."""
+        if series.stale_asked or self._listeners.get(series.key):
+            return True
+        if series.ask_period is None:
+            return now - series.last_access < series.interval
+        return now - series.last_access < series.ask_period + series.interval / 2  # the next ask is not late yet
 
     def _unavailable(self, series: _Series) -> MetricUnavailable:
         telemetry.STALE_READS.labels(series.key.metric).inc()
@@ -179,7 +242,6 @@ class MetricCache:
         self._by_query[query] = series
         telemetry.SERIES.labels(key.metric).inc()
         source.watch(query)
-        series.loop_task = asyncio.create_task(self._keep_warm(series), name=f"series {key}")
         return series
 
     def _refuse(self, limit: str, message: str) -> MetricUnavailable:
@@ -206,39 +268,64 @@ class MetricCache:
         with contextlib.suppress(KeyError):  # never read successfully: no value series was made
             telemetry.SERIES_VALUE.remove(series.key.metric, series.key.namespace, series.key.selector)
         series.source.unwatch(series.query)
+        self._schedule.cancel(series)
+
+    def _live(self, series: _Series) -> bool:
+        return self._series.get(series.key) is series
 
     def _on_change(self, query: SourceQuery) -> None:
         series = self._by_query.get(query)
-        if series is not None:
-            series.wake.set()
+        if series is None:
+            return
+        series.changed = True
+        now = self._clock()
+        if series.in_flight is None and self._wanted(series, now):
+            self._schedule.at(series, now)
 
-    async def _keep_warm(self, series: _Series) -> None:
-        try:
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(series.wake.wait(), series.interval)
-                series.wake.clear()
-                if self._clock() - series.last_access > self._config.idle_ttl:
-                    self._drop(series)
-                    return
-                if not series.answered and series.error is not None:
-                    # Never answered and failed: no background queries for it. A read recreates it (one
-                    # query per read at most, and none within `interval` of the failure, see read()).
-                    self._drop(series)
-                    return
-                await self._refresh(series)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a bug here must not leave a series without refreshes unnoticed
-            log.exception("refresh loop of %s stopped", series.key)
+    def _visit(self, series: _Series, now: float) -> None:
+        """The schedule's call for a due series: drop it, refresh it, or look again when it could be dropped."""
+        if not self._live(series):
+            return
+        if now - series.last_access > self._config.idle_ttl:
             self._drop(series)
+        elif not series.answered and series.error is not None:
+            # Never answered and failed: no background queries for it. A read recreates it (one
+            # query per read at most, and none within `interval` of the failure, see read()).
+            self._drop(series)
+        elif series.in_flight is not None:
+            pass  # its end schedules the next look
+        elif self._wanted(series, now):
+            self._refresh(series)
+        else:
+            self._schedule.at(series, series.last_access + self._config.idle_ttl)
 
     def _refresh(self, series: _Series) -> asyncio.Task[None]:
         """Start a refresh, or join the one in flight (singleflight)."""
         if series.in_flight is None:
+            series.refreshed_at = self._clock()
+            series.stale_asked = series.changed = False
             series.in_flight = asyncio.create_task(self._query(series))
-            series.in_flight.add_done_callback(lambda _: setattr(series, "in_flight", None))
+            series.in_flight.add_done_callback(lambda _: self._refreshed(series))
         return series.in_flight
+
+    def _refreshed(self, series: _Series) -> None:
+        """A refresh ended: plan the next look at the series."""
+        series.in_flight = None
+        if not self._live(series):
+            return
+        now = self._clock()
+        schedule = self._schedule
+        if not series.answered and series.error is not None:
+            schedule.at(series, series.failed_at + series.interval)  # dropped then, see _visit
+            return
+        if series.changed and self._wanted(series, now):  # pushed while this refresh was in flight
+            schedule.at(series, now)
+        if self._listeners.get(series.key):
+            schedule.at(series, series.refreshed_at + series.interval)
+        if series.ask_period is not None and self._ahead(series) > series.refreshed_at + COALESCE:
+            # This was not the refresh planned for the next ask (it came earlier): plan that one.
+            schedule.at(series, self._planned(series))
+        schedule.at(series, series.last_access + self._config.idle_ttl)
 
     async def _query(self, series: _Series) -> None:
         source_name = series.query.metric.source
@@ -306,7 +393,8 @@ class MetricCache:
             log.warning("refresh of %s failed: %s%s", series.key, message, held_back(suppressed))
 
     async def close(self) -> None:
-        tasks = [t for s in self._series.values() for t in (s.loop_task, s.in_flight) if t is not None]
+        self._schedule.close()
+        tasks = [s.in_flight for s in self._series.values() if s.in_flight is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

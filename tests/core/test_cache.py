@@ -120,19 +120,82 @@ async def test_a_hung_source_times_out_with_a_message_naming_the_limit() -> None
     await cache.close()
 
 
-async def test_series_refresh_in_the_background_and_drop_when_idle() -> None:
+async def tick(clock: Clock, seconds: float) -> None:
+    """Move the cache's clock and give its schedule (which re-reads the clock every `interval`, 0.02 s here) a turn."""
+    clock.now += seconds
+    await asyncio.sleep(0.05)
+
+
+async def test_an_idle_series_costs_no_reads_and_is_dropped_after_idle_ttl() -> None:
     source = ScriptedSource()
     clock = Clock()
     cache = make_cache(source, clock, interval=0.02, idle_ttl=100)
     await cache.read("jobs", "ns", "")
-    await asyncio.sleep(0.2)
-    assert source.queries >= 3
+    for _ in range(5):
+        await tick(clock, 10)
+    assert source.queries == 1  # the old cache read it every interval while it waited for idle_ttl
     assert cache.series_count() == 1
     assert len(source.watched) == 1
-    clock.now += 101
-    await asyncio.sleep(0.1)
+    await tick(clock, 51)
     assert cache.series_count() == 0
     assert source.watched == []
+    await cache.close()
+
+
+async def test_a_series_asked_once_a_minute_is_read_about_once_a_minute_and_served_fresh() -> None:
+    source = ScriptedSource()
+    clock = Clock()
+    cache = make_cache(source, clock, interval=0.02)
+    asks = 10
+    for minute in range(asks):
+        source.value = Decimal(minute)
+        await tick(clock, 59.99)  # the refresh planned for the next ask happens half an interval before it
+        clock.now += 0.01
+        reading = await cache.read("jobs", "ns", "")
+        if minute >= 2:  # once the asks have a period, each finds a value read just before it
+            assert reading.value == minute
+    assert asks <= source.queries <= asks + 1
+    await tick(clock, 120)
+    assert source.queries <= asks + 2  # the asker stopped: at most the one refresh planned for it
+    await cache.close()
+
+
+async def test_an_unforeseen_ask_is_served_at_once_and_refreshes_at_the_next_tick() -> None:
+    source = ScriptedSource()
+    clock = Clock()
+    cache = make_cache(source, clock, interval=1)
+    await cache.read("jobs", "ns", "")
+    source.value = Decimal(9)
+    source.delay = 3600  # a read that waited for the source would hang
+    clock.now += 5  # older than interval, younger than max_staleness
+    async with asyncio.timeout(1):
+        assert (await cache.read("jobs", "ns", "")).value == 7
+    await asyncio.sleep(0.05)
+    assert source.queries == 2  # the refresh started by the ask, in the background
+    source.delay = 0
+    clock.now += 1
+    await cache.read("jobs", "ns", "")  # the refresh in flight serves this ask too: no second one
+    assert source.queries == 2
+    await cache.close()
+
+
+async def test_a_subscribed_series_is_refreshed_every_interval_until_unsubscribed() -> None:
+    source = ScriptedSource()
+    clock = Clock()
+    cache = make_cache(source, clock, interval=0.02)
+    key, _ = cache.catalogue.resolve("jobs", "ns", "")
+    pushed: list[Decimal] = []
+    unsubscribe = cache.subscribe(key, lambda reading: pushed.append(reading.value))
+    await cache.read("jobs", "ns", "")
+    for value in range(1, 4):
+        source.value = Decimal(value)
+        await tick(clock, 0.02)
+    assert pushed[-1] == 3
+    unsubscribe()
+    queries = source.queries
+    for _ in range(3):
+        await tick(clock, 1)
+    assert source.queries == queries
     await cache.close()
 
 

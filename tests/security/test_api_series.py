@@ -5,6 +5,7 @@ misread is an error, never a number."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -43,13 +44,16 @@ def _cache(source: Source, clock: Clock | None = None, pattern: str = ".+", **co
     return MetricCache(Catalogue([metric]), {"q": source}, settings, clock=clock or Clock())
 
 
-async def _until(condition: Callable[[], bool]) -> None:
-    """Wait for background refreshes (real time, a few intervals); fail after 10 s."""
+async def _ask_until(cache: MetricCache, clock: Clock, condition: Callable[[], bool]) -> None:
+    """Ask for the series as an HPA would (a refresh follows each ask once `interval` passed) until `condition`."""
     for _ in range(1000):
         if condition():
             return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the condition did not become true within 10 s")
+        clock.now += 0.02
+        with contextlib.suppress(MetricUnavailable):
+            await cache.read("jobs", "default", "queue=a")
+        await asyncio.sleep(0.005)
+    raise AssertionError("the condition did not become true within 1,000 asks")
 
 
 async def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
@@ -188,11 +192,11 @@ async def test_a_failing_series_logs_one_line_per_interval_with_a_count(caplog: 
     await cache.read("jobs", "default", "queue=a")  # answered once: its refreshes go on while it fails
     source.failure = "connection refused"
     with caplog.at_level(logging.WARNING, logger="adapter.metrics.cache"):
-        await _until(lambda: source.queries >= 30)
+        await _ask_until(cache, clock, lambda: source.queries >= 30)
         assert len(caplog.records) == 1
         clock.now += 61
         queries = source.queries
-        await _until(lambda: source.queries > queries)
+        await _ask_until(cache, clock, lambda: source.queries > queries)
     lines = [record.getMessage() for record in caplog.records]
     assert len(lines) == 2, lines
     assert "connection refused" in lines[0]
@@ -214,11 +218,12 @@ async def test_a_failing_series_logs_one_line_per_interval_with_a_count(caplog: 
 async def test_a_value_the_hpa_would_misread_is_an_error_not_a_number(value: Decimal, cause: str) -> None:
     source = ScriptedSource()
     source.value = Decimal(5)
-    cache = _cache(source, interval=0.01)
+    clock = Clock()
+    cache = _cache(source, clock, interval=0.01)
     assert (await cache.read("jobs", "default", "queue=a")).value == 5
     refused = telemetry.VALUES_REFUSED.labels("jobs")._value.get()
     source.value = value
-    await _until(lambda: source.queries >= 3)
+    await _ask_until(cache, clock, lambda: source.queries >= 3)
     # Not the number, and not the last good one either: the source says something else now.
     with pytest.raises(MetricUnavailable, match=cause):
         await cache.read("jobs", "default", "queue=a")

@@ -1,0 +1,387 @@
+"""Benchmark: N HPAs on one adapter, each asking its own Redis-backed series once per sync period.
+
+    python perf/scale_bench.py [--period 15] [--measure 30] [--baseline /tmp/scale-baseline]
+
+Starts a real redis-server with 10,000 list keys and `zeroscale serve` (TLS with its self-signed
+certificate, authentication off on loopback, one `queue-depth` metric with a `queue` label, the
+cache defaults: interval 5 s). A load generator in two separate processes asks each of N series
+once per `--period` (the HPA's default sync is 15 s), paced evenly, over 32 keep-alive TLS
+connections: the HPA's pattern. Latency counts from the time a request was due, so a request held
+up behind a slow one is counted as late (no coordinated omission).
+
+For N = 1,000 and 10,000 it prints request p50/p99, the adapter's CPU (% of one core, from
+/proc/<pid>/stat) while asked and after the asks stop (one period later, what keeping series costs
+when nobody asks), source reads per second (`zeroscale_source_query_duration_seconds_count` from
+the adapter's /metrics) and RSS (/proc/<pid>/status). Then two replicas share the 10,000 series:
+each connection goes to one of them and each ask takes a random connection, as the API server's
+aggregator spreads an APIService's requests. `--baseline DIR` runs the same against the adapter
+code in DIR (a checkout of main: `git worktree add /tmp/scale-baseline main`) first, for comparison.
+The first period of each run is the warm-up (first reads); measurement starts after it.
+
+Last line: `p99_ms_10k=<x> cpu_pct_10k=<y> rss_mib_10k=<z> source_reads_per_s_10k=<w>` (ours; cpu is
+the background figure). Goal at 10k: p99 <= 5 ms, background CPU <= 10 % of a core, RSS <= 250 MiB.
+The machine is shared: the figures move with its load, printed with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.netutil import free_port, wait_for_port  # noqa: E402
+from tests.redis.servers import RedisProcess  # noqa: E402
+
+KEYS = 10_000
+CONNECTIONS = 32
+GENERATORS = 2  # processes: one Python process cannot pace 667 TLS requests/s on a loaded machine
+METRIC_PATH = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/queue-depth"
+CONFIG = """\
+server:
+  bind: 127.0.0.1
+  port: {port}
+  metrics_bind: 127.0.0.1
+  metrics_port: {metrics_port}
+  auth: {{enabled: false}}
+cache:
+  max_series: 20000
+  max_series_per_namespace: 20000
+sources:
+  - name: bench
+    type: redis
+    url: redis://127.0.0.1:{redis_port}
+metrics:
+  - name: queue-depth
+    type: redis
+    source: bench
+    query: length
+    redis_key: "${{queue}}"
+    labels:
+      queue: {{pattern: "q[0-9]+", required: true}}
+"""
+
+
+@dataclass
+class Adapter:
+    process: subprocess.Popen[bytes]
+    port: int
+    metrics_port: int
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mib(self) -> float:
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
+        assert match is not None
+        return int(match.group(1)) / 1024
+
+    def source_reads(self) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        match = re.search(r'^zeroscale_source_query_duration_seconds_count\{source="bench"\} (\S+)', text, re.MULTILINE)
+        return float(match.group(1)) if match else 0.0
+
+
+@dataclass
+class Sample:
+    cpu: float
+    reads: float
+    at: float
+
+
+def sample(adapters: list[Adapter]) -> list[Sample]:
+    return [Sample(a.cpu_seconds(), a.source_reads(), time.monotonic()) for a in adapters]
+
+
+def rates(adapters: list[Adapter], before: list[Sample]) -> tuple[float, float]:
+    """CPU % of one core (summed over the adapters) and source reads per second since `before`."""
+    after = sample(adapters)
+    cpu = sum((b.cpu - a.cpu) / (b.at - a.at) for a, b in zip(before, after, strict=True)) * 100
+    reads = sum((b.reads - a.reads) / (b.at - a.at) for a, b in zip(before, after, strict=True))
+    return cpu, reads
+
+
+def start_adapter(code: Path, directory: Path, redis_port: int, name: str) -> Adapter:
+    port, metrics_port = free_port(), free_port()
+    config = directory / f"{name}.yaml"
+    config.write_text(CONFIG.format(port=port, metrics_port=metrics_port, redis_port=redis_port))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "adapter", "--log-level", "WARNING", "serve", "--config", str(config)],
+        cwd=code,
+        stdout=subprocess.DEVNULL,
+        stderr=(directory / f"{name}.log").open("wb"),
+    )
+    wait_for_port(port, timeout=60)
+    wait_for_port(metrics_port, timeout=60)
+    return Adapter(process, port, metrics_port)
+
+
+def stop(adapters: list[Adapter]) -> None:
+    for adapter in adapters:
+        adapter.process.terminate()
+    for adapter in adapters:
+        try:
+            adapter.process.wait(20)
+        except subprocess.TimeoutExpired:
+            adapter.process.kill()
+
+
+# --- the load generator (run as a child process: `scale_bench.py --generate <json>`) ---
+
+
+async def _connection(port: int, context: ssl.SSLContext) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="localhost")
+
+
+async def _ask(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, lock: asyncio.Lock, series: int
+) -> tuple[int, bytes]:
+    request = (
+        f"GET {METRIC_PATH}?labelSelector=queue%3Dq{series} HTTP/1.1\r\n"
+        "Host: adapter\r\nAccept: application/json\r\n\r\n"
+    )
+    async with lock:  # one request at a time per keep-alive connection (HTTP/1.1, no pipelining)
+        writer.write(request.encode())
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        match = re.search(rb"(?i)content-length:\s*(\d+)", head)
+        assert match is not None, head
+        body = await reader.readexactly(int(match.group(1)))
+        return status, body
+
+
+async def generate(spec: dict[str, Any]) -> dict[str, Any]:
+    """Ask series spec["series"] once per period each, evenly spread, until spec["until"] (wall clock)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    ports: list[int] = spec["ports"]
+    links = [await _connection(ports[i % len(ports)], context) for i in range(spec["connections"])]
+    locks = [asyncio.Lock() for _ in links]
+    series: list[int] = spec["series"]
+    period: float = spec["period"]
+    measure_from: float = spec["measure_from"]
+    until: float = spec["until"]
+    latencies: list[float] = []
+    late: list[float] = []  # how late the generator itself sent (its own share of the latency)
+    errors: dict[str, int] = {}
+    pending: set[asyncio.Task[None]] = set()
+    rng = random.Random(spec["seed"])
+
+    async def one(index: int, due: float) -> None:
+        link = rng.randrange(len(links))  # the aggregator's choice of connection: any of them
+        sent = time.time()
+        status, body = await _ask(*links[link], locks[link], index)
+        done = time.time()
+        if done >= measure_from:
+            latencies.append((done - due) * 1000)
+            late.append((sent - due) * 1000)
+            if status != 200:
+                key = f"{status} {body[:120]!r}"
+                errors[key] = errors.get(key, 0) + 1
+
+    step = period / len(series)
+    start = spec["start"]
+    k = 0
+    while True:
+        due = start + k * step
+        if due >= until:
+            break
+        delay = due - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.create_task(one(series[k % len(series)], due))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        k += 1
+    await asyncio.gather(*pending)
+    for _, writer in links:
+        writer.close()
+    return {"latencies": latencies, "late": late, "errors": errors}
+
+
+def run_load(
+    ports: list[int], n: int, period: float, warmup: float, measure: float
+) -> tuple[list[float], list[float], dict[str, int]]:
+    """The N series split over the generator processes: latencies and sending delays (ms) of the measured
+    part, and the errors."""
+    now = time.time() + 1.0
+    specs = [
+        {
+            "ports": ports,
+            "connections": CONNECTIONS // GENERATORS,
+            "series": list(range(g, n, GENERATORS)),
+            "period": period,
+            # Generators offset by half a step, so their asks interleave evenly.
+            "start": now + g * period / n,
+            "measure_from": now + warmup,
+            "until": now + warmup + measure,
+            "seed": g,
+        }
+        for g in range(GENERATORS)
+    ]
+    children = [
+        subprocess.Popen([sys.executable, __file__, "--generate", json.dumps(spec)], stdout=subprocess.PIPE)
+        for spec in specs
+    ]
+    latencies: list[float] = []
+    late: list[float] = []
+    errors: dict[str, int] = {}
+    for child in children:
+        out, _ = child.communicate(timeout=warmup + measure + 300)
+        result = json.loads(out)
+        latencies += result["latencies"]
+        late += result["late"]
+        for key, count in result["errors"].items():
+            errors[key] = errors.get(key, 0) + count
+    return latencies, late, errors
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
+
+
+@dataclass
+class Result:
+    label: str
+    n: int
+    p50: float
+    p99: float
+    cpu_asked: float
+    cpu_idle: float
+    reads_asked: float
+    reads_idle: float
+    rss: float
+    errors: int
+    late_p99: float
+
+    def line(self) -> str:
+        return (
+            f"{self.label:<10} N={self.n:>6}: p50 {self.p50:8.2f} ms  p99 {self.p99:8.2f} ms  "
+            f"cpu asked {self.cpu_asked:5.1f}%  cpu idle {self.cpu_idle:5.1f}%  "
+            f"reads/s asked {self.reads_asked:7.1f}  idle {self.reads_idle:7.1f}  RSS {self.rss:6.1f} MiB"
+            f"  errors {self.errors}  (generator's own sending delay p99 {self.late_p99:.2f} ms)"
+        )
+
+
+def load_average() -> str:
+    return Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__()
+
+
+def scenario(
+    code: Path, directory: Path, redis_port: int, label: str, n: int, replicas: int, args: argparse.Namespace
+) -> Result:
+    adapters = [start_adapter(code, directory, redis_port, f"{label}-{n}-{r}") for r in range(replicas)]
+    try:
+        warmup = args.period  # the first period: every series' first (cold) read
+        # The load runs in a thread; CPU and reads are sampled when its measured window begins.
+        started = time.monotonic()
+        result: dict[str, Any] = {}
+
+        def load() -> None:
+            result["out"] = run_load([a.port for a in adapters], n, args.period, warmup, args.measure)
+
+        thread = threading.Thread(target=load)
+        thread.start()
+        time.sleep(max(0.0, warmup + 1.0 - (time.monotonic() - started)))
+        before = sample(adapters)
+        thread.join()
+        cpu_asked, reads_asked = rates(adapters, before)
+        latencies, late, errors = result["out"]
+        # Nobody asks any more: after one period (the refreshes planned for asks that did not come),
+        # what keeping the series costs.
+        time.sleep(args.period)
+        before = sample(adapters)
+        time.sleep(args.idle)
+        cpu_idle, reads_idle = rates(adapters, before)
+        rss = sum(a.rss_mib() for a in adapters)
+        for key, count in errors.items():
+            print(f"  {label} N={n}: {count} x {key}")
+        return Result(
+            label,
+            n,
+            percentile(latencies, 0.5),
+            percentile(latencies, 0.99),
+            cpu_asked,
+            cpu_idle,
+            reads_asked,
+            reads_idle,
+            rss,
+            sum(errors.values()),
+            percentile(late, 0.99),
+        )
+    finally:
+        stop(adapters)
+
+
+def fill(server: RedisProcess) -> None:
+    client: Any = server.client()
+    pipe = client.pipeline(transaction=False)
+    for i in range(KEYS):
+        pipe.rpush(f"q{i}", *range(i % 20 + 1))
+    pipe.execute()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--period", type=float, default=15.0, help="seconds between two asks of one series (15)")
+    parser.add_argument("--measure", type=float, default=30.0, help="seconds measured after the warm-up period (30)")
+    parser.add_argument("--idle", type=float, default=10.0, help="seconds the no-request CPU is measured (10)")
+    parser.add_argument("--baseline", type=Path, help="a checkout of main to run first, for comparison")
+    parser.add_argument("--sizes", default="1000,10000", help="N values (1000,10000)")
+    parser.add_argument("--no-replicas", action="store_true", help="skip the two-replica run")
+    parser.add_argument("--generate", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.generate:
+        print(json.dumps(asyncio.run(generate(json.loads(args.generate)))))
+        return 0
+    sizes = [int(n) for n in args.sizes.split(",")]
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="scale-bench-") as workdir:
+        directory = Path(workdir)
+        server = RedisProcess(directory, []).start()
+        try:
+            fill(server)
+            print(
+                f"cpus {os.cpu_count()}, period {args.period:g}s, measured {args.measure:g}s after a "
+                f"{args.period:g}s warm-up, {CONNECTIONS} TLS keep-alive connections; shared machine"
+            )
+            codes = ([("main", args.baseline)] if args.baseline else []) + [("this", ROOT)]
+            for label, code in codes:
+                for n in sizes:
+                    results.append(scenario(code, directory, server.port, label, n, 1, args))
+                    print(results[-1].line(), f" load {load_average()}", flush=True)
+            if not args.no_replicas:
+                results.append(scenario(ROOT, directory, server.port, "2 replicas", max(sizes), 2, args))
+                print(results[-1].line(), f" load {load_average()}  (CPU, reads, RSS: both replicas)", flush=True)
+        finally:
+            server.stop()
+    ours = next(r for r in results if r.label == "this" and r.n == max(sizes))
+    print(
+        f"p99_ms_10k={ours.p99:.2f} cpu_pct_10k={ours.cpu_idle:.1f} rss_mib_10k={ours.rss:.0f} "
+        f"source_reads_per_s_10k={ours.reads_asked:.0f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
