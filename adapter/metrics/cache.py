@@ -25,9 +25,9 @@ tick starts every due refresh in a plain loop, and a source batches the reads st
 (one Redis pipeline per node).
 
 A failed refresh keeps the last good value until it is older than `max_staleness`; after that
-the read fails with 503. No path produces a zero that the source did not report (docs/architecture.md#no-fabricated-zero),
-nor a value the HPA would misread (a Quantity whose milli-value overflows int64, NaN, infinity):
-those are errors of the series.
+the read fails with 503. No path produces a zero that the source did not report
+(docs/architecture.md#no-fabricated-zero), nor a value the HPA would misread (a Quantity whose
+milli-value overflows int64, NaN, infinity): those are errors of the series.
 
 The table is shared by every caller, so no caller can take it from another: a full table
 refuses NEW series (503 naming `cache.max_series`) and never evicts a live one, and one
