@@ -45,6 +45,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from adapter.telemetry.probe import ENV as PROBE_ENV  # noqa: E402
+from adapter.telemetry.probe import Probe  # noqa: E402
 from tests.netutil import free_port, wait_for_port  # noqa: E402
 from tests.redis.servers import RedisProcess  # noqa: E402
 
@@ -82,6 +84,7 @@ class Adapter:
     process: subprocess.Popen[bytes]
     port: int
     metrics_port: int
+    probe: Path  # the adapter's loop probe file (adapter.telemetry.probe)
 
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -123,15 +126,17 @@ def start_adapter(code: Path, directory: Path, redis_port: int, name: str) -> Ad
     port, metrics_port = free_port(), free_port()
     config = directory / f"{name}.yaml"
     config.write_text(CONFIG.format(port=port, metrics_port=metrics_port, redis_port=redis_port))
+    probe = directory / f"{name}.probe.json"
     process = subprocess.Popen(
         [sys.executable, "-m", "adapter", "--log-level", "WARNING", "serve", "--config", str(config)],
         cwd=code,
+        env={**os.environ, PROBE_ENV: str(probe)},
         stdout=subprocess.DEVNULL,
         stderr=(directory / f"{name}.log").open("wb"),
     )
     wait_for_port(port, timeout=60)
     wait_for_port(metrics_port, timeout=60)
-    return Adapter(process, port, metrics_port)
+    return Adapter(process, port, metrics_port, probe)
 
 
 def stop(adapters: list[Adapter]) -> None:
@@ -170,6 +175,8 @@ async def _ask(
 
 async def generate(spec: dict[str, Any]) -> dict[str, Any]:
     """Ask series spec["series"] once per period each, evenly spread, until spec["until"] (wall clock)."""
+    probe = Probe(Path(spec["probe"]))  # the generator's own stalls: its share of the latency
+    probe.start()
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -215,16 +222,23 @@ async def generate(spec: dict[str, Any]) -> dict[str, Any]:
     await asyncio.gather(*pending)
     for _, writer in links:
         writer.close()
+    probe.stop()
     return {"latencies": latencies, "late": late, "errors": errors}
 
 
-def run_load(
-    ports: list[int], n: int, period: float, warmup: float, measure: float
-) -> tuple[list[float], list[float], dict[str, int]]:
-    """The N series split over the generator processes: latencies and sending delays (ms) of the measured
-    part, and the errors."""
+@dataclass
+class Load:
+    latencies: list[float]  # ms, of the measured window
+    late: list[float]  # the generators' sending delays, ms
+    errors: dict[str, int]
+    window: tuple[float, float]  # wall-clock start and end of the measured window
+    probes: list[Path]  # the generators' loop probe files
+
+
+def run_load(directory: Path, ports: list[int], n: int, period: float, warmup: float, measure: float) -> Load:
+    """The N series split over the generator processes."""
     now = time.time() + 1.0
-    specs = [
+    specs: list[dict[str, Any]] = [
         {
             "ports": ports,
             "connections": CONNECTIONS // GENERATORS,
@@ -235,6 +249,7 @@ def run_load(
             "measure_from": now + warmup,
             "until": now + warmup + measure,
             "seed": g,
+            "probe": str(directory / f"generator-{n}-{g}.probe.json"),
         }
         for g in range(GENERATORS)
     ]
@@ -252,7 +267,49 @@ def run_load(
         late += result["late"]
         for key, count in result["errors"].items():
             errors[key] = errors.get(key, 0) + count
-    return latencies, late, errors
+    probes = [Path(spec["probe"]) for spec in specs]
+    return Load(latencies, late, errors, (now + warmup, now + warmup + measure), probes)
+
+
+@dataclass
+class Stalls:
+    """What a loop probe saw in the measured window (adapter.telemetry.probe)."""
+
+    over_5ms: int
+    busy_5ms: int  # of those, the ones mostly on CPU (its own work, not the machine's)
+    max_ms: float
+    total_ms: float  # of stalls >= 1 ms
+    gc_over_5ms: list[int]  # per generation
+    gc_max_ms: list[float]
+    collections: list[int]  # since the process started
+    tracked: list[tuple[str, int]]  # the collector's objects by type at the end, the most common
+
+    def text(self) -> str:
+        gc_max = "/".join(f"{m:.1f}" for m in self.gc_max_ms)
+        gc_over = "/".join(str(c) for c in self.gc_over_5ms)
+        return (
+            f"stalls>=5ms {self.over_5ms} ({self.busy_5ms} mostly on CPU, the rest off it), max {self.max_ms:.1f} ms, "
+            f"all>=1ms {self.total_ms:.0f} ms; "
+            f"gc pauses>=5ms gen0/1/2 {gc_over}, max {gc_max} ms, collections {self.collections}"
+        )
+
+
+def stalls(path: Path, window: tuple[float, float]) -> Stalls:
+    state = json.loads(path.read_text())
+    start, end = window
+    lags = [(late, cpu) for at, late, cpu in state["stalls"] if start <= at <= end]
+    pauses = [(took, generation) for at, took, generation in state["gc_pauses"] if start <= at <= end]
+    return Stalls(
+        over_5ms=sum(1 for late, _ in lags if late >= 0.005),
+        # The thread ran at least half the stall since the timer was armed: its own work (slowed by the machine).
+        busy_5ms=sum(1 for late, cpu in lags if late >= 0.005 and cpu >= late / 2),
+        max_ms=max((late for late, _ in lags), default=0.0) * 1000,
+        total_ms=sum(late for late, _ in lags) * 1000,
+        gc_over_5ms=[sum(1 for took, g in pauses if g == gen and took >= 0.005) for gen in range(3)],
+        gc_max_ms=[max((took for took, g in pauses if g == gen), default=0.0) * 1000 for gen in range(3)],
+        collections=state["collections"],
+        tracked=state["tracked"],
+    )
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -298,7 +355,7 @@ def scenario(
         result: dict[str, Any] = {}
 
         def load() -> None:
-            result["out"] = run_load([a.port for a in adapters], n, args.period, warmup, args.measure)
+            result["out"] = run_load(directory, [a.port for a in adapters], n, args.period, warmup, args.measure)
 
         thread = threading.Thread(target=load)
         thread.start()
@@ -306,7 +363,16 @@ def scenario(
         before = sample(adapters)
         thread.join()
         cpu_asked, reads_asked = rates(adapters, before)
-        latencies, late, errors = result["out"]
+        out: Load = result["out"]
+        latencies, late, errors = out.latencies, out.late, out.errors
+        time.sleep(1.5)  # the probes' files are rewritten once a second
+        for adapter in adapters:
+            if adapter.probe.exists():  # not in a baseline without the probe
+                print(f"  {label} N={n} adapter  {stalls(adapter.probe, out.window).text()}")
+        for path in out.probes:
+            print(f"  {label} N={n} generator {stalls(path, out.window).text()}")
+        slow = sum(1 for latency in latencies if latency > 5.0)
+        print(f"  {label} N={n} answers over 5 ms: {slow} of {len(latencies)}")
         # Nobody asks any more: after one period (the refreshes planned for asks that did not come),
         # what keeping the series costs.
         time.sleep(args.period)
@@ -314,6 +380,13 @@ def scenario(
         time.sleep(args.idle)
         cpu_idle, reads_idle = rates(adapters, before)
         rss = sum(a.rss_mib() for a in adapters)
+        for adapter in adapters:
+            adapter.probe.with_name(adapter.probe.name + ".census").touch()  # asks the probe for a census
+        time.sleep(3)
+        for adapter in adapters:
+            if adapter.probe.exists():
+                tracked = json.loads(adapter.probe.read_text())["tracked"]
+                print(f"  {label} N={n} adapter's collector tracks, most common: {tracked}")
         for key, count in errors.items():
             print(f"  {label} N={n}: {count} x {key}")
         return Result(
