@@ -5,8 +5,9 @@ a timer re-armed every `_PERIOD` measures how late it fires, which is how long s
 loop (any loop, uvloop's included; no asyncio debug mode needed), with the CPU time the thread got
 meanwhile (a stall with little CPU is the machine's: the process was not running), and gc.callbacks
 time each collection. When a file named as the probe's with `.census` added appears, it writes once
-what the collector tracks, by type (what a full collection walks). Every stall or pause of at least `_RECORD_FROM` is kept with its wall-clock time, so a
-benchmark can pick those of its measured window; the file is rewritten (JSON) once a second.
+what the collector tracks, by type (what a full collection walks). Every stall or pause of at least
+`_RECORD_FROM` is kept with its wall-clock time, so a benchmark can pick those of its measured
+window; the file is rewritten (JSON) once a second.
 Off by default: it costs a wakeup every 10 ms.
 """
 

@@ -29,7 +29,7 @@ async def test_a_held_loop_and_a_collection_are_recorded(monkeypatch: pytest.Mon
         while time.thread_time() - held < 0.1:  # the loop held by 100 ms of work on the CPU
             pass
         await asyncio.sleep(0.05)
-        time.sleep(0.1)  # the loop held without using the CPU (as when the process is not scheduled)
+        time.sleep(0.1)  # noqa: ASYNC251  the loop held without using the CPU (as when the process is not scheduled)
         await asyncio.sleep(0.05)
         gc.collect()
         target.with_name(target.name + ".census").touch()
