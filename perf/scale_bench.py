@@ -42,11 +42,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiokafka import AIOKafkaClient, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from adapter.telemetry.probe import ENV as PROBE_ENV  # noqa: E402
 from adapter.telemetry.probe import Probe  # noqa: E402
+from tests.kafka.broker import KafkaBroker, commit  # noqa: E402
 from tests.netutil import free_port, wait_for_port  # noqa: E402
 from tests.redis.servers import RedisProcess  # noqa: E402
 
@@ -54,7 +58,7 @@ KEYS = 10_000
 CONNECTIONS = 32
 GENERATORS = 2  # processes: one Python process cannot pace 667 TLS requests/s on a loaded machine
 METRIC_PATH = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/queue-depth"
-CONFIG = """\
+SERVER = """\
 server:
   bind: 127.0.0.1
   port: {port}
@@ -64,6 +68,8 @@ server:
 cache:
   max_series: 20000
   max_series_per_namespace: 20000
+"""
+REDIS = """\
 sources:
   - name: bench
     type: redis
@@ -77,6 +83,30 @@ metrics:
     labels:
       queue: {{pattern: "q[0-9]+", required: true}}
 """
+KAFKA = """\
+sources:
+  - name: bench
+    type: kafka
+    bootstrap_servers: ["{bootstrap}"]
+metrics:
+  - name: queue-depth
+    type: kafka
+    source: bench
+    labels:
+      group: {{pattern: "g[0-9]+", required: true}}
+"""
+KAFKA_GROUPS = 1000
+KAFKA_TOPICS = 10  # 100 groups per topic
+KAFKA_PARTITIONS = 3  # per topic: each group has committed offsets on three partitions
+
+
+@dataclass
+class Backend:
+    """The source the adapter reads: its part of the configuration and how a series is selected."""
+
+    label: str
+    config: str  # sources and metrics, YAML
+    selector: str  # the labelSelector of series i, without i (URL-encoded)
 
 
 @dataclass
@@ -122,10 +152,10 @@ def rates(adapters: list[Adapter], before: list[Sample]) -> tuple[float, float]:
     return cpu, reads
 
 
-def start_adapter(code: Path, directory: Path, redis_port: int, name: str) -> Adapter:
+def start_adapter(code: Path, directory: Path, backend: Backend, name: str) -> Adapter:
     port, metrics_port = free_port(), free_port()
     config = directory / f"{name}.yaml"
-    config.write_text(CONFIG.format(port=port, metrics_port=metrics_port, redis_port=redis_port))
+    config.write_text(SERVER.format(port=port, metrics_port=metrics_port) + backend.config)
     probe = directory / f"{name}.probe.json"
     process = subprocess.Popen(
         [sys.executable, "-m", "adapter", "--log-level", "WARNING", "serve", "--config", str(config)],
@@ -157,11 +187,10 @@ async def _connection(port: int, context: ssl.SSLContext) -> tuple[asyncio.Strea
 
 
 async def _ask(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, lock: asyncio.Lock, series: int
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, lock: asyncio.Lock, selector: str
 ) -> tuple[int, bytes]:
     request = (
-        f"GET {METRIC_PATH}?labelSelector=queue%3Dq{series} HTTP/1.1\r\n"
-        "Host: adapter\r\nAccept: application/json\r\n\r\n"
+        f"GET {METRIC_PATH}?labelSelector={selector} HTTP/1.1\r\nHost: adapter\r\nAccept: application/json\r\n\r\n"
     )
     async with lock:  # one request at a time per keep-alive connection (HTTP/1.1, no pipelining)
         writer.write(request.encode())
@@ -196,7 +225,7 @@ async def generate(spec: dict[str, Any]) -> dict[str, Any]:
     async def one(index: int, due: float) -> None:
         link = rng.randrange(len(links))  # the aggregator's choice of connection: any of them
         sent = time.time()
-        status, body = await _ask(*links[link], locks[link], index)
+        status, body = await _ask(*links[link], locks[link], f"{spec['selector']}{index}")
         done = time.time()
         if done >= measure_from:
             latencies.append((done - due) * 1000)
@@ -235,7 +264,9 @@ class Load:
     probes: list[Path]  # the generators' loop probe files
 
 
-def run_load(directory: Path, ports: list[int], n: int, period: float, warmup: float, measure: float) -> Load:
+def run_load(
+    directory: Path, selector: str, ports: list[int], n: int, period: float, warmup: float, measure: float
+) -> Load:
     """The N series split over the generator processes."""
     now = time.time() + 1.0
     specs: list[dict[str, Any]] = [
@@ -249,6 +280,7 @@ def run_load(directory: Path, ports: list[int], n: int, period: float, warmup: f
             "measure_from": now + warmup,
             "until": now + warmup + measure,
             "seed": g,
+            "selector": selector,
             "probe": str(directory / f"generator-{n}-{g}.probe.json"),
         }
         for g in range(GENERATORS)
@@ -298,7 +330,10 @@ def stalls(path: Path, window: tuple[float, float]) -> Stalls:
     state = json.loads(path.read_text())
     start, end = window
     lags = [(late, cpu) for at, late, cpu in state["stalls"] if start <= at <= end]
-    pauses = [(took, generation) for at, took, generation in state["gc_pauses"] if start <= at <= end]
+    pauses = [(took, generation) for at, took, generation, *_ in state["gc_pauses"] if start <= at <= end]
+    for at, took, generation, collected, cpu in state["gc_pauses"]:
+        if start <= at <= end and took >= 0.02:
+            print(f"    gc gen {generation}: {took * 1000:.1f} ms ({cpu * 1000:.1f} ms CPU), {collected} collected")
     return Stalls(
         over_5ms=sum(1 for late, _ in lags if late >= 0.005),
         # The thread ran at least half the stall since the timer was armed: its own work (slowed by the machine).
@@ -345,9 +380,9 @@ def load_average() -> str:
 
 
 def scenario(
-    code: Path, directory: Path, redis_port: int, label: str, n: int, replicas: int, args: argparse.Namespace
+    code: Path, directory: Path, backend: Backend, label: str, n: int, replicas: int, args: argparse.Namespace
 ) -> Result:
-    adapters = [start_adapter(code, directory, redis_port, f"{label}-{n}-{r}") for r in range(replicas)]
+    adapters = [start_adapter(code, directory, backend, f"{label}-{n}-{r}") for r in range(replicas)]
     try:
         warmup = args.period  # the first period: every series' first (cold) read
         # The load runs in a thread; CPU and reads are sampled when its measured window begins.
@@ -355,7 +390,8 @@ def scenario(
         result: dict[str, Any] = {}
 
         def load() -> None:
-            result["out"] = run_load(directory, [a.port for a in adapters], n, args.period, warmup, args.measure)
+            ports = [a.port for a in adapters]
+            result["out"] = run_load(directory, backend.selector, ports, n, args.period, warmup, args.measure)
 
         thread = threading.Thread(target=load)
         thread.start()
@@ -414,6 +450,41 @@ def fill(server: RedisProcess) -> None:
     pipe.execute()
 
 
+async def fill_kafka(bootstrap: str) -> None:
+    """KAFKA_GROUPS groups, each with offsets committed part way through the three partitions of its topic."""
+    topics = [f"t{i}" for i in range(KAFKA_TOPICS)]
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    await admin.create_topics([NewTopic(name, KAFKA_PARTITIONS, 1) for name in topics])
+    await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
+    await producer.start()
+    for name in topics:
+        for partition in range(KAFKA_PARTITIONS):
+            for _ in range(5):
+                await producer.send(name, b"m", partition=partition)
+    await producer.flush()
+    await producer.stop()
+    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    await client.bootstrap()
+    try:
+        for g in range(KAFKA_GROUPS):
+            topic = topics[g * KAFKA_TOPICS // KAFKA_GROUPS]
+            await commit(client, f"g{g}", topic, [(p, g % 5, "") for p in range(KAFKA_PARTITIONS)])
+    finally:
+        await client.close()
+
+
+def run_sizes(
+    backend: Backend, directory: Path, sizes: list[int], args: argparse.Namespace, results: list[Result]
+) -> None:
+    codes = ([("main", args.baseline)] if args.baseline else []) + [("this", ROOT)]
+    for label, code in codes:
+        for n in sizes:
+            results.append(scenario(code, directory, backend, f"{backend.label} {label}", n, 1, args))
+            print(results[-1].line(), f" load {load_average()}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--period", type=float, default=15.0, help="seconds between two asks of one series (15)")
@@ -422,6 +493,8 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path, help="a checkout of main to run first, for comparison")
     parser.add_argument("--sizes", default="1000,10000", help="N values (1000,10000)")
     parser.add_argument("--no-replicas", action="store_true", help="skip the two-replica run")
+    parser.add_argument("--no-kafka", action="store_true", help="skip the Kafka runs")
+    parser.add_argument("--no-redis", action="store_true", help="skip the Redis runs")
     parser.add_argument("--generate", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generate:
@@ -431,24 +504,34 @@ def main() -> int:
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as workdir:
         directory = Path(workdir)
-        server = RedisProcess(directory, []).start()
-        try:
-            fill(server)
-            print(
-                f"cpus {os.cpu_count()}, period {args.period:g}s, measured {args.measure:g}s after a "
-                f"{args.period:g}s warm-up, {CONNECTIONS} TLS keep-alive connections; shared machine"
-            )
-            codes = ([("main", args.baseline)] if args.baseline else []) + [("this", ROOT)]
-            for label, code in codes:
-                for n in sizes:
-                    results.append(scenario(code, directory, server.port, label, n, 1, args))
-                    print(results[-1].line(), f" load {load_average()}", flush=True)
-            if not args.no_replicas:
-                results.append(scenario(ROOT, directory, server.port, "2 replicas", max(sizes), 2, args))
-                print(results[-1].line(), f" load {load_average()}  (CPU, reads, RSS: both replicas)", flush=True)
-        finally:
-            server.stop()
-    ours = next(r for r in results if r.label == "this" and r.n == max(sizes))
+        print(
+            f"cpus {os.cpu_count()}, period {args.period:g}s, measured {args.measure:g}s after a "
+            f"{args.period:g}s warm-up, {CONNECTIONS} TLS keep-alive connections; shared machine"
+        )
+        if not args.no_redis:
+            server = RedisProcess(directory, []).start()
+            try:
+                fill(server)
+                redis = Backend("redis", REDIS.format(redis_port=server.port), "queue%3Dq")
+                run_sizes(redis, directory, sizes, args, results)
+                if not args.no_replicas:
+                    results.append(scenario(ROOT, directory, redis, "redis 2 replicas", max(sizes), 2, args))
+                    print(results[-1].line(), f" load {load_average()}  (CPU, reads, RSS: both replicas)", flush=True)
+            finally:
+                server.stop()
+        if not args.no_kafka:
+            broker = KafkaBroker(directory / "kafka")
+            broker.state_dir.mkdir()
+            broker.start()
+            try:
+                asyncio.run(fill_kafka(broker.bootstrap))
+                kafka = Backend("kafka", KAFKA.format(bootstrap=broker.bootstrap), "group%3Dg")
+                run_sizes(kafka, directory, [KAFKA_GROUPS], args, results)
+            finally:
+                broker.stop()
+    ours = next((r for r in results if r.label == "redis this" and r.n == max(sizes)), None)
+    if ours is None:
+        return 0
     print(
         f"p99_ms_10k={ours.p99:.2f} cpu_pct_10k={ours.cpu_idle:.1f} rss_mib_10k={ours.rss:.0f} "
         f"source_reads_per_s_10k={ours.reads_asked:.0f}"

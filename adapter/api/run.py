@@ -24,6 +24,7 @@ from adapter.config import ZeroscaleConfig
 from adapter.config.base import is_loopback
 from adapter.config.server import ServerConfig
 from adapter.fdlimit import raise_open_files_limit
+from adapter.gcfreeze import freeze_after_full_collections
 from adapter.kube.client import KubeClient, KubeConfigError
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
@@ -186,12 +187,13 @@ async def serve(config: ZeroscaleConfig, stop: asyncio.Event) -> int:
             server.metrics_bind,
             metrics_port,
         )
-        # Start-up's objects (modules, pydantic models, TLS and gRPC state) live as long as the process:
-        # out of the collector's sight, a full collection walks only what serving made, not all of them
-        # (a 150 ms pause at 10,000 series without it, perf/scale_bench.py).
+        # Start-up's objects (modules, pydantic models, TLS and gRPC state) live as long as the process,
+        # the series as long as they are asked for: out of full collections' sight (adapter.gcfreeze).
         gc.collect()
         gc.freeze()
+        undo = freeze_after_full_collections()
         await stop.wait()
+        undo()
         log.info("stopping")
     for task in background:
         task.cancel()

@@ -32,10 +32,12 @@ class Probe:
     def __init__(self, path: Path) -> None:
         self._path = path
         self._stalls: list[tuple[float, float, float]] = []  # (wall time, seconds late, CPU seconds meanwhile)
-        self._pauses: list[tuple[float, float, int]] = []  # (wall time, seconds, generation)
+        # (wall time, seconds, generation, objects collected, CPU seconds of the thread meanwhile)
+        self._pauses: list[tuple[float, float, int, int, float]] = []
         self._ticks = 0
         self._collections = [0, 0, 0]
         self._gc_started = 0.0
+        self._gc_cpu = 0.0
         self._written = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -83,12 +85,14 @@ class Probe:
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._gc_started = time.perf_counter()
+            self._gc_cpu = time.thread_time()
             return
         took = time.perf_counter() - self._gc_started
         generation = int(info["generation"])
         self._collections[generation] += 1
         if took >= _RECORD_FROM:
-            self._pauses.append((time.time() - took, took, generation))
+            cpu = time.thread_time() - self._gc_cpu
+            self._pauses.append((time.time() - took, took, generation, int(info["collected"]), cpu))
             del self._pauses[:-_KEEP]
 
     def _write(self) -> None:
