@@ -1,25 +1,34 @@
-"""Benchmark: N HPAs on one adapter, each asking its own Redis-backed series once per sync period.
+"""Benchmark: N HPAs on one adapter, each asking its own series once per sync period (Redis and Kafka).
 
     python perf/scale_bench.py [--period 15] [--measure 30] [--baseline /tmp/scale-baseline]
+                               [--no-redis] [--no-kafka] [--no-replicas]
 
 Starts a real redis-server with 10,000 list keys and `zeroscale serve` (TLS with its self-signed
 certificate, authentication off on loopback, one `queue-depth` metric with a `queue` label, the
 cache defaults: interval 5 s). A load generator in two separate processes asks each of N series
 once per `--period` (the HPA's default sync is 15 s), paced evenly, over 32 keep-alive TLS
 connections: the HPA's pattern. Latency counts from the time a request was due, so a request held
-up behind a slow one is counted as late (no coordinated omission).
+up behind a slow one is counted as late (no coordinated omission). Then the same against a real
+Kafka broker (scripts/kafka/run.sh) with 1,000 consumer groups, each with offsets committed on the
+three partitions of its topic (ten topics), one series per group.
 
-For N = 1,000 and 10,000 it prints request p50/p99, the adapter's CPU (% of one core, from
-/proc/<pid>/stat) while asked and after the asks stop (one period later, what keeping series costs
-when nobody asks), source reads per second (`zeroscale_source_query_duration_seconds_count` from
-the adapter's /metrics) and RSS (/proc/<pid>/status). Then two replicas share the 10,000 series:
+For N = 1,000 and 10,000 (Kafka: 1,000 groups) it prints request p50/p99, the adapter's CPU (% of
+one core, from /proc/<pid>/stat) while asked and after the asks stop (one period later, what keeping
+series costs when nobody asks), source reads per second (`zeroscale_source_query_duration_seconds_count`
+from the adapter's /metrics) and RSS (/proc/<pid>/status). Then two replicas share the 10,000 series:
 each connection goes to one of them and each ask takes a random connection, as the API server's
 aggregator spreads an APIService's requests. `--baseline DIR` runs the same against the adapter
 code in DIR (a checkout of main: `git worktree add /tmp/scale-baseline main`) first, for comparison.
 The first period of each run is the warm-up (first reads); measurement starts after it.
 
-Last line: `p99_ms_10k=<x> cpu_pct_10k=<y> rss_mib_10k=<z> source_reads_per_s_10k=<w>` (ours; cpu is
-the background figure). Goal at 10k: p99 <= 5 ms, background CPU <= 10 % of a core, RSS <= 250 MiB.
+Where the tail comes from: the adapter and each generator run the loop probe (ZEROSCALE_LOOP_PROBE,
+adapter.telemetry.probe); for the measured window it prints their event-loop stalls of 5 ms or more
+(and how many of them the process spent mostly on the CPU: its own work; the rest it was waiting
+for the machine), the collector's pauses by generation (those of 20 ms or more one by one, with
+their CPU time), and what the adapter's collector tracks, by type.
+
+Last line: `p99_ms_10k=<x> cpu_pct_10k=<y> rss_mib_10k=<z> source_reads_per_s_10k=<w>` (ours, Redis;
+cpu is the background figure). Goal at 10k: p99 <= 5 ms, background CPU <= 10 % of a core, RSS <= 250 MiB.
 The machine is shared: the figures move with its load, printed with them.
 """
 
