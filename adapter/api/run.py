@@ -187,13 +187,7 @@ async def serve(config: ZeroscaleConfig, stop: asyncio.Event) -> int:
             server.metrics_bind,
             metrics_port,
         )
-        # Start-up's objects (modules, pydantic models, TLS and gRPC state) live as long as the process,
-        # the series as long as they are asked for: out of full collections' sight (adapter.gcfreeze).
-        gc.collect()
-        gc.freeze()
-        undo = freeze_after_full_collections()
         await stop.wait()
-        undo()
         log.info("stopping")
     for task in background:
         task.cancel()
@@ -219,9 +213,16 @@ async def _main(config: ZeroscaleConfig) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     probe = start_probe()  # a debug aid, off unless ZEROSCALE_LOOP_PROBE is set
+    # The process's own policy, not serve()'s (tests run that in their process): what is loaded by now
+    # (modules, the configuration) lives as long as the process, the series as long as they are asked
+    # for; out of full collections' sight (adapter.gcfreeze).
+    gc.collect()
+    gc.freeze()
+    undo = freeze_after_full_collections()
     try:
         return await serve(config, stop)
     finally:
+        undo()
         if probe is not None:
             probe.stop()
 
