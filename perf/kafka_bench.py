@@ -34,8 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiokafka import AIOKafkaClient, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import CoordinatorNotAvailableError
-from aiokafka.protocol.commit import OffsetCommitRequest
 from prometheus_client import REGISTRY
 
 from adapter.config.kafka import KafkaMetric, KafkaSource
@@ -43,7 +41,7 @@ from adapter.config.server import CacheConfig
 from adapter.metrics.cache import MetricCache, Reading
 from adapter.metrics.catalogue import Catalogue
 from adapter.sources.kafka import KafkaLag
-from tests.kafka.broker import KafkaBroker, describe_groups
+from tests.kafka.broker import KafkaBroker, commit, describe_groups
 
 ROUNDS = 30
 FRESH_ROUNDS = 60  # the docstring says it too; --fresh-rounds changes it
@@ -76,27 +74,6 @@ async def prepare(bootstrap: str) -> tuple[str, list[str]]:
         await commit(client, group, topic, commits)
     await client.close()
     return "big-group", [g for g in groups if g != "big-group"]
-
-
-async def commit(client: AIOKafkaClient, group: str, topic: str, commits: list[tuple[int, int, str]]) -> None:
-    """Commit as a group does, retried while the new broker's coordinator is still loading."""
-    for _ in range(50):
-        node = await coordinator(client, group)
-        response = await client.send(node, OffsetCommitRequest(group, -1, "", -1, [(topic, commits)]))
-        if all(error == 0 for _, partitions in response.topics for _, error in partitions):
-            return
-        await asyncio.sleep(0.2)
-    raise TimeoutError(f"{group} could not commit")
-
-
-async def coordinator(client: AIOKafkaClient, group: str) -> int:
-    """The group's coordinator; on a new broker the offsets topic is created at the first ask."""
-    for _ in range(50):
-        try:
-            return int(await client.coordinator_lookup(0, group))
-        except CoordinatorNotAvailableError:
-            await asyncio.sleep(0.2)
-    raise TimeoutError(f"no coordinator for {group}")
 
 
 def requests(source: str) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import time
@@ -23,12 +24,14 @@ from adapter.config import ZeroscaleConfig
 from adapter.config.base import is_loopback
 from adapter.config.server import ServerConfig
 from adapter.fdlimit import raise_open_files_limit
+from adapter.gcfreeze import freeze_after_full_collections
 from adapter.kube.client import KubeClient, KubeConfigError
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
 from adapter.rpc.scaler import start_scaler
 from adapter.rpc.server import RunningServer
 from adapter.sources import build_source
+from adapter.telemetry.probe import start_probe
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +212,19 @@ async def _main(config: ZeroscaleConfig) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    return await serve(config, stop)
+    probe = start_probe()  # a debug aid, off unless ZEROSCALE_LOOP_PROBE is set
+    # The process's own policy, not serve()'s (tests run that in their process): what is loaded by now
+    # (modules, the configuration) lives as long as the process, the series as long as they are asked
+    # for; out of full collections' sight (adapter.gcfreeze).
+    gc.collect()
+    gc.freeze()
+    undo = freeze_after_full_collections()
+    try:
+        return await serve(config, stop)
+    finally:
+        undo()
+        if probe is not None:
+            probe.stop()
 
 
 def run_adapter(config: ZeroscaleConfig) -> int:

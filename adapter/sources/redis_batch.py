@@ -31,6 +31,14 @@ from adapter.sources.base import SourceError
 from adapter.sources.redis_errors import connection_error
 from adapter.telemetry import redis as telemetry
 
+# Commands in one pipeline at most; a larger batch goes as several, one after another on its connection.
+# One pipeline of ten thousand commands holds Redis (single-threaded) for its whole length and makes
+# it buffer every reply; this many answer in well under a millisecond of Redis time.
+MAX_PIPELINE_COMMANDS = 500
+# Replies parsed between two yields to the event loop: replies already buffered are parsed without
+# awaiting the socket, and a few thousand of them would hold every other request for milliseconds.
+_YIELD_EVERY = 64
+
 # (command name, key, further arguments): the key is always the second element.
 Command = tuple[str, ...]
 # Command -> its value or the exception it raised; a caller may find other callers' commands in it too.
@@ -88,7 +96,10 @@ class Batcher:
         async with self._slots:
             started = time.perf_counter()
             try:
-                results = await self._pipeline(unique)
+                results: list[Any] = []
+                async with asyncio.timeout(self._timeout):  # the whole batch, however many pipelines
+                    for at in range(0, len(unique), MAX_PIPELINE_COMMANDS):
+                        results += await self._pipeline(unique[at : at + MAX_PIPELINE_COMMANDS])
             except Exception as err:
                 self._fail(live, str(connection_error(err, self._target)))
                 return
@@ -112,14 +123,13 @@ class Batcher:
     async def _pipeline(self, commands: list[Command]) -> list[Any]:
         telemetry.PIPELINE_COMMANDS.labels(self._source).observe(len(commands))
         telemetry.ROUND_TRIPS.labels(self._source).inc(self._nodes(commands))
-        async with asyncio.timeout(self._timeout):
-            if isinstance(self._client, RedisCluster):
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for command in commands:
-                        pipe.execute_command(*command)
-                    results: list[Any] = await pipe.execute(raise_on_error=False)
-                return results
-            return await self._direct(self._client, commands)
+        if isinstance(self._client, RedisCluster):
+            async with self._client.pipeline(transaction=False) as pipe:
+                for command in commands:
+                    pipe.execute_command(*command)
+                results: list[Any] = await pipe.execute(raise_on_error=False)
+            return results
+        return await self._direct(self._client, commands)
 
     async def _direct(self, client: Redis, commands: list[Command]) -> list[Any]:
         """One write and its replies on one pooled connection, with the connection's retry (as Pipeline.execute)."""
@@ -135,14 +145,21 @@ class Batcher:
         finally:
             await pool.release(connection)
 
-    @staticmethod
-    async def _exchange(client: Redis, connection: Any, packed: bytes, commands: list[Command]) -> list[Any]:
+    @classmethod
+    async def _exchange(cls, client: Redis, connection: Any, packed: bytes, commands: list[Command]) -> list[Any]:
         await connection.send_packed_command(packed)
+        return await cls._replies(client, connection, commands)
+
+    @staticmethod
+    async def _replies(client: Redis, connection: Any, commands: list[Command]) -> list[Any]:
+        """The replies of `commands`, sent on `connection`, each through its redis-py callback."""
         read = connection.read_response
         callbacks = client.response_callbacks
         parse: dict[str, Any] = {}  # command name -> its redis-py reply callback, or None
         results: list[Any] = []
-        for command in commands:
+        for count, command in enumerate(commands, 1):
+            if count % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)
             name = command[0]
             try:
                 reply = await read()

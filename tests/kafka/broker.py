@@ -5,6 +5,7 @@ Shared by the tests (tests/kafka/conftest.py) and the benchmark (perf/kafka_benc
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import signal
@@ -12,6 +13,10 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from aiokafka import AIOKafkaClient
+from aiokafka.errors import CoordinatorNotAvailableError
+from aiokafka.protocol.commit import OffsetCommitRequest
 
 from tests.netutil import free_port, wait_for_port
 
@@ -130,3 +135,24 @@ def describe_groups(bootstrap: str, groups: list[str]) -> dict[tuple[str, str, i
             current, end, lag = (None if value == "-" else int(value) for value in fields[3:6])
             rows[(fields[0], fields[1], int(fields[2]))] = Described(current, end, lag)
     return rows
+
+
+async def commit(client: AIOKafkaClient, group: str, topic: str, commits: list[tuple[int, int, str]]) -> None:
+    """Commit as a group does, retried while the new broker's coordinator is still loading."""
+    for _ in range(50):
+        node = await coordinator(client, group)
+        response = await client.send(node, OffsetCommitRequest(group, -1, "", -1, [(topic, commits)]))
+        if all(error == 0 for _, partitions in response.topics for _, error in partitions):
+            return
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"{group} could not commit")
+
+
+async def coordinator(client: AIOKafkaClient, group: str) -> int:
+    """The group's coordinator; on a new broker the offsets topic is created at the first ask."""
+    for _ in range(50):
+        try:
+            return int(await client.coordinator_lookup(0, group))
+        except CoordinatorNotAvailableError:
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"no coordinator for {group}")
