@@ -25,7 +25,7 @@ from adapter.proxy.counts import CountsListener, RouteCounts
 from adapter.rpc.counts import CountsServer, start_counts_server
 from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
-from adapter.sources.http import ProxyCounts
+from adapter.sources.proxy_counts.source import ProxyCounts
 from tests.adapter_inprocess import DEMO_METRICS as API_METRICS
 from tests.adapter_inprocess import DEMO_SOURCES, wait_listening
 from tests.netutil import free_port

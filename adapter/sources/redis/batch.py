@@ -8,27 +8,26 @@ batch gets back the same table of its results, command -> a value or the excepti
 raised, and looks up its own commands there.
 
 Standalone and Sentinel batches skip redis-py's Pipeline object: the commands are packed by
-hiredis into one write on one pooled connection and the replies read back one by one, each a
-value or the error reply, as `pipeline(transaction=False).execute(raise_on_error=False)` gives
-them, at a fraction of its per-command cost. Cluster batches keep redis-py's ClusterPipeline,
+hiredis into one write on one pooled connection and the replies read back one by one
+(`internals.send_packed`, the one user of redis-py's non-public API), at a fraction of its
+per-command cost. Cluster batches keep redis-py's ClusterPipeline,
 which splits them per node and follows MOVED/ASK.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import hiredis
-from redis import exceptions as rx
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from adapter.sources.base import SourceError
-from adapter.sources.redis_errors import connection_error
+from adapter.sources.redis.errors import connection_error
+from adapter.sources.redis.internals import send_packed
 from adapter.telemetry import redis as telemetry
 
 # (command name, key, further arguments): the key is always the second element.
@@ -119,45 +118,7 @@ class Batcher:
                         pipe.execute_command(*command)
                     results: list[Any] = await pipe.execute(raise_on_error=False)
                 return results
-            return await self._direct(self._client, commands)
-
-    async def _direct(self, client: Redis, commands: list[Command]) -> list[Any]:
-        """One write and its replies on one pooled connection, with the connection's retry (as Pipeline.execute)."""
-        packed = _pack(commands)
-        pool = client.connection_pool
-        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            results: list[Any] = await connection.retry.call_with_retry(
-                lambda: self._exchange(client, connection, packed, commands),
-                lambda _error: connection.disconnect(),
-            )
-            return results
-        finally:
-            await pool.release(connection)
-
-    @staticmethod
-    async def _exchange(client: Redis, connection: Any, packed: bytes, commands: list[Command]) -> list[Any]:
-        await connection.send_packed_command(packed)
-        read = connection.read_response
-        callbacks = client.response_callbacks
-        parse: dict[str, Any] = {}  # command name -> its redis-py reply callback, or None
-        results: list[Any] = []
-        for command in commands:
-            name = command[0]
-            try:
-                reply = await read()
-            except rx.ResponseError as err:  # an error reply: that command failed, the others stand
-                results.append(err)
-                continue
-            if name not in parse:
-                parse[name] = callbacks.get(name)
-            callback = parse[name]
-            if callback is not None:
-                reply = callback(reply)
-                if inspect.isawaitable(reply):
-                    reply = await reply
-            results.append(reply)
-        return results
+            return await send_packed(self._client, _pack(commands), commands)
 
     def _nodes(self, commands: list[Command]) -> int:
         """Round trips this pipeline costs: one, or one per Cluster node that owns some of its keys."""
