@@ -23,10 +23,10 @@ from adapter.config import ZeroscaleConfig
 from adapter.config.base import is_loopback
 from adapter.config.server import ServerConfig
 from adapter.fdlimit import raise_open_files_limit
+from adapter.keda.scaler import start_scaler
 from adapter.kube.client import KubeClient, KubeConfigError
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
-from adapter.rpc.scaler import start_scaler
 from adapter.rpc.server import RunningServer
 from adapter.sources import build_source
 

@@ -18,9 +18,9 @@ from urllib.parse import quote, urlencode
 from adapter.config.kube import KubeAPIConfig
 from adapter.hpa.controller import MetricFailure, MetricReading
 from adapter.hpa.manifest import scaled_to_zero_of
-from adapter.hpa.quantity import QuantityError, quantity_milli
 from adapter.hpa.replicas import Pods, sum_usage
 from adapter.hpa.spec import ExternalMetric, ObjectReference, selector_query
+from adapter.k8s_wire.quantity import QuantityError, quantity_milli
 from adapter.kube.client import KubeAPIError, KubeClient, KubeError, resolve_endpoint
 
 _FETCH_FAILED = "unable to fetch metrics from external metrics API"

@@ -253,7 +253,7 @@ async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None) -
         return 1
     counts_server = None
     if counts is not None and counts.enabled:
-        from adapter.rpc.counts import start_counts_server  # gRPC loads only when the count stream is on
+        from adapter.proxy.counts_stream import start_counts_server  # gRPC loads only when the count stream is on
 
         counts_server = await start_counts_server(counts, server.subscribe)
     stop = asyncio.Event()

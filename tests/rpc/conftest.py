@@ -22,7 +22,7 @@ from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import MetricUnavailable
 from adapter.proxy.counts import CountsListener, RouteCounts
-from adapter.rpc.counts import CountsServer, start_counts_server
+from adapter.proxy.counts_stream import CountsServer, start_counts_server
 from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
 from adapter.sources.proxy_counts.source import ProxyCounts
