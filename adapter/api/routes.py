@@ -20,7 +20,7 @@ from adapter.api.delegate import Delegate
 from adapter.api.http import Request, Response
 from adapter.api.inflight import ReviewsBusy
 from adapter.k8s_wire.quantity import format_quantity
-from adapter.kube.client import KubeError
+from adapter.kube.errors import KubeError
 from adapter.metrics.cache import MetricCache, Reading
 from adapter.metrics.catalogue import metric_name_problem, namespace_problem
 from adapter.metrics.errors import MetricError

@@ -33,7 +33,8 @@ from adapter.hpa.render import decision_json, print_decision
 from adapter.hpa.replicas import Pods
 from adapter.hpa.spec import ExternalMetric, ObjectMetric
 from adapter.k8s_wire.quantity import QuantityError, quantity_milli
-from adapter.kube.client import KubeClient, KubeError
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeError
 
 
 class UsageError(Exception):

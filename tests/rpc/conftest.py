@@ -13,7 +13,6 @@ import grpc
 import pytest
 import uvloop
 
-from adapter.api.run import serve
 from adapter.config import ZeroscaleConfig
 from adapter.config.grpc import CountsServerConfig
 from adapter.config.http import HTTPMetric, HTTPSource
@@ -25,6 +24,7 @@ from adapter.proxy.counts import CountsListener, RouteCounts
 from adapter.proxy.counts_stream import CountsServer, start_counts_server
 from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
+from adapter.serve import serve
 from adapter.sources.proxy_counts.source import ProxyCounts
 from tests.adapter_inprocess import DEMO_METRICS as API_METRICS
 from tests.adapter_inprocess import DEMO_SOURCES, wait_listening
