@@ -260,6 +260,7 @@ async def test_an_unauthenticated_grpc_scaler_is_a_warning(cluster: Cluster) -> 
     def open_scaler(obj: dict[str, Any]) -> None:
         config = yaml.safe_load(obj["data"]["config.yaml"])
         config["grpc"]["scaler"]["tls"].pop("client_ca_file")
+        config["grpc"]["scaler"]["tls"].pop("client_names")  # names need client certificates
         config["grpc"]["scaler"]["allow_unauthenticated"] = True
         obj["data"]["config.yaml"] = yaml.safe_dump(config)
 
@@ -276,6 +277,7 @@ async def test_grpc_settings_that_stop_the_pods_are_a_failure(cluster: Cluster) 
     def drop_client_ca(obj: dict[str, Any]) -> None:
         config = yaml.safe_load(obj["data"]["config.yaml"])
         config["grpc"]["counts"]["tls"].pop("client_ca_file")
+        config["grpc"]["counts"]["tls"].pop("client_names")  # names need client certificates
         obj["data"]["config.yaml"] = yaml.safe_dump(config)
 
     cluster.update(CONFIGMAPS, config_map["metadata"]["name"], drop_client_ca)

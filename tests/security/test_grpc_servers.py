@@ -226,11 +226,14 @@ async def test_connections_beyond_the_cap_are_closed_and_said(
     adapter = await start_adapter(max_connections=10, handshake_timeout=60)
     opened = [await asyncio.open_connection("127.0.0.1", adapter.grpc_port) for _ in range(25)]
     closed = await asyncio.gather(*(wait_closed(reader, 3) for reader, _ in opened))
-    assert sum(closed) >= 15, f"{sum(closed)} of 25 closed"
-    await asyncio.sleep(0.6)  # a few samples of the socket table
-    gauge = REGISTRY.get_sample_value("zeroscale_grpc_connections", {"server": "scaler"})
-    assert gauge is not None
-    assert gauge >= 10
+    held = 25 - sum(closed)
+    assert 1 <= held <= 10, f"{held} of 25 held with a cap of 10"
+    # The gauge samples the socket table every 0.2 s: it comes to what gRPC holds (gRPC may close one more than
+    # the cap asks while it is at it, so the figure is the connections still open, not the cap).
+    deadline = asyncio.get_running_loop().time() + 5
+    while (gauge := REGISTRY.get_sample_value("zeroscale_grpc_connections", {"server": "scaler"}) or 0) < held:
+        assert asyncio.get_running_loop().time() < deadline, f"the gauge read {gauge} with {held} connections held"
+        await asyncio.sleep(0.2)
     reached = REGISTRY.get_sample_value("zeroscale_grpc_connection_limit_reached_total", {"server": "scaler"})
     assert reached is not None
     assert reached >= 1
