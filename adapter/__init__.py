@@ -1,4 +1,19 @@
-"""Zeroscale: scale-to-zero for the Kubernetes HorizontalPodAutoscaler."""
+"""Zeroscale: scale-to-zero for the Kubernetes HorizontalPodAutoscaler.
+
+Each command of `zeroscale` (adapter/cli.py) and the packages it uses; the two long-running processes have
+a composition root at this level that builds and tears down everything they run:
+
+- `serve` (adapter/serve.py): api/ (the external metrics API), keda/ (KEDA's external scaler), rpc/ (gRPC
+  servers), metrics/ (the series cache), sources/ (kafka/, redis/, proxy_counts/), kube/ (TokenReview,
+  SubjectAccessReview, the trust bundle).
+- `proxy` (adapter/proxy_main.py): proxy/ (the buffering proxy and its counts stream), rpc/, kube/
+  (EndpointSlices, HPAs, the scale subresource).
+- `check` (check.py): sources/. `certs` (certs.py). `explain` (hpa/explain.py): hpa/.
+  `doctor` (doctor/): kube/. `demo` (demo/): hpa/, kube/ and the `serve` and `proxy` processes.
+
+Under all of them: config/ (every config model), telemetry/ (every Prometheus metric), and k8s_wire/
+(label selectors and quantities) at the bottom. tests/core/test_layering.py keeps the package graph acyclic.
+"""
 
 import os
 from importlib.metadata import PackageNotFoundError, version

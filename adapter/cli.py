@@ -30,7 +30,7 @@ def _load(args: argparse.Namespace) -> ZeroscaleConfig:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from adapter.api.run import run_adapter
+    from adapter.serve import run_adapter
 
     return run_adapter(_load(args))
 
@@ -44,7 +44,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _proxy(args: argparse.Namespace) -> int:
-    from adapter.proxy.server import run_proxy
+    from adapter.proxy_main import run_proxy
 
     config = _load(args)
     return run_proxy(config.proxy, config.grpc.counts)

@@ -40,7 +40,7 @@ from adapter.config.kafka import KafkaMetric, KafkaSource
 from adapter.config.server import CacheConfig
 from adapter.metrics.cache import MetricCache, Reading
 from adapter.metrics.catalogue import Catalogue
-from adapter.sources.kafka import KafkaLag
+from adapter.sources.kafka.source import KafkaLag
 from tests.kafka.broker import KafkaBroker, commit, describe_groups
 
 ROUNDS = 30

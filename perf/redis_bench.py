@@ -31,7 +31,7 @@ from redis.asyncio import Redis
 from adapter.config.redis import RedisSource
 from adapter.metrics.catalogue import Catalogue
 from adapter.sources.base import SourceQuery
-from adapter.sources.redis_source import RedisQueues
+from adapter.sources.redis.source import RedisQueues
 from adapter.telemetry import redis as telemetry
 from tests.redis.conftest import redis_metric
 from tests.redis.servers import RedisProcess

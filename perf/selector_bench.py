@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from adapter.metrics.selector import MAX_REQUIREMENTS, MAX_SET_VALUES, SelectorError, parse_selector  # noqa: E402
+from adapter.k8s_wire.selector import MAX_REQUIREMENTS, MAX_SET_VALUES, SelectorError, parse_selector  # noqa: E402
 
 WORDS = ["".join(letters) for letters in itertools.product(string.ascii_lowercase, repeat=3)]
 

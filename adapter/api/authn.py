@@ -34,7 +34,8 @@ from cryptography.x509.oid import NameOID
 from adapter.api.http import Request
 from adapter.api.inflight import InFlight, ReviewsBusy
 from adapter.api.ttlcache import TTLCache
-from adapter.kube.client import KubeClient, KubeError
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeError
 from adapter.telemetry import api as telemetry
 from adapter.telemetry.throttle import LogThrottle, held_back
 

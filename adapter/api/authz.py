@@ -21,7 +21,8 @@ from adapter.api.documents import GROUP, VERSION
 from adapter.api.inflight import InFlight, ReviewsBusy
 from adapter.api.ttlcache import TTLCache
 from adapter.config.server import AuthConfig
-from adapter.kube.client import KubeClient, KubeError
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeError
 from adapter.telemetry import api as telemetry
 
 SUBJECTACCESSREVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"

@@ -27,7 +27,9 @@ from urllib.parse import quote, urlencode
 from adapter.api import documents
 from adapter.api.http import Response
 from adapter.config.delegate import DelegateConfig
-from adapter.kube.client import Endpoint, KubeAPIError, KubeClient, KubeError, ResponseTooLarge, client_tls_context
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeAPIError, KubeError, ResponseTooLarge
+from adapter.kube.kubeconfig import APIServer, client_tls_context
 from adapter.telemetry import delegate as telemetry
 
 log = logging.getLogger(__name__)
@@ -41,10 +43,10 @@ class DiscoveryError(Exception):
     """The delegate's discovery document could not be had, or lists no metric."""
 
 
-def _endpoint(config: DelegateConfig) -> Endpoint:
+def _endpoint(config: DelegateConfig) -> APIServer:
     host, port = config.address()
     tls = client_tls_context(config.ca_file, None, None, None, False)
-    return Endpoint("https", host, port, tls, config.server_name or host, config.token_file)
+    return APIServer("https", host, port, tls, config.server_name or host, config.token_file)
 
 
 def _status(code: int, reason: str, message: str) -> Response:

@@ -48,7 +48,7 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class Limits:
-    """The bounds of one listener (from `server:`, see adapter.api.run.listener_limits); `connections_key` and
+    """The bounds of one listener (from `server:`, see adapter.api.listeners.listener_limits); `connections_key` and
     `per_source_key` are the config keys its connection limits come from."""
 
     max_header_bytes: int

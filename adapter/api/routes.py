@@ -19,11 +19,11 @@ from adapter.api.authz import Attributes, Authorizer
 from adapter.api.delegate import Delegate
 from adapter.api.http import Request, Response
 from adapter.api.inflight import ReviewsBusy
-from adapter.kube.client import KubeError
+from adapter.k8s_wire.quantity import format_quantity
+from adapter.kube.errors import KubeError
 from adapter.metrics.cache import MetricCache, Reading
 from adapter.metrics.catalogue import metric_name_problem, namespace_problem
 from adapter.metrics.errors import MetricError
-from adapter.metrics.quantity import format_quantity
 from adapter.redact import redact
 from adapter.telemetry import api as telemetry
 from adapter.telemetry.throttle import LogThrottle, held_back

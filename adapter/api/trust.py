@@ -21,7 +21,8 @@ from cryptography import x509
 from adapter.api.authn import TrustBundle, load_pem_bundle
 from adapter.api.tls import file_state
 from adapter.config.server import AuthConfig
-from adapter.kube.client import KubeClient, KubeError
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeError
 from adapter.telemetry import api as telemetry
 
 log = logging.getLogger(__name__)

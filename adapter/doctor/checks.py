@@ -18,8 +18,9 @@ from typing import Any
 from adapter.doctor import certificates, scale_to_zero
 from adapter.doctor.findings import Finding
 from adapter.doctor.grpc import check_grpc_authentication
-from adapter.kube.client import KubeAPIError, KubeClient, KubeError
+from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import list_slices
+from adapter.kube.errors import KubeAPIError, KubeError
 
 GROUP, VERSION = "external.metrics.k8s.io", "v1beta1"
 APISERVICE_PATH = f"/apis/apiregistration.k8s.io/v1/apiservices/{VERSION}.{GROUP}"

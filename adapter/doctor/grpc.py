@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from adapter.config.grpc import GRPCConfig
 from adapter.doctor.findings import Finding
-from adapter.kube.client import KubeError
+from adapter.kube.errors import KubeError
 
 CHECK = "gRPC client certificates"
 _HINT = "set grpc.<server>.tls.client_ca_file and remove allow_unauthenticated (README: Security model)"

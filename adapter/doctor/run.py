@@ -13,7 +13,8 @@ from typing import TextIO
 from adapter.config.kube import KubeAPIConfig
 from adapter.doctor.checks import Doctor, Installation
 from adapter.doctor.findings import Finding
-from adapter.kube.client import KubeClient, KubeConfigError
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeConfigError
 
 _MARKS = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 

@@ -11,7 +11,8 @@ from typing import Any
 from urllib.parse import quote
 
 from adapter.doctor.findings import Finding
-from adapter.kube.client import KubeAPIError, KubeClient, KubeError
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeAPIError, KubeError
 
 VERSION_CHECK = "Kubernetes version"
 CHECK = "HPA scale to zero"

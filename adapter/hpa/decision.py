@@ -8,7 +8,7 @@ from decimal import Decimal
 from adapter.hpa.conditions import Condition
 from adapter.hpa.ratelimit import Limited
 from adapter.hpa.stabilization import Stabilized
-from adapter.metrics.quantity import format_quantity
+from adapter.k8s_wire.quantity import format_quantity
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,12 @@ from adapter.hpa.controller import (
 from adapter.hpa.decision import Decision
 from adapter.hpa.fetch import adapter_client, read_external_metric, read_pods, read_scale, read_scaled_to_zero
 from adapter.hpa.manifest import HPAManifest, ManifestError, load_manifests, parse_manifests
-from adapter.hpa.quantity import QuantityError, quantity_milli
 from adapter.hpa.render import decision_json, print_decision
 from adapter.hpa.replicas import Pods
 from adapter.hpa.spec import ExternalMetric, ObjectMetric
-from adapter.kube.client import KubeClient, KubeError
+from adapter.k8s_wire.quantity import QuantityError, quantity_milli
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeError
 
 
 class UsageError(Exception):

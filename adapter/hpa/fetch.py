@@ -18,10 +18,12 @@ from urllib.parse import quote, urlencode
 from adapter.config.kube import KubeAPIConfig
 from adapter.hpa.controller import MetricFailure, MetricReading
 from adapter.hpa.manifest import scaled_to_zero_of
-from adapter.hpa.quantity import QuantityError, quantity_milli
 from adapter.hpa.replicas import Pods, sum_usage
 from adapter.hpa.spec import ExternalMetric, ObjectReference, selector_query
-from adapter.kube.client import KubeAPIError, KubeClient, KubeError, resolve_endpoint
+from adapter.k8s_wire.quantity import QuantityError, quantity_milli
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeAPIError, KubeError
+from adapter.kube.kubeconfig import resolve_api_server
 
 _FETCH_FAILED = "unable to fetch metrics from external metrics API"
 
@@ -39,7 +41,7 @@ def adapter_client(
     config = KubeAPIConfig(
         url=url, ca_file=ca_file, token_file=token_file, client_cert_file=client_cert, client_key_file=client_key
     )
-    endpoint = resolve_endpoint(config)
+    endpoint = resolve_api_server(config)
     if insecure and endpoint.ssl is not None:
         context = ssl.create_default_context()
         context.check_hostname = False

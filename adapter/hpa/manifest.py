@@ -14,7 +14,6 @@ from typing import Any
 
 import yaml
 
-from adapter.hpa.quantity import QuantityError, parse_quantity, quantity_milli
 from adapter.hpa.spec import (
     DEFAULT_SCALE_DOWN,
     DEFAULT_SCALE_UP,
@@ -34,6 +33,7 @@ from adapter.hpa.spec import (
     TargetType,
     UnsupportedMetric,
 )
+from adapter.k8s_wire.quantity import QuantityError, parse_quantity, quantity_milli
 
 API_VERSIONS = ("autoscaling/v2", "autoscaling/v2beta2")
 

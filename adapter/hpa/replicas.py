@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from adapter.hpa.spec import MAX_INT32, MetricTarget, TargetType
-from adapter.metrics.quantity import format_quantity
+from adapter.k8s_wire.quantity import format_quantity
 
 MAX_INT64 = 2**63 - 1
 

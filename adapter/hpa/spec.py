@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from adapter.metrics.selector import Operator, Requirement, Selector
+from adapter.k8s_wire.selector import Operator, Requirement, Selector
 
 MAX_INT32 = 2**31 - 1
 

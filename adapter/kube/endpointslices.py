@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 from urllib.parse import quote
 
-from adapter.kube.client import KubeAPIError, KubeClient
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeAPIError
 
 API_VERSIONS = ("discovery.k8s.io/v1", "discovery.k8s.io/v1beta1")
 # The API server ends a watch after this long; the caller watches again from the last resourceVersion.

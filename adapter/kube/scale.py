@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from adapter.kube.client import KubeClient, KubeConnectionError
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeConnectionError
 
 # Kinds with a scale subresource under apps/v1, by the plural the API path uses.
 _PLURALS = {"Deployment": "deployments", "StatefulSet": "statefulsets", "ReplicaSet": "replicasets"}

@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from adapter.config.server import CacheConfig
+from adapter.k8s_wire.quantity import unservable
 from adapter.metrics.catalogue import Catalogue, SeriesKey
 from adapter.metrics.errors import MetricUnavailable
-from adapter.metrics.quantity import unservable
 from adapter.metrics.schedule import COALESCE, Schedule
 from adapter.sources.base import Sample, Source, SourceError, SourceQuery
 from adapter.telemetry import cache as telemetry

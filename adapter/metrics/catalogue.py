@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from adapter.config.base import MetricBase
+from adapter.k8s_wire.selector import Selector, SelectorError, parse_selector
 from adapter.metrics.errors import BadSelector, MetricNotFound
-from adapter.metrics.selector import Selector, SelectorError, parse_selector
 from adapter.sources.base import SourceQuery
 
 # A namespace name as Kubernetes validates it: a DNS-1123 label.

@@ -18,7 +18,8 @@ import logging
 from typing import Any
 
 from adapter.config.proxy import ScaleTarget
-from adapter.kube.client import KubeAPIError, KubeClient, KubeError
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeAPIError, KubeError
 from adapter.kube.hpas import list_hpas, scaled_to_zero, targets, watch_hpas
 from adapter.kube.watching import WatchTask, apply_event
 

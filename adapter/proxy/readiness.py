@@ -11,8 +11,9 @@ import logging
 from typing import Any
 
 from adapter.config.proxy import AddressUpstream, ServiceUpstream
-from adapter.kube.client import KubeAPIError, KubeClient, KubeError
+from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import list_slices, ready_addresses, watch_slices
+from adapter.kube.errors import KubeAPIError, KubeError
 from adapter.kube.watching import WatchTask, apply_event
 from adapter.proxy.route import Route
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import signal
 import time
 from collections.abc import Callable
 
-from adapter.config.grpc import CountsServerConfig
 from adapter.config.proxy import LocalScaleTarget, ProxyConfig, RouteConfig, ServiceUpstream
-from adapter.fdlimit import raise_open_files_limit
-from adapter.kube.client import KubeClient, KubeConfigError
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeConfigError
 from adapter.proxy.admin import start_admin
 from adapter.proxy.client import ClientConnection
 from adapter.proxy.counts import CountsListener
@@ -26,8 +24,6 @@ from adapter.telemetry import proxy as telemetry
 log = logging.getLogger(__name__)
 _BACKLOG = 4096
 _MIN_TICK, _MAX_TICK = 0.01, 1.0
-# Upstream connections (pooled, bounded per endpoint), the admin port, the Kubernetes API.
-_SPARE_DESCRIPTORS = 4096
 # Refused connections are counted each; logged at most this often (seconds).
 _REFUSAL_LOG_INTERVAL = 10.0
 
@@ -239,40 +235,3 @@ class ProxyServer:
         if self._kube is not None and self._own_kube:
             await self._kube.close()
         log.info("proxy stopped")
-
-
-async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None) -> int:
-    """Run until SIGTERM or SIGINT, then shut down gracefully; 1 if a port cannot be listened on."""
-    server = ProxyServer(config)
-    try:
-        await server.start()
-    except OSError as err:
-        # A port in use or a bad bind address: one line, as `serve` does, not a traceback.
-        log.error("cannot listen: %s", err)
-        await server.shutdown(grace=0)
-        return 1
-    counts_server = None
-    if counts is not None and counts.enabled:
-        from adapter.rpc.counts import start_counts_server  # gRPC loads only when the count stream is on
-
-        counts_server = await start_counts_server(counts, server.subscribe)
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        server.loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
-    log.info("signal received: draining for up to %gs", config.grace_period)
-    await server.shutdown()
-    if counts_server is not None:
-        await counts_server.stop()
-    return 0
-
-
-def run_proxy(config: ProxyConfig, counts: CountsServerConfig | None = None) -> int:
-    import uvloop
-
-    if not config.effective_routes():
-        log.error("no routes: set proxy.routes, or proxy.sidecar.upstream (ZEROSCALE_PROXY__SIDECAR__UPSTREAM)")
-        return 2
-    # Each client connection takes a descriptor, and so does each pooled upstream connection.
-    raise_open_files_limit(config.max_connections + _SPARE_DESCRIPTORS, f"max_connections={config.max_connections}")
-    return uvloop.run(serve(config, counts))

@@ -20,7 +20,8 @@ from collections.abc import Callable
 
 from adapter.config.kube import KubeAPIConfig
 from adapter.config.proxy import LocalScaleTarget, ScaleTarget
-from adapter.kube.client import KubeAPIError, KubeClient, KubeError
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeAPIError, KubeError
 from adapter.kube.scale import get_scale, set_replicas
 from adapter.proxy.route import Route
 from adapter.telemetry import proxy as telemetry

@@ -14,15 +14,15 @@ def build_source(config: SourceConfig) -> Source:
 
             return StaticValues(config)
         case "redis":
-            from adapter.sources.redis_source import RedisQueues
+            from adapter.sources.redis.source import RedisQueues
 
             return RedisQueues(config)
         case "kafka":
-            from adapter.sources.kafka import KafkaLag
+            from adapter.sources.kafka.source import KafkaLag
 
             return KafkaLag(config)
         case "http":
-            from adapter.sources.http import ProxyCounts
+            from adapter.sources.proxy_counts.source import ProxyCounts
 
             return ProxyCounts(config)
     raise AssertionError(f"unhandled source type {config.type!r}")  # the config union is exhaustive

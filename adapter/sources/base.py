@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from adapter.config.base import MetricBase
-    from adapter.metrics.selector import Selector
+    from adapter.k8s_wire.selector import Selector
 
 
 class SourceError(Exception):

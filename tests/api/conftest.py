@@ -11,8 +11,8 @@ import pytest
 import trustme
 import uvloop
 
-from adapter.api.run import serve
 from adapter.config import ZeroscaleConfig
+from adapter.serve import serve
 from tests.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
 from tests.kube_standin import KubeStandIn
 from tests.netutil import free_port

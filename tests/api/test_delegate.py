@@ -23,9 +23,9 @@ import pytest
 import trustme
 
 from adapter.api.delegate import Delegate, DiscoveryError
-from adapter.api.run import serve
 from adapter.config import ZeroscaleConfig
 from adapter.config.delegate import DelegateConfig
+from adapter.serve import serve
 from tests.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
 from tests.api.httpclient import Answer, fetch
 from tests.kube_standin import KubeStandIn

@@ -11,8 +11,9 @@ import trustme
 import yaml
 
 from adapter.config.kube import KubeAPIConfig
-from adapter.kube import client as kube_client
-from adapter.kube.client import KubeAPIError, KubeClient, KubeConfigError, KubeConnectionError
+from adapter.kube import kubeconfig
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeAPIError, KubeConfigError, KubeConnectionError
 from tests.kube_standin import AUTH_CONFIGMAP, KubeStandIn
 
 CONFIGMAPS = f"/api/v1/namespaces/{AUTH_CONFIGMAP[0]}/configmaps"
@@ -58,7 +59,7 @@ async def test_wrong_token_is_401(kube: KubeStandIn, tmp_path: Path) -> None:
 
 
 async def test_token_file_is_reread(kube: KubeStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kube_client, "TOKEN_REREAD_SECONDS", 0.0)
+    monkeypatch.setattr(kubeconfig, "TOKEN_REREAD_SECONDS", 0.0)
     token_file = tmp_path / "token"
     token_file.write_text("old")
     client = KubeClient.from_config(kube.client_config(token_file=token_file))

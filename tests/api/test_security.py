@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import trustme
 
-from adapter.api.run import unsafe_without_auth
 from adapter.config import ZeroscaleConfig
+from adapter.serve import unsafe_without_auth
 from tests.api.conftest import RunningServer, StartServer
 from tests.api.httpclient import Answer, fetch, tls_client
 from tests.kube_standin import KubeStandIn, Reply

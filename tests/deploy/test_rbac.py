@@ -3,7 +3,7 @@
 Every `.request(METHOD, ...)` and `.watch(...)` call in adapter/ (found by walking the AST) must be listed in
 CALLS with the (verb, group, resource) it needs; the module must hold that group's path and the resource's
 name; and which ServiceAccount makes it follows from which process imports the module (`serve` from
-adapter/api/run.py, `proxy` from adapter/proxy/server.py). Then the rendered RBAC must grant each
+adapter/serve.py, `proxy` from adapter/proxy_main.py). Then the rendered RBAC must grant each
 ServiceAccount those calls and nothing more: deploy/'s kustomize render and the Helm chart's alike.
 
 Not counted: `zeroscale explain` (adapter/hpa/) and `zeroscale doctor` (adapter/doctor/) run on a workstation
@@ -22,7 +22,7 @@ from tests.deploy.conftest import ROOT, Objects, helm_render
 
 ADAPTER_DIR = ROOT / "adapter"
 USER_KUBECONFIG_ONLY = ("adapter/hpa/", "adapter/doctor/")
-ENTRY_POINTS = {"zeroscale-adapter": "adapter.api.run", "zeroscale-proxy": "adapter.proxy.server"}
+ENTRY_POINTS = {"zeroscale-adapter": "adapter.serve", "zeroscale-proxy": "adapter.proxy_main"}
 
 Call = tuple[str, str, str]  # verb, API group ("" = core), resource (with subresource)
 

@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 
 from adapter.hpa import Decision, HorizontalController, HPASpec, parse_manifests
-from adapter.hpa.quantity import quantity_milli
+from adapter.k8s_wire.quantity import quantity_milli
 
 
 def hpa_document(

@@ -5,7 +5,7 @@ docs/protocols.md#em-response)."""
 from __future__ import annotations
 
 from adapter.hpa import Decision, HorizontalController, MetricFailure
-from adapter.hpa.quantity import quantity_milli
+from adapter.k8s_wire.quantity import quantity_milli
 from tests.hpa.builders import condition, follow, make_controller, make_spec, sync
 
 FAST_DOWN = {"scaleDown": {"stabilizationWindowSeconds": 30}}

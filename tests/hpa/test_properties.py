@@ -7,8 +7,7 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapter.hpa.quantity import parse_quantity
-from adapter.metrics.quantity import format_quantity
+from adapter.k8s_wire.quantity import format_quantity, parse_quantity
 from tests.hpa.builders import follow, make_controller
 
 NANO = Decimal("1e-9")

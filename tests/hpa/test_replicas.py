@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from adapter.hpa.quantity import quantity_milli
 from adapter.hpa.replicas import MAX_INT64, Pods, ReplicaCountError, Tolerances, propose, sum_usage
 from adapter.hpa.spec import MetricTarget, TargetType
+from adapter.k8s_wire.quantity import quantity_milli
 
 DEFAULT = Tolerances(0.1, 0.1)
 

@@ -11,7 +11,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from cryptography.hazmat.primitives import serialization
 
-from adapter.sources.kafka import KafkaLag
+from adapter.sources.kafka.source import KafkaLag
 from tests.kafka.broker import KafkaBroker
 from tests.kafka.helpers import KafkaDriver, names, source_config
 

@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from adapter.config.kafka import KafkaMetric, KafkaSource
 from adapter.metrics.catalogue import Catalogue
-from adapter.sources.kafka import KafkaLag
+from adapter.sources.kafka.source import KafkaLag
 
 # Names unique in the session: the broker is shared by every test.
 names = itertools.count(1)

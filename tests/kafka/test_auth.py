@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from adapter.sources.base import SourceError
-from adapter.sources.kafka import KafkaLag
+from adapter.sources.kafka.source import KafkaLag
 from tests.kafka.broker import PASSWORD, USER, KafkaBroker
 from tests.kafka.helpers import KafkaDriver, lag_metric, read_lag, source_config
 

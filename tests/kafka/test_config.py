@@ -8,7 +8,7 @@ from pathlib import Path
 from adapter.config import load_config
 from adapter.config.kafka import KafkaMetric, KafkaSource
 from adapter.sources import build_source
-from adapter.sources.kafka import KafkaLag
+from adapter.sources.kafka.source import KafkaLag
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

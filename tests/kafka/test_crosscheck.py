@@ -16,7 +16,7 @@ from aiokafka.admin import NewPartitions, RecordsToDelete
 from aiokafka.structs import TopicPartition
 from prometheus_client import REGISTRY
 
-from adapter.sources.kafka import KafkaLag
+from adapter.sources.kafka.source import KafkaLag
 from tests.kafka.broker import KafkaBroker, describe_groups
 from tests.kafka.helpers import KafkaDriver, lag_metric, read_lag
 

@@ -10,11 +10,11 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from adapter.api.run import serve
 from adapter.config.server import CacheConfig
 from adapter.metrics.cache import MetricCache, Reading
 from adapter.metrics.catalogue import Catalogue
-from adapter.sources.kafka import KafkaLag
+from adapter.serve import serve
+from adapter.sources.kafka.source import KafkaLag
 from tests.adapter_inprocess import wait_listening
 from tests.kafka.broker import KafkaBroker
 from tests.kafka.helpers import KafkaDriver, exported, lag_metric, source_config

@@ -15,7 +15,7 @@ from adapter.config.server import CacheConfig
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
 from adapter.sources.base import SourceError
-from adapter.sources.kafka import KafkaLag
+from adapter.sources.kafka.source import KafkaLag
 from tests.kafka.broker import KafkaBroker
 from tests.kafka.helpers import KafkaDriver, exported, lag_metric, read_lag, source_config
 

@@ -13,10 +13,10 @@ from prometheus_client import REGISTRY
 from adapter.config.kafka import KafkaMetric
 from adapter.metrics.catalogue import Catalogue, SeriesKey
 from adapter.sources.base import SourceError, SourceQuery
-from adapter.sources.kafka import KafkaLag
-from adapter.sources.kafka_connection import KafkaConnection
-from adapter.sources.kafka_offsets import Committed, CommittedReader, Coordinators
-from adapter.sources.kafka_protocol import OffsetFetchResponseV8
+from adapter.sources.kafka.connection import KafkaConnection
+from adapter.sources.kafka.offsets import Committed, CommittedReader, Coordinators
+from adapter.sources.kafka.protocol import OffsetFetchResponseV8
+from adapter.sources.kafka.source import KafkaLag
 from tests.kafka.broker import KafkaBroker
 from tests.kafka.helpers import KafkaDriver, exported, exported_count, lag_metric, read_lag, source_config
 

@@ -16,7 +16,7 @@ from adapter.config.server import CacheConfig
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import MetricUnavailable
-from adapter.sources.kafka import KafkaLag
+from adapter.sources.kafka.source import KafkaLag
 from tests.kafka.broker import KafkaBroker
 from tests.kafka.helpers import KafkaDriver, lag_metric, source_config
 

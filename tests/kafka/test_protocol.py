@@ -9,9 +9,9 @@ from io import BytesIO
 import pytest
 from aiokafka.structs import TopicPartition
 
-from adapter.sources.kafka_connection import KafkaConnection
-from adapter.sources.kafka_offsets import Committed, CommittedReader, Coordinators
-from adapter.sources.kafka_protocol import (
+from adapter.sources.kafka.connection import KafkaConnection
+from adapter.sources.kafka.offsets import Committed, CommittedReader, Coordinators
+from adapter.sources.kafka.protocol import (
     ListOffsets,
     ListOffsetsResponseV3,
     OffsetFetchGroups,

@@ -1,5 +1,5 @@
-"""The lag rules (docs/protocols.md#kafka-lag, with the differences in kafka_lag.py) and the config checks, without a
-broker."""
+"""The lag rules (docs/protocols.md#kafka-lag, with the differences in adapter/sources/kafka/lag.py) and the
+config checks, without a broker."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from adapter.config.kafka import KafkaMetric
-from adapter.sources.kafka_groups import NO_COMMIT, PartitionOffsets
-from adapter.sources.kafka_lag import (
+from adapter.sources.kafka.groups import NO_COMMIT, PartitionOffsets
+from adapter.sources.kafka.lag import (
     PartitionLag,
     PersistentLag,
     group_lags,

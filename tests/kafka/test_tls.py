@@ -8,7 +8,7 @@ import pytest
 import trustme
 
 from adapter.sources.base import SourceError
-from adapter.sources.kafka import KafkaLag
+from adapter.sources.kafka.source import KafkaLag
 from tests.kafka.broker import KafkaBroker
 from tests.kafka.helpers import KafkaDriver, lag_metric, read_lag, source_config
 

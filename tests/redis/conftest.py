@@ -12,7 +12,7 @@ import trustme
 from adapter.config.redis import RedisMetric, RedisSource
 from adapter.metrics.catalogue import Catalogue
 from adapter.sources.base import SourceQuery
-from adapter.sources.redis_source import RedisQueues
+from adapter.sources.redis.source import RedisQueues
 from tests.redis.servers import RedisProcess, require_binaries
 
 HERE = Path(__file__).parent

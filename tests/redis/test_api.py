@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from adapter.api.run import serve
 from adapter.config import ZeroscaleConfig
+from adapter.serve import serve
 from tests.api.httpclient import read_answer, request_bytes, tls_client
 from tests.netutil import free_port
 from tests.redis.servers import RedisProcess

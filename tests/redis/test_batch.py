@@ -9,7 +9,8 @@ import pytest
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
-from adapter.sources.redis_batch import MAX_PIPELINE_COMMANDS, Batcher, Command, _pack
+from adapter.sources.redis.batch import MAX_PIPELINE_COMMANDS, Batcher, Command, _pack
+from adapter.sources.redis.internals import read_replies
 from tests.redis.servers import RedisProcess
 
 KEYS = 2000
@@ -65,7 +66,7 @@ async def test_parsing_buffered_replies_gives_the_loop_back(client: Redis) -> No
         # Let every reply arrive into the connection's buffer (if some had not, the parse would
         # await the socket, and the loop would run more often: the assertion below only gets easier).
         await asyncio.sleep(0.5)
-        parse = asyncio.create_task(Batcher._replies(client, connection, commands))
+        parse = asyncio.create_task(read_replies(client, connection, commands))
         turns = 0
         while not parse.done():
             turns += 1  # another callback of the loop ran while the parse was under way

@@ -15,7 +15,7 @@ from redis.crc import key_slot
 from adapter.config.server import CacheConfig
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
-from adapter.sources.redis_source import RedisQueues
+from adapter.sources.redis.source import RedisQueues
 from adapter.telemetry import redis as telemetry
 from tests.netutil import free_port
 from tests.redis.conftest import Make, query_for, redis_metric

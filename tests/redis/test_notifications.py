@@ -60,7 +60,7 @@ async def test_push_onto_an_empty_list_is_visible_within_100ms(server: RedisProc
 async def test_notifications_off_on_the_server_means_polling_said_once(
     server: RedisProcess, cache_for: CacheFor, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="adapter.sources.redis_notify")
+    caplog.set_level(logging.WARNING, logger="adapter.sources.redis.notify")
     metric = redis_metric("length", interval=0.3)
     cache = cache_for(metric, server)
     for key in ("a", "b", "c"):

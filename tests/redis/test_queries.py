@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from adapter.sources.base import SourceError
-from adapter.sources.redis_source import RedisQueues
+from adapter.sources.redis.source import RedisQueues
 from adapter.telemetry import redis as telemetry
 from tests.redis.conftest import Make, query_for, redis_metric
 from tests.redis.servers import RedisProcess

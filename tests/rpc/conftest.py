@@ -13,7 +13,6 @@ import grpc
 import pytest
 import uvloop
 
-from adapter.api.run import serve
 from adapter.config import ZeroscaleConfig
 from adapter.config.grpc import CountsServerConfig
 from adapter.config.http import HTTPMetric, HTTPSource
@@ -22,10 +21,11 @@ from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import MetricUnavailable
 from adapter.proxy.counts import CountsListener, RouteCounts
-from adapter.rpc.counts import CountsServer, start_counts_server
+from adapter.proxy.counts_stream import CountsServer, start_counts_server
 from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
-from adapter.sources.http import ProxyCounts
+from adapter.serve import serve
+from adapter.sources.proxy_counts.source import ProxyCounts
 from tests.adapter_inprocess import DEMO_METRICS as API_METRICS
 from tests.adapter_inprocess import DEMO_SOURCES, wait_listening
 from tests.netutil import free_port

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from adapter.config import ZeroscaleConfig
 from adapter.config.http import HTTPMetric, HTTPSource
 from adapter.sources import build_source
-from adapter.sources.http import ProxyCounts
+from adapter.sources.proxy_counts.source import ProxyCounts
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from adapter.config.http import HTTPMetric, HTTPSource
 from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import MetricUnavailable
-from adapter.sources.http import ProxyCounts
+from adapter.sources.proxy_counts.source import ProxyCounts
 from tests.netutil import free_port
 from tests.rpc.conftest import MakeCache, Routes, StartCounts, eventually, value
 

@@ -10,9 +10,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
-from adapter.api.run import serve
 from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
+from adapter.serve import serve
 from tests.adapter_inprocess import DEMO_SOURCES
 from tests.rpc.conftest import DEMO_METRICS, StartAdapter, adapter_config, ref, scaler_stub
 

@@ -17,9 +17,10 @@ from typing import Any
 import uvloop
 
 from adapter.api.http import Limits
-from adapter.api.run import listener_limits, serve
+from adapter.api.listeners import listener_limits
 from adapter.config import ZeroscaleConfig
 from adapter.config.server import ServerConfig
+from adapter.serve import serve
 from tests.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
 from tests.netutil import free_port
 

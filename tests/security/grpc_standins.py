@@ -1,6 +1,6 @@
 """A stand-in proxy replica for the count stream: a real gRPC server whose Watch sends what a test scripts.
 
-The real proxy (adapter/rpc/counts.py) only ever sends sane counts at a sane pace; these replicas
+The real proxy (adapter/proxy/counts_stream.py) only ever sends sane counts at a sane pace; these replicas
 are the broken or hostile ones the adapter must not believe: late, lying, flooding.
 """
 

@@ -17,7 +17,6 @@ import pytest
 
 from adapter.api.http import Request
 from adapter.api.routes import ExternalMetricsAPI
-from adapter.api.run import serve
 from adapter.config.base import SelectorLabel
 from adapter.config.server import CacheConfig
 from adapter.config.static import StaticMetric
@@ -25,6 +24,7 @@ from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import BadSelector, MetricUnavailable
 from adapter.rpc.generated import externalscaler_pb2 as pb
+from adapter.serve import serve
 from adapter.sources.base import Source
 from adapter.telemetry import cache as telemetry
 from tests.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening

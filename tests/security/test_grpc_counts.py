@@ -17,7 +17,7 @@ from adapter.metrics.errors import MetricUnavailable
 from adapter.rpc.generated import proxycounts_pb2 as pb
 from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
 from adapter.sources.base import SourceError, SourceQuery
-from adapter.sources.http import ProxyCounts
+from adapter.sources.proxy_counts.source import ProxyCounts
 from tests.netutil import free_port
 from tests.rpc.conftest import MakeCache, Routes, StartCounts, eventually, make_cache, start_counts, value
 from tests.rpc.test_tls import NAME, mutual_tls, write_ca

@@ -85,7 +85,7 @@ _FAILED_HANDSHAKES = """
 import asyncio, ssl, sys
 from pathlib import Path
 from adapter.config.grpc import CountsServerConfig  # the package is imported first, as `zeroscale proxy` does
-from adapter.rpc.counts import start_counts_server
+from adapter.proxy.counts_stream import start_counts_server
 
 async def main() -> None:
     tls = {"cert_file": sys.argv[1], "key_file": sys.argv[2], "client_ca_file": sys.argv[3]}

@@ -19,8 +19,8 @@ from redis import exceptions as rx
 
 from adapter.config.redis import RedisMetric, placeholders
 from adapter.sources.base import Sample, SourceError, SourceQuery
-from adapter.sources.redis_batch import Command, Results, Send
-from adapter.sources.redis_errors import command_error
+from adapter.sources.redis.batch import Command, Results, Send
+from adapter.sources.redis.errors import command_error
 from adapter.telemetry import redis as telemetry
 
 # `length` counts whatever the key holds, by its type.

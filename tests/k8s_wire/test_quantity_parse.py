@@ -1,4 +1,4 @@
-"""adapter.hpa.quantity: reading Quantity strings as Go's ParseQuantity does (docs/protocols.md#quantity-grammar,
+"""adapter.k8s_wire.quantity: reading Quantity strings as Go's ParseQuantity does (docs/protocols.md#quantity-grammar,
 docs/protocols.md#quantity-precision)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from adapter.hpa.quantity import QuantityError, parse_quantity, quantity_milli
+from adapter.k8s_wire.quantity import QuantityError, parse_quantity, quantity_milli
 
 
 @pytest.mark.parametrize(

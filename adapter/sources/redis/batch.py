@@ -8,36 +8,32 @@ batch gets back the same table of its results, command -> a value or the excepti
 raised, and looks up its own commands there.
 
 Standalone and Sentinel batches skip redis-py's Pipeline object: the commands are packed by
-hiredis into one write on one pooled connection and the replies read back one by one, each a
-value or the error reply, as `pipeline(transaction=False).execute(raise_on_error=False)` gives
-them, at a fraction of its per-command cost. Cluster batches keep redis-py's ClusterPipeline,
+hiredis into one write on one pooled connection and the replies read back one by one
+(`internals.send_packed`, the one user of redis-py's non-public API), at a fraction of its
+per-command cost. Cluster batches keep redis-py's ClusterPipeline,
 which splits them per node and follows MOVED/ASK.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import hiredis
-from redis import exceptions as rx
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from adapter.sources.base import SourceError
-from adapter.sources.redis_errors import connection_error
+from adapter.sources.redis.errors import connection_error
+from adapter.sources.redis.internals import send_packed
 from adapter.telemetry import redis as telemetry
 
 # Commands in one pipeline at most; a larger batch goes as several, one after another on its connection.
 # One pipeline of ten thousand commands holds Redis (single-threaded) for its whole length and makes
 # it buffer every reply; this many answer in well under a millisecond of Redis time.
 MAX_PIPELINE_COMMANDS = 500
-# Replies parsed between two yields to the event loop: replies already buffered are parsed without
-# awaiting the socket, and a few thousand of them would hold every other request for milliseconds.
-_YIELD_EVERY = 64
 
 # (command name, key, further arguments): the key is always the second element.
 Command = tuple[str, ...]
@@ -129,52 +125,7 @@ class Batcher:
                     pipe.execute_command(*command)
                 results: list[Any] = await pipe.execute(raise_on_error=False)
             return results
-        return await self._direct(self._client, commands)
-
-    async def _direct(self, client: Redis, commands: list[Command]) -> list[Any]:
-        """One write and its replies on one pooled connection, with the connection's retry (as Pipeline.execute)."""
-        packed = _pack(commands)
-        pool = client.connection_pool
-        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            results: list[Any] = await connection.retry.call_with_retry(
-                lambda: self._exchange(client, connection, packed, commands),
-                lambda _error: connection.disconnect(),
-            )
-            return results
-        finally:
-            await pool.release(connection)
-
-    @classmethod
-    async def _exchange(cls, client: Redis, connection: Any, packed: bytes, commands: list[Command]) -> list[Any]:
-        await connection.send_packed_command(packed)
-        return await cls._replies(client, connection, commands)
-
-    @staticmethod
-    async def _replies(client: Redis, connection: Any, commands: list[Command]) -> list[Any]:
-        """The replies of `commands`, sent on `connection`, each through its redis-py callback."""
-        read = connection.read_response
-        callbacks = client.response_callbacks
-        parse: dict[str, Any] = {}  # command name -> its redis-py reply callback, or None
-        results: list[Any] = []
-        for count, command in enumerate(commands, 1):
-            if count % _YIELD_EVERY == 0:
-                await asyncio.sleep(0)
-            name = command[0]
-            try:
-                reply = await read()
-            except rx.ResponseError as err:  # an error reply: that command failed, the others stand
-                results.append(err)
-                continue
-            if name not in parse:
-                parse[name] = callbacks.get(name)
-            callback = parse[name]
-            if callback is not None:
-                reply = callback(reply)
-                if inspect.isawaitable(reply):
-                    reply = await reply
-            results.append(reply)
-        return results
+        return await send_packed(self._client, _pack(commands), commands)
 
     def _nodes(self, commands: list[Command]) -> int:
         """Round trips this pipeline costs: one, or one per Cluster node that owns some of its keys."""

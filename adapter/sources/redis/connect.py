@@ -100,7 +100,7 @@ def connect(config: RedisSource) -> RedisConnection:
             if common.pop("ssl", False):
                 url = "rediss://" + url.removeprefix("redis://").removeprefix("rediss://")
             client = Redis.from_url(url, db=config.db, max_connections=config.max_connections, **common)
-            kwargs = client.connection_pool.connection_kwargs
+            kwargs = client.get_connection_kwargs()  # type: ignore[no-untyped-call]
             return RedisConnection(client, f"redis {kwargs.get('host')}:{kwargs.get('port')}")
         case "sentinel":
             sentinel_config = config.sentinel

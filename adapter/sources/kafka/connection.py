@@ -22,7 +22,7 @@ from adapter.config.kafka import KafkaSource
 from adapter.sources.base import SourceError
 from adapter.telemetry import kafka as telemetry
 
-# aiokafka's own background metadata refresh; ours is explicit (see kafka_offsets.MetadataReader).
+# aiokafka's own background metadata refresh; ours is explicit (see offsets.MetadataReader).
 _BACKGROUND_METADATA_MS = 300_000
 _PROBE_REUSE = 1.0  # seconds
 _DEFAULT_PORT = 9092

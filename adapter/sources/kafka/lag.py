@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from adapter.config.kafka import KafkaMetric
-from adapter.sources.kafka_groups import NO_COMMIT, PartitionOffsets
+from adapter.sources.kafka.groups import NO_COMMIT, PartitionOffsets
 
 
 @dataclass(frozen=True)

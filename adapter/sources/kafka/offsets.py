@@ -23,8 +23,8 @@ from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.structs import TopicPartition
 
 from adapter.sources.base import SourceError
-from adapter.sources.kafka_connection import KafkaConnection
-from adapter.sources.kafka_protocol import ListOffsets, OffsetFetchGroups, VersionUnsupported
+from adapter.sources.kafka.connection import KafkaConnection
+from adapter.sources.kafka.protocol import ListOffsets, OffsetFetchGroups, VersionUnsupported
 
 # ListOffsets timestamps with a special meaning.
 LATEST = -1

@@ -14,8 +14,8 @@ from collections.abc import Hashable, Iterable, Mapping
 
 from prometheus_client import Gauge
 
-from adapter.sources.kafka_groups import NO_COMMIT, GroupOffsets, PartitionOffsets
-from adapter.sources.kafka_lag import INVALID_REASONS, PartitionLag, invalid_reason
+from adapter.sources.kafka.groups import NO_COMMIT, GroupOffsets, PartitionOffsets
+from adapter.sources.kafka.lag import INVALID_REASONS, PartitionLag, invalid_reason
 from adapter.telemetry import kafka as telemetry
 
 # A series: its family and its label values after `source`.

@@ -1,4 +1,4 @@
-"""The `redis` source: queue depths from lists, sorted sets and streams (see redis_reads for the commands)."""
+"""The `redis` source: queue depths from lists, sorted sets and streams (see reads for the commands)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from redis.asyncio.cluster import RedisCluster
 
 from adapter.config.redis import RedisSource
 from adapter.sources.base import Sample, Source, SourceError, SourceQuery
-from adapter.sources.redis_batch import Batcher
-from adapter.sources.redis_connect import connect, node_client
-from adapter.sources.redis_errors import connection_error
-from adapter.sources.redis_notify import KeyspaceWatcher
-from adapter.sources.redis_reads import QueueReader
+from adapter.sources.redis.batch import Batcher
+from adapter.sources.redis.connect import connect, node_client
+from adapter.sources.redis.errors import connection_error
+from adapter.sources.redis.notify import KeyspaceWatcher
+from adapter.sources.redis.reads import QueueReader
 
 
 class RedisQueues(Source):

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from aiokafka.structs import TopicPartition
 
 from adapter.sources.base import SourceError
-from adapter.sources.kafka_connection import KafkaConnection
-from adapter.sources.kafka_offsets import (
+from adapter.sources.kafka.connection import KafkaConnection
+from adapter.sources.kafka.offsets import (
     EARLIEST,
     LATEST,
     ClusterMetadata,

@@ -6,7 +6,7 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from adapter.metrics.selector import Operator, SelectorError, _tokens, parse_selector
+from adapter.k8s_wire.selector import Operator, SelectorError, _tokens, parse_selector
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapter.metrics.quantity import format_quantity, milli_value
+from adapter.k8s_wire.quantity import format_quantity, milli_value
 
 # The worked examples of docs/protocols.md#quantity-canonical, plus signs and the e >= 21 fallback.
 WORKED = [

@@ -2,7 +2,7 @@
 
 One source is one cluster connection shared by every metric naming it. A query names a group,
 optionally topics and partitions; the offsets come from a GroupReader round shared with every
-other series of the same group, and the lag rules are applied per metric (kafka_lag). A shared
+other series of the same group, and the lag rules are applied per metric (lag.py). A shared
 read holds facts, not verdicts: each series finds in it the answer for its own topics and
 partitions, and only its own errors, each naming the group and topics it is about.
 """
@@ -17,10 +17,10 @@ from decimal import Decimal
 
 from adapter.config.kafka import KafkaMetric, KafkaSource
 from adapter.sources.base import Sample, Source, SourceError, SourceQuery
-from adapter.sources.kafka_connection import KafkaConnection
-from adapter.sources.kafka_export import ReadExport
-from adapter.sources.kafka_groups import GroupOffsets, GroupReader, PartitionOffsets
-from adapter.sources.kafka_lag import PersistentLag, group_lags, served_lag
+from adapter.sources.kafka.connection import KafkaConnection
+from adapter.sources.kafka.export import ReadExport
+from adapter.sources.kafka.groups import GroupOffsets, GroupReader, PartitionOffsets
+from adapter.sources.kafka.lag import PersistentLag, group_lags, served_lag
 
 _PARTITIONS = re.compile(r"^(\d+)(?:-(\d+))?$")
 

@@ -1,6 +1,6 @@
 """The `http` source: a route's held and in-flight requests, summed over every proxy replica.
 
-Counts arrive pushed (adapter/sources/http_stream.py); `query` only adds up what is in memory.
+Counts arrive pushed (adapter/sources/proxy_counts/stream.py); `query` only adds up what is in memory.
 A sum is served only when it covers every replica discovery lists now. A replica stays in the sum
 while it was heard from within `stale_after`, even with its stream broken. A replica still listed
 that has been silent for longer (or never spoke within `stale_after` of being found) fails the read:
@@ -21,8 +21,8 @@ from decimal import Decimal
 
 from adapter.config.http import HTTPMetric, HTTPSource
 from adapter.sources.base import Sample, Source, SourceError, SourceQuery
-from adapter.sources.http_discovery import replica_addresses
-from adapter.sources.http_stream import Replica, Subscription
+from adapter.sources.proxy_counts.discovery import replica_addresses
+from adapter.sources.proxy_counts.stream import Replica, Subscription
 from adapter.telemetry import rpc as telemetry
 
 log = logging.getLogger(__name__)
