@@ -27,7 +27,9 @@ from urllib.parse import quote, urlencode
 from adapter.api import documents
 from adapter.api.http import Response
 from adapter.config.delegate import DelegateConfig
+from adapter.hpa.quantity import QuantityError, parse_quantity
 from adapter.kube.client import Endpoint, KubeAPIError, KubeClient, KubeError, ResponseTooLarge, client_tls_context
+from adapter.metrics.quantity import unservable
 from adapter.telemetry import delegate as telemetry
 
 log = logging.getLogger(__name__)
@@ -119,7 +121,7 @@ class Delegate:
         if selector:
             path += "?" + urlencode({"labelSelector": selector})
         try:
-            _, document = await self._call(path)
+            status, document = await self._call(path)
         except KubeAPIError as err:
             # The delegate's own refusal (404 for a name it does not know either, 400, 500): passed on, named.
             telemetry.REQUESTS.labels(f"{err.status // 100}xx").inc()
@@ -135,13 +137,10 @@ class Delegate:
             return _status(
                 503, "ServiceUnavailable", f"the external metrics delegate ({self.name}) is unavailable: {err}"
             )
-        if document.get("kind") != "ExternalMetricValueList" or not isinstance(document.get("items"), list):
+        problem = _list_problem(status, document, metric)
+        if problem is not None:
             telemetry.REQUESTS.labels("malformed").inc()
-            return _status(
-                502,
-                "BadGateway",
-                f"the external metrics delegate ({self.name}) answered without an ExternalMetricValueList",
-            )
+            return _status(502, "BadGateway", f"the external metrics delegate ({self.name}) answered {problem}")
         telemetry.REQUESTS.labels("ok").inc()
         return Response(200, documents.encode(document))
 
@@ -167,6 +166,31 @@ class Delegate:
         finally:
             if acquired:
                 self._slots.release()
+
+
+def _list_problem(status: int, document: dict[str, Any], metric: str) -> str | None:
+    """Why the delegate's answer must not reach the HPA, or None. The HPA sums the items' values as they come:
+    an item of another metric, or a value that is no Quantity (NaN and Infinity pass Python's JSON decoder and
+    would be written back as invalid JSON), or one whose milli-value overflows int64, becomes a wrong number."""
+    items = document.get("items")
+    if status != 200 or document.get("kind") != "ExternalMetricValueList" or not isinstance(items, list):
+        return f"{status} without an ExternalMetricValueList"
+    for index, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("metricName"), str):
+            return f"item {index} without a metricName"
+        if item["metricName"].lower() != metric:
+            return f"item {index} for metric {item['metricName'][:64]!r}, not {metric!r}"
+        value = item.get("value")
+        try:
+            problem = unservable(parse_quantity(value)) if isinstance(value, str) else "is not a Quantity string"
+        except QuantityError:
+            problem = "is not a Quantity"
+        if problem is not None:
+            return f"item {index} with value {str(value)[:64]!r}, which {problem}"
+        labels = item.get("metricLabels", {})
+        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+            return f"item {index} with metricLabels that are not strings"
+    return None
 
 
 def _resource_names(document: dict[str, Any]) -> list[str]:

@@ -107,6 +107,9 @@ class ExternalMetricsAPI:
             # Before any review: a name that cannot be costs no TokenReview or SubjectAccessReview, and no cache entry.
             return "list", _status(400, "BadRequest", problem)
         route = "list" if is_list else "discovery" if path in _DISCOVERY or path == _VERSION_PATH else "other"
+        # The name as client-go sends it (lower case): the one reviewed is the one answered, by us or the delegate
+        # (reviewed `foo` but forwarded `FOO` would reach a name the caller was never checked for).
+        metric = segments[6].lower() if is_list else ""
         if self._authenticator is not None:
             # A path we do not serve is a 404 once authenticated, with no review: each distinct path would cost
             # a SubjectAccessReview and key a cache entry (up to 16 KB), and every authenticated user may
@@ -114,7 +117,7 @@ class ExternalMetricsAPI:
             attributes = (
                 # Decoded names only, not the path as spelled: `%64efault` is the same question as `default`
                 # (one review, one cache entry), however many ways a caller percent-encodes it.
-                Attributes("list", "", segments[5], segments[6].lower())
+                Attributes("list", "", segments[5], metric)
                 if is_list
                 else Attributes("get", path)
                 if route == "discovery"
@@ -128,7 +131,7 @@ class ExternalMetricsAPI:
         if route != "other" and not negotiate.accepts_json(request.header("accept")):
             return route, _NOT_ACCEPTABLE
         if is_list:
-            return route, await self._list(segments[5], segments[6], query)
+            return route, await self._list(segments[5], metric, query)
         if path == _VERSION_PATH:
             return route, Response(200, self._discovery())
         document = _DISCOVERY.get(path)
@@ -173,7 +176,7 @@ class ExternalMetricsAPI:
 
     async def _list(self, namespace: str, metric: str, query: str) -> Response:
         selector = parse_qs(query).get("labelSelector", [""])[0] if query else ""
-        if self._delegate is not None and metric.lower() not in self._ours:
+        if self._delegate is not None and metric not in self._ours:
             return await self._delegate.list(namespace, metric, selector)
         try:
             reading = await self._cache.read(metric, namespace, selector)

@@ -265,15 +265,18 @@ async def test_a_delegate_with_another_ca_is_not_trusted(
 
 @contextlib.asynccontextmanager
 async def _raw_delegate(
-    ca: trustme.CA, answer: Callable[[asyncio.StreamWriter], Awaitable[None]]
+    ca: trustme.CA, answer: Callable[[asyncio.StreamWriter], Awaitable[None]], heads: list[bytes] | None = None
 ) -> AsyncIterator[int]:
-    """A STAND-IN delegate at the connection level: TLS with a good certificate, then `answer` writes what it likes."""
+    """A STAND-IN delegate at the connection level: TLS with a good certificate, then `answer` writes what it likes
+    (the request heads it read are added to `heads`)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(context)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(Exception):
-            await reader.readuntil(b"\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            if heads is not None:
+                heads.append(head)
             await answer(writer)
         writer.close()
 
@@ -345,3 +348,92 @@ def test_a_service_delegate_is_called_at_its_cluster_name() -> None:
         {"service": {"namespace": "keda", "name": "keda-operator-metrics-apiserver"}}
     )
     assert config.address() == ("keda-operator-metrics-apiserver.keda.svc", 443)
+
+
+def _list_answer(items: list[Any]) -> bytes:
+    body = json.dumps(
+        {
+            "kind": "ExternalMetricValueList",
+            "apiVersion": "external.metrics.k8s.io/v1beta1",
+            "metadata": {},
+            "items": items,
+        },
+        allow_nan=True,
+    ).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def _item(name: str, value: Any) -> dict[str, Any]:
+    return {"metricName": name, "metricLabels": {}, "timestamp": "2026-01-01T00:00:00Z", "value": value}
+
+
+async def test_the_delegate_is_asked_for_the_name_we_reviewed(
+    start: Callable[..., Awaitable[tuple[int, asyncio.Event]]],
+    kube: KubeStandIn,
+    delegate_ca: trustme.CA,
+    tmp_path: Path,
+) -> None:
+    """The review checks the lower-cased name (as client-go sends it); the delegate must get that name, not the
+    caller's spelling: `S0-Secret` reviewed as `s0-secret` would otherwise reach a case-sensitive delegate's
+    `S0-Secret`, a name the caller was never checked for."""
+    kube.tokens["alice-token"] = {"username": "alice", "groups": []}
+    heads: list[bytes] = []
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(_list_answer([_item("s0-secret", "1")]))
+
+    async with _raw_delegate(delegate_ca, answer, heads) as delegate_port:
+        config = _raw_config(delegate_port, delegate_ca, tmp_path).model_dump(mode="json", exclude_none=True)
+        front, _ = await start({"auth": _auth(kube)}, DEMO_METRICS, DEMO_SOURCES, config)
+        answer_ = await _get(front, f"{VERSION}/namespaces/team-a/S0-Secret")
+        assert answer_.status == 200, answer_.body
+    assert _resource_reviews(kube) == [("alice", "s0-secret")]
+    asked = [head.split(b" ")[1] for head in heads if b"/namespaces/" in head]
+    assert asked == [f"{VERSION}/namespaces/team-a/s0-secret".encode()]
+
+
+@pytest.mark.parametrize(
+    ("items", "problem"),
+    [
+        ([_item("s0-redis-jobs", float("nan"))], "not a Quantity string"),
+        ([_item("s0-redis-jobs", "NaN")], "not a Quantity"),
+        ([_item("s0-redis-jobs", "1e30")], "too large"),
+        ([_item("s0-redis-jobs", "1e400000")], "not a Quantity"),
+        ([_item("s0-redis-jobs", "1"), _item("s0-other", "5")], "for metric 's0-other'"),
+        (["1"], "without a metricName"),
+        ([{**_item("s0-redis-jobs", "1"), "metricLabels": {"a": 1}}], "metricLabels"),
+    ],
+)
+async def test_a_delegate_value_that_would_be_a_wrong_number_is_a_502(
+    delegate_ca: trustme.CA, tmp_path: Path, items: list[Any], problem: str
+) -> None:
+    """The HPA sums what it gets: a NaN (which Python's JSON decoder takes, and would write back as invalid
+    JSON), an overflowing value or another metric's item must not reach it as if it were a reading."""
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(_list_answer(items))
+
+    async with _raw_delegate(delegate_ca, answer) as port:
+        delegate = Delegate(_raw_config(port, delegate_ca, tmp_path), [])
+        try:
+            answered = await delegate.list("team-a", "s0-redis-jobs", "")
+        finally:
+            await delegate.close()
+    assert answered.status == 502, answered.body
+    message = json.loads(answered.body)["message"]
+    assert problem in message and "delegate" in message, message
+
+
+async def test_a_delegate_redirect_is_not_an_answer(delegate_ca: trustme.CA, tmp_path: Path) -> None:
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        body = _list_answer([_item("s0-redis-jobs", "1")]).partition(b"\r\n\r\n")[2]
+        writer.write(b"HTTP/1.1 302 Found\r\nLocation: https://elsewhere/\r\nContent-Length: %d\r\n\r\n" % len(body))
+        writer.write(body)
+
+    async with _raw_delegate(delegate_ca, answer) as port:
+        delegate = Delegate(_raw_config(port, delegate_ca, tmp_path), [])
+        try:
+            answered = await delegate.list("team-a", "s0-redis-jobs", "")
+        finally:
+            await delegate.close()
+    assert answered.status == 502, answered.body
