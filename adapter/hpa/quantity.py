@@ -46,9 +46,7 @@ def parse_quantity(text: str | int | float) -> Decimal:
         elif _EXPONENT.match(suffix):
             value = number.scaleb(int(suffix[1:]))
         else:
-            raise QuantityError(
-                f"{raw!r} has an unknown suffix {suffix!r} (use n u m k M G T P E, Ki..Ei or e<exp>)"
-            )
+            raise QuantityError(f"{raw!r} has an unknown suffix {suffix!r} (use n u m k M G T P E, Ki..Ei or e<exp>)")
         # Reuse the formatter's nano rounding instead of repeating it: its output re-parses exactly.
         return value if value.is_zero() else _exact(format_quantity(value))
     except ArithmeticError:  # an exponent beyond what decimal arithmetic holds (1e400000): no Quantity

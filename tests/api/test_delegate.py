@@ -421,7 +421,8 @@ async def test_a_delegate_value_that_would_be_a_wrong_number_is_a_502(
             await delegate.close()
     assert answered.status == 502, answered.body
     message = json.loads(answered.body)["message"]
-    assert problem in message and "delegate" in message, message
+    assert problem in message, message
+    assert "delegate" in message, message
 
 
 async def test_a_delegate_redirect_is_not_an_answer(delegate_ca: trustme.CA, tmp_path: Path) -> None:
