@@ -13,7 +13,9 @@ server, prometheus-adapter), so the HPAs that server fed keep working.
   failure). A failed fetch, or one that lists nothing (a metrics server with nothing is broken, not
   empty), keeps the last good list and is logged; it never empties discovery.
 - Delegate down: its metrics answer 503 naming it; ours never wait on it. Every call has one deadline
-  (`delegate.timeout`, connect to last byte), a size bound and a cap on calls in flight.
+  (`delegate.timeout`, connect to last byte), a size bound and a cap on calls in flight, of which one caller
+  (a user) holds at most a quarter: past it, that caller is answered 429 at once, so one caller's flood of
+  slow calls never makes the HPA controller's wait out `delegate.timeout`.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ class Delegate:
             max_response_bytes=config.max_response_bytes,
         )
         self._slots = asyncio.Semaphore(config.max_in_flight)
+        self._share = max(1, config.max_in_flight // 4)  # of the slots, for one caller
+        self._callers: dict[str, int] = {}  # calls in flight by caller
         self._names: tuple[str, ...] = ()  # the delegate's names, ours removed; the last good discovery
         self._collisions: frozenset[str] = frozenset()
 
@@ -111,8 +115,31 @@ class Delegate:
                 delay = min(_RETRY_SECONDS, self._config.discovery_refresh)
             await asyncio.sleep(delay)
 
-    async def list(self, namespace: str, metric: str, selector: str) -> Response:
-        """Forward one list call; the delegate's answer, or a Status naming the delegate."""
+    async def list(self, namespace: str, metric: str, selector: str, caller: str | None = None) -> Response:
+        """Forward one list call for `caller` (None: authentication is off); the delegate's answer, or a Status
+        naming the delegate."""
+        if caller is None:
+            return await self._task(namespace, metric, selector)
+        started = self._callers.get(caller, 0)
+        if started >= self._share:
+            telemetry.SATURATED.inc()
+            return _status(
+                429,
+                "TooManyRequests",
+                f"{started} calls of {caller!r} to the external metrics delegate ({self.name}) already in flight, "
+                f"a quarter of delegate.max_in_flight; try again later",
+            )
+        self._callers[caller] = started + 1
+        try:
+            return await self._task(namespace, metric, selector)
+        finally:
+            left = self._callers[caller] - 1
+            if left:
+                self._callers[caller] = left
+            else:
+                del self._callers[caller]
+
+    async def _task(self, namespace: str, metric: str, selector: str) -> Response:
         # A task of its own: deadlines need one, and a handler's first step runs outside any (api/http.py).
         return await asyncio.get_running_loop().create_task(self._list(namespace, metric, selector))
 

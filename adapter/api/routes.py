@@ -123,15 +123,18 @@ class ExternalMetricsAPI:
                 if route == "discovery"
                 else None
             )
-            refused = await self._refuse(request, self._authenticator, attributes)
-            if refused is not None:
-                return route, refused
+            checked = await self._check(request, self._authenticator, attributes)
+            if isinstance(checked, Response):
+                return route, checked
+            caller: str | None = checked.name
+        else:
+            caller = None
         if request.method not in ("GET", "HEAD"):
             return route, _status(405, "MethodNotAllowed", f"the server does not allow this method: {request.method}")
         if route != "other" and not negotiate.accepts_json(request.header("accept")):
             return route, _NOT_ACCEPTABLE
         if is_list:
-            return route, await self._list(segments[5], metric, query)
+            return route, await self._list(segments[5], metric, query, caller)
         if path == _VERSION_PATH:
             return route, Response(200, self._discovery())
         document = _DISCOVERY.get(path)
@@ -139,10 +142,10 @@ class ExternalMetricsAPI:
             return route, Response(200, document)
         return route, _status(404, "NotFound", f"the server could not find the requested resource {path}")
 
-    async def _refuse(
+    async def _check(
         self, request: Request, authenticator: Authenticator, attributes: Attributes | None
-    ) -> Response | None:
-        """401 / 403 / 429 / 500 when the caller may not make this request; None when it may (`attributes`
+    ) -> Response | User:
+        """401 / 403 / 429 / 500 when the caller may not make this request; the caller when it may (`attributes`
         None: any authenticated caller may)."""
         assert self._authorizer is not None
         try:
@@ -152,7 +155,7 @@ class ExternalMetricsAPI:
         except ReviewsBusy:
             return _TOO_MANY_REVIEWS
         if attributes is None:
-            return None
+            return user
         try:
             decision = await self._authorizer.authorize(user, attributes)
         except ReviewsBusy:
@@ -163,7 +166,7 @@ class ExternalMetricsAPI:
                 log.warning("SubjectAccessReview for %r failed: %s%s", user.name, err, held_back(suppressed))
             return _status(500, "InternalError", "Internal error occurred: the authorization check could not be made")
         if decision.allowed:
-            return None
+            return user
         return _forbidden(user, attributes, decision.reason)
 
     def _discovery(self) -> bytes:
@@ -174,10 +177,10 @@ class ExternalMetricsAPI:
             self._union = (theirs, documents.api_resource_list(sorted(self._ours.union(theirs))))
         return self._union[1]
 
-    async def _list(self, namespace: str, metric: str, query: str) -> Response:
+    async def _list(self, namespace: str, metric: str, query: str, caller: str | None) -> Response:
         selector = parse_qs(query).get("labelSelector", [""])[0] if query else ""
         if self._delegate is not None and metric not in self._ours:
-            return await self._delegate.list(namespace, metric, selector)
+            return await self._delegate.list(namespace, metric, selector, caller)
         try:
             reading = await self._cache.read(metric, namespace, selector)
         except MetricError as err:

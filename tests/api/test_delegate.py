@@ -438,3 +438,37 @@ async def test_a_delegate_redirect_is_not_an_answer(delegate_ca: trustme.CA, tmp
         finally:
             await delegate.close()
     assert answered.status == 502, answered.body
+
+
+async def test_one_callers_slow_calls_leave_the_delegate_to_the_others(delegate_ca: trustme.CA, tmp_path: Path) -> None:
+    """A caller (any user allowed one delegate metric) that keeps `max_in_flight` slow calls open took every
+    slot: the HPA controller's calls then waited out `delegate.timeout` and were answered 503. One caller
+    holds at most a quarter of the slots; past it, that caller alone is answered 429 at once."""
+    release = asyncio.Event()
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        if b"/s0-slow" in heads[-1]:
+            await release.wait()  # the flood's calls hang until the test ends
+        writer.write(_list_answer([_item(heads[-1].split(b" ")[1].rsplit(b"/", 1)[1].decode(), "1")]))
+
+    heads: list[bytes] = []
+    async with _raw_delegate(delegate_ca, answer, heads) as port:
+        delegate = Delegate(_raw_config(port, delegate_ca, tmp_path, max_in_flight=4, timeout=2.0), [])
+        try:
+            flood = [asyncio.create_task(delegate.list("team-a", "s0-slow", "", "mallory")) for _ in range(4)]
+            await _eventually(lambda: _true(any(b"/s0-slow" in head for head in heads)))
+            answered = await delegate.list("team-a", "s0-jobs", "", "system:kube-controller-manager")
+            assert answered.status == 200, answered.body
+            # Answered while the flood's own call still hangs (not once its deadline freed the slots).
+            assert sum(not task.done() for task in flood) == 1
+            refused = [task.result() for task in flood if task.done()]
+            assert [answer.status for answer in refused] == [429, 429, 429]
+            assert "delegate.max_in_flight" in json.loads(refused[0].body)["message"]
+        finally:
+            release.set()
+            await asyncio.gather(*flood, return_exceptions=True)
+            await delegate.close()
+
+
+async def _true(value: bool) -> bool:
+    return value
