@@ -31,6 +31,7 @@ from adapter.api.http import Response
 from adapter.config.delegate import DelegateConfig
 from adapter.hpa.quantity import QuantityError, parse_quantity
 from adapter.kube.client import Endpoint, KubeAPIError, KubeClient, KubeError, ResponseTooLarge, client_tls_context
+from adapter.metrics.catalogue import metric_name_problem
 from adapter.metrics.quantity import unservable
 from adapter.telemetry import delegate as telemetry
 
@@ -151,7 +152,16 @@ class Delegate:
             status, document = await self._call(path)
         except KubeAPIError as err:
             # The delegate's own refusal (404 for a name it does not know either, 400, 500): passed on, named.
+            # A 401 or 403 is about Zeroscale's identity, not the caller's (whom we authorized): a 502, or the
+            # caller would take it for a verdict on its own credentials.
             telemetry.REQUESTS.labels(f"{err.status // 100}xx").inc()
+            if err.status in (401, 403):
+                return _status(
+                    502,
+                    "BadGateway",
+                    f"the external metrics delegate ({self.name}) refused Zeroscale's own identity ({err.status}: "
+                    f"{err.message}); check delegate.token_file and Zeroscale's RBAC there",
+                )
             code = err.status if 400 <= err.status < 600 else 502
             return _status(
                 code, err.reason or "Unknown", f"from the external metrics delegate ({self.name}): {err.message}"
@@ -228,6 +238,7 @@ def _resource_names(document: dict[str, Any]) -> list[str]:
     names = []
     for resource in resources:
         name = resource.get("name") if isinstance(resource, dict) else None
-        if isinstance(name, str) and name and "/" not in name:
+        # Subresources have a '/'; a name no caller could ask for (metric_name_problem) is not listed either.
+        if isinstance(name, str) and metric_name_problem(name) is None:
             names.append(name.lower())
     return names

@@ -472,3 +472,31 @@ async def test_one_callers_slow_calls_leave_the_delegate_to_the_others(delegate_
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_the_delegate_refusing_our_identity_is_no_verdict_on_the_caller(
+    servers: Servers, kube: KubeStandIn
+) -> None:
+    """The caller was authorized by us; a 403 from the delegate is about Zeroscale's own identity there. Passed
+    on as a 403, the caller (the HPA controller) read it as a refusal of its own credentials."""
+    kube.authorize = lambda spec: "deny" if spec["user"] == ZEROSCALE_SA else "allow"
+    answer = await _get(servers.front, THEIRS)
+    assert answer.status == 502, answer.body
+    assert "delegate.token_file" in answer.json()["message"]
+
+
+async def test_names_no_caller_could_ask_are_not_listed(delegate_ca: trustme.CA, tmp_path: Path) -> None:
+    listed = ["s0-jobs", "x" * 300, "bad%name", "..", "jobs/status"]
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        resources = [{"name": name, "kind": "ExternalMetricValueList", "verbs": ["get"]} for name in listed]
+        body = json.dumps({"kind": "APIResourceList", "groupVersion": "x", "resources": resources}).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    async with _raw_delegate(delegate_ca, answer) as port:
+        delegate = Delegate(_raw_config(port, delegate_ca, tmp_path), [])
+        try:
+            await delegate.refresh()
+        finally:
+            await delegate.close()
+    assert delegate.names() == ("s0-jobs",)
