@@ -392,26 +392,32 @@ async def test_the_delegate_is_asked_for_the_name_we_reviewed(
     assert asked == [f"{VERSION}/namespaces/team-a/s0-secret".encode()]
 
 
+def _redirect() -> bytes:
+    body = _list_answer([_item("s0-redis-jobs", "1")]).partition(b"\r\n\r\n")[2]
+    return b"HTTP/1.1 302 Found\r\nLocation: https://elsewhere/\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
 @pytest.mark.parametrize(
-    ("items", "problem"),
+    ("raw", "problem"),
     [
-        ([_item("s0-redis-jobs", float("nan"))], "not a Quantity string"),
-        ([_item("s0-redis-jobs", "NaN")], "not a Quantity"),
-        ([_item("s0-redis-jobs", "1e30")], "too large"),
-        ([_item("s0-redis-jobs", "1e400000")], "not a Quantity"),
-        ([_item("s0-redis-jobs", "1"), _item("s0-other", "5")], "for metric 's0-other'"),
-        (["1"], "without a metricName"),
-        ([{**_item("s0-redis-jobs", "1"), "metricLabels": {"a": 1}}], "metricLabels"),
+        (_list_answer([_item("s0-redis-jobs", float("nan"))]), "not a Quantity string"),
+        (_list_answer([_item("s0-redis-jobs", "NaN")]), "not a Quantity"),
+        (_list_answer([_item("s0-redis-jobs", "1e30")]), "too large"),
+        (_list_answer([_item("s0-redis-jobs", "1e400000")]), "not a Quantity"),
+        (_list_answer([_item("s0-redis-jobs", "1"), _item("s0-other", "5")]), "for metric 's0-other'"),
+        (_list_answer(["1"]), "without a metricName"),
+        (_list_answer([{**_item("s0-redis-jobs", "1"), "metricLabels": {"a": 1}}]), "metricLabels"),
+        (_redirect(), "302 without an ExternalMetricValueList"),
     ],
 )
-async def test_a_delegate_value_that_would_be_a_wrong_number_is_a_502(
-    delegate_ca: trustme.CA, tmp_path: Path, items: list[Any], problem: str
+async def test_a_delegate_answer_that_would_be_a_wrong_number_is_a_502(
+    delegate_ca: trustme.CA, tmp_path: Path, raw: bytes, problem: str
 ) -> None:
     """The HPA sums what it gets: a NaN (which Python's JSON decoder takes, and would write back as invalid
-    JSON), an overflowing value or another metric's item must not reach it as if it were a reading."""
+    JSON), an overflowing value, another metric's item or a redirect's body must not reach it as a reading."""
 
     async def answer(writer: asyncio.StreamWriter) -> None:
-        writer.write(_list_answer(items))
+        writer.write(raw)
 
     async with _raw_delegate(delegate_ca, answer) as port:
         delegate = Delegate(_raw_config(port, delegate_ca, tmp_path), [])
@@ -423,21 +429,6 @@ async def test_a_delegate_value_that_would_be_a_wrong_number_is_a_502(
     message = json.loads(answered.body)["message"]
     assert problem in message, message
     assert "delegate" in message, message
-
-
-async def test_a_delegate_redirect_is_not_an_answer(delegate_ca: trustme.CA, tmp_path: Path) -> None:
-    async def answer(writer: asyncio.StreamWriter) -> None:
-        body = _list_answer([_item("s0-redis-jobs", "1")]).partition(b"\r\n\r\n")[2]
-        writer.write(b"HTTP/1.1 302 Found\r\nLocation: https://elsewhere/\r\nContent-Length: %d\r\n\r\n" % len(body))
-        writer.write(body)
-
-    async with _raw_delegate(delegate_ca, answer) as port:
-        delegate = Delegate(_raw_config(port, delegate_ca, tmp_path), [])
-        try:
-            answered = await delegate.list("team-a", "s0-redis-jobs", "")
-        finally:
-            await delegate.close()
-    assert answered.status == 502, answered.body
 
 
 async def test_one_callers_slow_calls_leave_the_delegate_to_the_others(delegate_ca: trustme.CA, tmp_path: Path) -> None:
