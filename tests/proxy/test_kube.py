@@ -16,6 +16,7 @@ from tests.kube_standin import KubeStandIn, Reply, status_body
 from tests.netutil import free_port
 from tests.proxy.conftest import get, request, running_proxy, until
 from tests.proxy.kube_routes import (
+    HPAS,
     SLICES_V1,
     SLICES_V1BETA1,
     ScaleStandIn,
@@ -50,9 +51,6 @@ def service_route(name: str, **overrides: Any) -> dict[str, Any]:
         "limits": {"hold_timeout": 15},
         **overrides,
     }
-
-
-HPAS = r"/apis/autoscaling/v2/namespaces/[^/]+/horizontalpodautoscalers"
 
 
 def hpa(scaled_to_zero: str | None, target: str = "web") -> dict[str, Any]:
