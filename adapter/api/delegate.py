@@ -13,7 +13,9 @@ server, prometheus-adapter), so the HPAs that server fed keep working.
   failure). A failed fetch, or one that lists nothing (a metrics server with nothing is broken, not
   empty), keeps the last good list and is logged; it never empties discovery.
 - Delegate down: its metrics answer 503 naming it; ours never wait on it. Every call has one deadline
-  (`delegate.timeout`, connect to last byte), a size bound and a cap on calls in flight.
+  (`delegate.timeout`, connect to last byte), a size bound and a cap on calls in flight, of which one caller
+  (a user) holds at most a quarter: past it, that caller is answered 429 at once, so one caller's flood of
+  slow calls never makes the HPA controller's wait out `delegate.timeout`.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from urllib.parse import quote, urlencode
 from adapter.api import documents
 from adapter.api.http import Response
 from adapter.config.delegate import DelegateConfig
+from adapter.k8s_wire.quantity import QuantityError, parse_quantity, unservable
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError, KubeError, ResponseTooLarge
 from adapter.kube.kubeconfig import APIServer, client_tls_context
+from adapter.metrics.catalogue import metric_name_problem
 from adapter.telemetry import delegate as telemetry
 
 log = logging.getLogger(__name__)
@@ -65,6 +69,8 @@ class Delegate:
             max_response_bytes=config.max_response_bytes,
         )
         self._slots = asyncio.Semaphore(config.max_in_flight)
+        self._share = max(1, config.max_in_flight // 4)  # of the slots, for one caller
+        self._callers: dict[str, int] = {}  # calls in flight by caller
         self._names: tuple[str, ...] = ()  # the delegate's names, ours removed; the last good discovery
         self._collisions: frozenset[str] = frozenset()
 
@@ -111,8 +117,31 @@ class Delegate:
                 delay = min(_RETRY_SECONDS, self._config.discovery_refresh)
             await asyncio.sleep(delay)
 
-    async def list(self, namespace: str, metric: str, selector: str) -> Response:
-        """Forward one list call; the delegate's answer, or a Status naming the delegate."""
+    async def list(self, namespace: str, metric: str, selector: str, caller: str | None = None) -> Response:
+        """Forward one list call for `caller` (None: authentication is off); the delegate's answer, or a Status
+        naming the delegate."""
+        if caller is None:
+            return await self._task(namespace, metric, selector)
+        started = self._callers.get(caller, 0)
+        if started >= self._share:
+            telemetry.SATURATED.inc()
+            return _status(
+                429,
+                "TooManyRequests",
+                f"{started} calls of {caller!r} to the external metrics delegate ({self.name}) already in flight, "
+                f"a quarter of delegate.max_in_flight; try again later",
+            )
+        self._callers[caller] = started + 1
+        try:
+            return await self._task(namespace, metric, selector)
+        finally:
+            left = self._callers[caller] - 1
+            if left:
+                self._callers[caller] = left
+            else:
+                del self._callers[caller]
+
+    async def _task(self, namespace: str, metric: str, selector: str) -> Response:
         # A task of its own: deadlines need one, and a handler's first step runs outside any (api/http.py).
         return await asyncio.get_running_loop().create_task(self._list(namespace, metric, selector))
 
@@ -121,10 +150,19 @@ class Delegate:
         if selector:
             path += "?" + urlencode({"labelSelector": selector})
         try:
-            _, document = await self._call(path)
+            status, document = await self._call(path)
         except KubeAPIError as err:
             # The delegate's own refusal (404 for a name it does not know either, 400, 500): passed on, named.
+            # A 401 or 403 is about Zeroscale's identity, not the caller's (whom we authorized): a 502, or the
+            # caller would take it for a verdict on its own credentials.
             telemetry.REQUESTS.labels(f"{err.status // 100}xx").inc()
+            if err.status in (401, 403):
+                return _status(
+                    502,
+                    "BadGateway",
+                    f"the external metrics delegate ({self.name}) refused Zeroscale's own identity ({err.status}: "
+                    f"{err.message}); check delegate.token_file and Zeroscale's RBAC there",
+                )
             code = err.status if 400 <= err.status < 600 else 502
             return _status(
                 code, err.reason or "Unknown", f"from the external metrics delegate ({self.name}): {err.message}"
@@ -137,13 +175,10 @@ class Delegate:
             return _status(
                 503, "ServiceUnavailable", f"the external metrics delegate ({self.name}) is unavailable: {err}"
             )
-        if document.get("kind") != "ExternalMetricValueList" or not isinstance(document.get("items"), list):
+        problem = _list_problem(status, document, metric)
+        if problem is not None:
             telemetry.REQUESTS.labels("malformed").inc()
-            return _status(
-                502,
-                "BadGateway",
-                f"the external metrics delegate ({self.name}) answered without an ExternalMetricValueList",
-            )
+            return _status(502, "BadGateway", f"the external metrics delegate ({self.name}) answered {problem}")
         telemetry.REQUESTS.labels("ok").inc()
         return Response(200, documents.encode(document))
 
@@ -171,6 +206,31 @@ class Delegate:
                 self._slots.release()
 
 
+def _list_problem(status: int, document: dict[str, Any], metric: str) -> str | None:
+    """Why the delegate's answer must not reach the HPA, or None. The HPA sums the items' values as they come:
+    an item of another metric, or a value that is no Quantity (NaN and Infinity pass Python's JSON decoder and
+    would be written back as invalid JSON), or one whose milli-value overflows int64, becomes a wrong number."""
+    items = document.get("items")
+    if status != 200 or document.get("kind") != "ExternalMetricValueList" or not isinstance(items, list):
+        return f"{status} without an ExternalMetricValueList"
+    for index, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("metricName"), str):
+            return f"item {index} without a metricName"
+        if item["metricName"].lower() != metric:
+            return f"item {index} for metric {item['metricName'][:64]!r}, not {metric!r}"
+        value = item.get("value")
+        try:
+            problem = unservable(parse_quantity(value)) if isinstance(value, str) else "is not a Quantity string"
+        except QuantityError:
+            problem = "is not a Quantity"
+        if problem is not None:
+            return f"item {index} with value {str(value)[:64]!r}, which {problem}"
+        labels = item.get("metricLabels", {})
+        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+            return f"item {index} with metricLabels that are not strings"
+    return None
+
+
 def _resource_names(document: dict[str, Any]) -> list[str]:
     """The metric names of an APIResourceList; subresource entries ("x/status") are not metrics."""
     resources = document.get("resources")
@@ -179,6 +239,7 @@ def _resource_names(document: dict[str, Any]) -> list[str]:
     names = []
     for resource in resources:
         name = resource.get("name") if isinstance(resource, dict) else None
-        if isinstance(name, str) and name and "/" not in name:
+        # Subresources have a '/'; a name no caller could ask for (metric_name_problem) is not listed either.
+        if isinstance(name, str) and metric_name_problem(name) is None:
             names.append(name.lower())
     return names

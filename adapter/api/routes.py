@@ -107,6 +107,9 @@ class ExternalMetricsAPI:
             # Before any review: a name that cannot be costs no TokenReview or SubjectAccessReview, and no cache entry.
             return "list", _status(400, "BadRequest", problem)
         route = "list" if is_list else "discovery" if path in _DISCOVERY or path == _VERSION_PATH else "other"
+        # The name as client-go sends it (lower case): the one reviewed is the one answered, by us or the delegate
+        # (reviewed `foo` but forwarded `FOO` would reach a name the caller was never checked for).
+        metric = segments[6].lower() if is_list else ""
         if self._authenticator is not None:
             # A path we do not serve is a 404 once authenticated, with no review: each distinct path would cost
             # a SubjectAccessReview and key a cache entry (up to 16 KB), and every authenticated user may
@@ -114,21 +117,24 @@ class ExternalMetricsAPI:
             attributes = (
                 # Decoded names only, not the path as spelled: `%64efault` is the same question as `default`
                 # (one review, one cache entry), however many ways a caller percent-encodes it.
-                Attributes("list", "", segments[5], segments[6].lower())
+                Attributes("list", "", segments[5], metric)
                 if is_list
                 else Attributes("get", path)
                 if route == "discovery"
                 else None
             )
-            refused = await self._refuse(request, self._authenticator, attributes)
-            if refused is not None:
-                return route, refused
+            checked = await self._check(request, self._authenticator, attributes)
+            if isinstance(checked, Response):
+                return route, checked
+            caller: str | None = checked.name
+        else:
+            caller = None
         if request.method not in ("GET", "HEAD"):
             return route, _status(405, "MethodNotAllowed", f"the server does not allow this method: {request.method}")
         if route != "other" and not negotiate.accepts_json(request.header("accept")):
             return route, _NOT_ACCEPTABLE
         if is_list:
-            return route, await self._list(segments[5], segments[6], query)
+            return route, await self._list(segments[5], metric, query, caller)
         if path == _VERSION_PATH:
             return route, Response(200, self._discovery())
         document = _DISCOVERY.get(path)
@@ -136,10 +142,10 @@ class ExternalMetricsAPI:
             return route, Response(200, document)
         return route, _status(404, "NotFound", f"the server could not find the requested resource {path}")
 
-    async def _refuse(
+    async def _check(
         self, request: Request, authenticator: Authenticator, attributes: Attributes | None
-    ) -> Response | None:
-        """401 / 403 / 429 / 500 when the caller may not make this request; None when it may (`attributes`
+    ) -> Response | User:
+        """401 / 403 / 429 / 500 when the caller may not make this request; the caller when it may (`attributes`
         None: any authenticated caller may)."""
         assert self._authorizer is not None
         try:
@@ -149,7 +155,7 @@ class ExternalMetricsAPI:
         except ReviewsBusy:
             return _TOO_MANY_REVIEWS
         if attributes is None:
-            return None
+            return user
         try:
             decision = await self._authorizer.authorize(user, attributes)
         except ReviewsBusy:
@@ -160,7 +166,7 @@ class ExternalMetricsAPI:
                 log.warning("SubjectAccessReview for %r failed: %s%s", user.name, err, held_back(suppressed))
             return _status(500, "InternalError", "Internal error occurred: the authorization check could not be made")
         if decision.allowed:
-            return None
+            return user
         return _forbidden(user, attributes, decision.reason)
 
     def _discovery(self) -> bytes:
@@ -171,10 +177,10 @@ class ExternalMetricsAPI:
             self._union = (theirs, documents.api_resource_list(sorted(self._ours.union(theirs))))
         return self._union[1]
 
-    async def _list(self, namespace: str, metric: str, query: str) -> Response:
+    async def _list(self, namespace: str, metric: str, query: str, caller: str | None) -> Response:
         selector = parse_qs(query).get("labelSelector", [""])[0] if query else ""
-        if self._delegate is not None and metric.lower() not in self._ours:
-            return await self._delegate.list(namespace, metric, selector)
+        if self._delegate is not None and metric not in self._ours:
+            return await self._delegate.list(namespace, metric, selector, caller)
         try:
             reading = await self._cache.read(metric, namespace, selector)
         except MetricError as err:

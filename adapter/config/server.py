@@ -93,6 +93,9 @@ class CacheConfig(Strict):
     max_staleness: Duration = 60.0
     idle_ttl: Duration = 600.0
     query_timeout: Duration = 10.0
+    # Pushed changes refresh a series at most once per this long: a queue written to without pause (any
+    # producer) would otherwise make one read per source round trip. Above the schedule's 50 ms coalescing.
+    push_interval: Duration = Field(default=0.25, ge=0.1, le=60)
     max_series: int = Field(default=10_000, ge=1)
     # One namespace's share of max_series: a caller who may read one namespace cannot fill the table.
     max_series_per_namespace: int = Field(default=1_000, ge=1)

@@ -98,16 +98,19 @@ def parse_quantity(text: str | int | float) -> Decimal:
     if split is None or not _NUMBER.match(split.group(1)):
         raise QuantityError(f"{raw!r} is not a quantity (e.g. 10, 1500m, 2k, 1Mi, 1e3)")
     number, suffix = Decimal(split.group(1)), split.group(2)
-    if suffix in _DECIMAL_SI:
-        value = number.scaleb(_DECIMAL_SI[suffix])
-    elif suffix in _BINARY_SI:
-        value = number * (2 ** _BINARY_SI[suffix])
-    elif _EXPONENT.match(suffix):
-        value = number.scaleb(int(suffix[1:]))
-    else:
-        raise QuantityError(f"{raw!r} has an unknown suffix {suffix!r} (use n u m k M G T P E, Ki..Ei or e<exp>)")
-    # Reuse the formatter's nano rounding instead of repeating it: its output re-parses exactly.
-    return value if value.is_zero() else _exact(format_quantity(value))
+    try:
+        if suffix in _DECIMAL_SI:
+            value = number.scaleb(_DECIMAL_SI[suffix])
+        elif suffix in _BINARY_SI:
+            value = number * (2 ** _BINARY_SI[suffix])
+        elif _EXPONENT.match(suffix):
+            value = number.scaleb(int(suffix[1:]))
+        else:
+            raise QuantityError(f"{raw!r} has an unknown suffix {suffix!r} (use n u m k M G T P E, Ki..Ei or e<exp>)")
+        # Reuse the formatter's nano rounding instead of repeating it: its output re-parses exactly.
+        return value if value.is_zero() else _exact(format_quantity(value))
+    except ArithmeticError:  # an exponent beyond what decimal arithmetic holds (1e400000): no Quantity
+        raise QuantityError(f"{raw[:64]!r} is out of range for a quantity") from None
 
 
 def _exact(canonical: str) -> Decimal:

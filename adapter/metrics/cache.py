@@ -16,7 +16,7 @@ the value is younger than `max_staleness`:
 - a change pushed by the source (keyspace notification, Kafka round) refreshes at the next tick
   a series that is subscribed or whose asker is still around (its next ask is not half an
   `interval` late, or it was asked within `interval` when its asks have no period yet), one
-  refresh in flight at a time;
+  refresh in flight at a time and, for pushes without pause, one per `push_interval`;
 - nothing else reads the source: a series nobody asks for costs at most the one refresh planned
   for an ask that did not come, and is dropped after `idle_ttl` without asks.
 
@@ -95,6 +95,7 @@ class _Series:
         self.refreshed_at = -float("inf")  # monotonic time the latest refresh started
         self.stale_asked = False  # an ask found the value older than `interval` and no refresh in flight
         self.changed = False  # the source pushed a change since the latest refresh started
+        self.push_read_at = -float("inf")  # monotonic time the latest refresh for a pushed change started
         self.due: float | None = None  # when the schedule looks at it next
         self.in_flight: asyncio.Task[None] | None = None
         self.requests: list[tuple[str, str, str]] = []  # spellings of this series' requests, see _by_request
@@ -200,6 +201,12 @@ class MetricCache:
         """The refresh for the next ask, never within `interval` of the latest."""
         return max(series.refreshed_at + series.interval, self._ahead(series))
 
+    def _after_push(self, series: _Series, now: float) -> float:
+        """When a pushed change is read: at once, but not within `push_interval` of the latest read for a push
+        (changes without pause, from any producer of the queue, would be a read per source round trip). The
+        first push after a quiet spell is read at once: that is the one that wakes a workload from zero."""
+        return max(now, series.push_read_at + self._config.push_interval)
+
     def _wanted(self, series: _Series, now: float) -> bool:
         """Someone asks for it: subscribed, an ask waits for fresher, or its asker is still around."""
         if series.stale_asked or self._listeners.get(series.key):
@@ -280,7 +287,7 @@ class MetricCache:
         series.changed = True
         now = self._clock()
         if series.in_flight is None and self._wanted(series, now):
-            self._schedule.at(series, now)
+            self._schedule.at(series, self._after_push(series, now))
 
     def _visit(self, series: _Series, now: float) -> None:
         """The schedule's call for a due series: drop it, refresh it, or look again when it could be dropped."""
@@ -295,6 +302,8 @@ class MetricCache:
         elif series.in_flight is not None:
             pass  # its end schedules the next look
         elif self._wanted(series, now):
+            if series.changed:
+                series.push_read_at = now
             self._refresh(series)
         else:
             self._schedule.at(series, series.last_access + self._config.idle_ttl)
@@ -319,7 +328,7 @@ class MetricCache:
             schedule.at(series, series.failed_at + series.interval)  # dropped then, see _visit
             return
         if series.changed and self._wanted(series, now):  # pushed while this refresh was in flight
-            schedule.at(series, now)
+            schedule.at(series, self._after_push(series, now))
         if self._listeners.get(series.key):
             schedule.at(series, series.refreshed_at + series.interval)
         if series.ask_period is not None and self._ahead(series) > series.refreshed_at + COALESCE:

@@ -5,8 +5,10 @@ condition is True); a workload found at zero otherwise was stopped by a person (
 --replicas=0`) and the HPA leaves it there. The proxy respects the same intent: it wakes a target only when
 an HPA that scales it has ScaledToZero=True, or when no HPA scales it and the route's `wake_without_hpa`
 allows it. Otherwise held requests are answered at once with 503 and a body that says how to start the
-workload again. Until the first list of HPAs has arrived the intent is unknown and the proxy wakes, as it
-did before it watched HPAs (`wake: always` keeps that behaviour for good).
+workload again. Until the first list of HPAs has been tried the intent is unknown and the proxy wakes, as it
+did before it watched HPAs (`wake: always` keeps that behaviour for good). Once a list has failed and none
+has succeeded, nothing is woken: a proxy that cannot read the HPAs (no RBAC, API down) must not let any
+client start a workload a person stopped; the answer names the error and the fix.
 
 One watcher per namespace, shared by that namespace's routes.
 """
@@ -34,6 +36,7 @@ class HPAIntent(WatchTask):
         self._kube = kube
         self.namespace = namespace
         self._hpas: dict[str, dict[str, Any]] | None = None  # None until the first list
+        self._failure: str | None = None  # why the latest list failed, while none has succeeded
 
     @property
     def synced(self) -> bool:
@@ -43,7 +46,14 @@ class HPAIntent(WatchTask):
     def refusal(self, target: ScaleTarget, wake_without_hpa: bool) -> str | None:
         """None when the target may be woken; otherwise what the held requests are answered with."""
         if self._hpas is None:
-            return None
+            if self._failure is None:
+                return None
+            return (
+                f"{target.kind} {target.namespace}/{target.name} is at 0 replicas and the HorizontalPodAutoscalers "
+                f"of {self.namespace} cannot be read ({self._failure}), so whether a person stopped it is unknown "
+                "and it is not woken; grant the proxy list and watch on horizontalpodautoscalers, or set the "
+                "route's wake: always"
+            )
         scaling = [name for name, hpa in self._hpas.items() if targets(hpa, target.kind, target.name)]
         where = f"{target.kind} {target.namespace}/{target.name}"
         start = f"kubectl scale -n {target.namespace} {target.kind.lower()}/{target.name} --replicas=1"
@@ -67,7 +77,7 @@ class HPAIntent(WatchTask):
         while True:
             try:
                 path, hpas, version = await list_hpas(self._kube, self.namespace)
-                self._hpas = hpas
+                self._hpas, self._failure = hpas, None
                 async for event in watch_hpas(self._kube, path, version):
                     apply_event(hpas, event)
                 backoff = _BACKOFF_START
@@ -77,7 +87,9 @@ class HPAIntent(WatchTask):
                     continue  # our resourceVersion is too old: list again at once
                 hint = " (grant list and watch on horizontalpodautoscalers, or use wake: always)"
                 log.warning("HPA watch in %s failed: %s%s", self.namespace, err, hint if err.status == 403 else "")
+                self._failure = str(err)
             except KubeError as err:
                 log.warning("HPA watch in %s failed: %s", self.namespace, err)
+                self._failure = str(err)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _BACKOFF_MAX)

@@ -21,5 +21,6 @@ METRICS = Gauge(
 )
 SATURATED = Counter(
     "zeroscale_delegate_saturated_total",
-    "Calls refused because delegate.max_in_flight calls were in flight for all of delegate.timeout",
+    "Calls refused because delegate.max_in_flight calls were in flight for all of delegate.timeout, or because "
+    "their caller already had a quarter of delegate.max_in_flight in flight (answered 429)",
 )

@@ -265,15 +265,18 @@ async def test_a_delegate_with_another_ca_is_not_trusted(
 
 @contextlib.asynccontextmanager
 async def _raw_delegate(
-    ca: trustme.CA, answer: Callable[[asyncio.StreamWriter], Awaitable[None]]
+    ca: trustme.CA, answer: Callable[[asyncio.StreamWriter], Awaitable[None]], heads: list[bytes] | None = None
 ) -> AsyncIterator[int]:
-    """A STAND-IN delegate at the connection level: TLS with a good certificate, then `answer` writes what it likes."""
+    """A STAND-IN delegate at the connection level: TLS with a good certificate, then `answer` writes what it likes
+    (the request heads it read are added to `heads`)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(context)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(Exception):
-            await reader.readuntil(b"\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            if heads is not None:
+                heads.append(head)
             await answer(writer)
         writer.close()
 
@@ -345,3 +348,146 @@ def test_a_service_delegate_is_called_at_its_cluster_name() -> None:
         {"service": {"namespace": "keda", "name": "keda-operator-metrics-apiserver"}}
     )
     assert config.address() == ("keda-operator-metrics-apiserver.keda.svc", 443)
+
+
+def _list_answer(items: list[Any]) -> bytes:
+    body = json.dumps(
+        {
+            "kind": "ExternalMetricValueList",
+            "apiVersion": "external.metrics.k8s.io/v1beta1",
+            "metadata": {},
+            "items": items,
+        },
+        allow_nan=True,
+    ).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def _item(name: str, value: Any) -> dict[str, Any]:
+    return {"metricName": name, "metricLabels": {}, "timestamp": "2026-01-01T00:00:00Z", "value": value}
+
+
+async def test_the_delegate_is_asked_for_the_name_we_reviewed(
+    start: Callable[..., Awaitable[tuple[int, asyncio.Event]]],
+    kube: KubeStandIn,
+    delegate_ca: trustme.CA,
+    tmp_path: Path,
+) -> None:
+    """The review checks the lower-cased name (as client-go sends it); the delegate must get that name, not the
+    caller's spelling: `S0-Secret` reviewed as `s0-secret` would otherwise reach a case-sensitive delegate's
+    `S0-Secret`, a name the caller was never checked for."""
+    kube.tokens["alice-token"] = {"username": "alice", "groups": []}
+    heads: list[bytes] = []
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(_list_answer([_item("s0-secret", "1")]))
+
+    async with _raw_delegate(delegate_ca, answer, heads) as delegate_port:
+        config = _raw_config(delegate_port, delegate_ca, tmp_path).model_dump(mode="json", exclude_none=True)
+        front, _ = await start({"auth": _auth(kube)}, DEMO_METRICS, DEMO_SOURCES, config)
+        answer_ = await _get(front, f"{VERSION}/namespaces/team-a/S0-Secret")
+        assert answer_.status == 200, answer_.body
+    assert _resource_reviews(kube) == [("alice", "s0-secret")]
+    asked = [head.split(b" ")[1] for head in heads if b"/namespaces/" in head]
+    assert asked == [f"{VERSION}/namespaces/team-a/s0-secret".encode()]
+
+
+def _redirect() -> bytes:
+    body = _list_answer([_item("s0-redis-jobs", "1")]).partition(b"\r\n\r\n")[2]
+    return b"HTTP/1.1 302 Found\r\nLocation: https://elsewhere/\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        (_list_answer([_item("s0-redis-jobs", float("nan"))]), "not a Quantity string"),
+        (_list_answer([_item("s0-redis-jobs", "NaN")]), "not a Quantity"),
+        (_list_answer([_item("s0-redis-jobs", "1e30")]), "too large"),
+        (_list_answer([_item("s0-redis-jobs", "1e400000")]), "not a Quantity"),
+        (_list_answer([_item("s0-redis-jobs", "1"), _item("s0-other", "5")]), "for metric 's0-other'"),
+        (_list_answer(["1"]), "without a metricName"),
+        (_list_answer([{**_item("s0-redis-jobs", "1"), "metricLabels": {"a": 1}}]), "metricLabels"),
+        (_redirect(), "302 without an ExternalMetricValueList"),
+    ],
+)
+async def test_a_delegate_answer_that_would_be_a_wrong_number_is_a_502(
+    delegate_ca: trustme.CA, tmp_path: Path, raw: bytes, problem: str
+) -> None:
+    """The HPA sums what it gets: a NaN (which Python's JSON decoder takes, and would write back as invalid
+    JSON), an overflowing value, another metric's item or a redirect's body must not reach it as a reading."""
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(raw)
+
+    async with _raw_delegate(delegate_ca, answer) as port:
+        delegate = Delegate(_raw_config(port, delegate_ca, tmp_path), [])
+        try:
+            answered = await delegate.list("team-a", "s0-redis-jobs", "")
+        finally:
+            await delegate.close()
+    assert answered.status == 502, answered.body
+    message = json.loads(answered.body)["message"]
+    assert problem in message, message
+    assert "delegate" in message, message
+
+
+async def test_one_callers_slow_calls_leave_the_delegate_to_the_others(delegate_ca: trustme.CA, tmp_path: Path) -> None:
+    """A caller (any user allowed one delegate metric) that keeps `max_in_flight` slow calls open took every
+    slot: the HPA controller's calls then waited out `delegate.timeout` and were answered 503. One caller
+    holds at most a quarter of the slots; past it, that caller alone is answered 429 at once."""
+    release = asyncio.Event()
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        if b"/s0-slow" in heads[-1]:
+            await release.wait()  # the flood's calls hang until the test ends
+        writer.write(_list_answer([_item(heads[-1].split(b" ")[1].rsplit(b"/", 1)[1].decode(), "1")]))
+
+    heads: list[bytes] = []
+    async with _raw_delegate(delegate_ca, answer, heads) as port:
+        delegate = Delegate(_raw_config(port, delegate_ca, tmp_path, max_in_flight=4, timeout=2.0), [])
+        try:
+            flood = [asyncio.create_task(delegate.list("team-a", "s0-slow", "", "mallory")) for _ in range(4)]
+            await _eventually(lambda: _true(any(b"/s0-slow" in head for head in heads)))
+            answered = await delegate.list("team-a", "s0-jobs", "", "system:kube-controller-manager")
+            assert answered.status == 200, answered.body
+            # Answered while the flood's own call still hangs (not once its deadline freed the slots).
+            assert sum(not task.done() for task in flood) == 1
+            refused = [task.result() for task in flood if task.done()]
+            assert [answer.status for answer in refused] == [429, 429, 429]
+            assert "delegate.max_in_flight" in json.loads(refused[0].body)["message"]
+        finally:
+            release.set()
+            await asyncio.gather(*flood, return_exceptions=True)
+            await delegate.close()
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_the_delegate_refusing_our_identity_is_no_verdict_on_the_caller(
+    servers: Servers, kube: KubeStandIn
+) -> None:
+    """The caller was authorized by us; a 403 from the delegate is about Zeroscale's own identity there. Passed
+    on as a 403, the caller (the HPA controller) read it as a refusal of its own credentials."""
+    kube.authorize = lambda spec: "deny" if spec["user"] == ZEROSCALE_SA else "allow"
+    answer = await _get(servers.front, THEIRS)
+    assert answer.status == 502, answer.body
+    assert "delegate.token_file" in answer.json()["message"]
+
+
+async def test_names_no_caller_could_ask_are_not_listed(delegate_ca: trustme.CA, tmp_path: Path) -> None:
+    listed = ["s0-jobs", "x" * 300, "bad%name", "..", "jobs/status"]
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        resources = [{"name": name, "kind": "ExternalMetricValueList", "verbs": ["get"]} for name in listed]
+        body = json.dumps({"kind": "APIResourceList", "groupVersion": "x", "resources": resources}).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    async with _raw_delegate(delegate_ca, answer) as port:
+        delegate = Delegate(_raw_config(port, delegate_ca, tmp_path), [])
+        try:
+            await delegate.refresh()
+        finally:
+            await delegate.close()
+    assert delegate.names() == ("s0-jobs",)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
@@ -224,6 +225,37 @@ async def test_a_pushed_change_refreshes_at_once() -> None:
     await asyncio.sleep(0.05)
     assert (await cache.read("jobs", "ns", "")).value == 42
     await cache.close()
+
+
+class EverChanging(ScriptedSource):
+    """A queue its producers write to without pause: every read finds it changed again (a push per read)."""
+
+    async def query(self, query: SourceQuery) -> list[Sample]:
+        samples = await super().query(query)
+        self.changed(query)
+        return samples
+
+
+async def test_changes_without_pause_refresh_once_per_push_interval() -> None:
+    """Any producer of a queue could make the adapter read it once per round trip (3,000 reads in 0.3 s of
+    one in-process series): pushed changes refresh a series at most once per `cache.push_interval`."""
+    source = EverChanging()
+    clock = Clock()  # stands still: within one push_interval of the first push's read for the whole test
+    cache = make_cache(source, clock)
+    await cache.read("jobs", "ns", "")  # its read finds a change: read once more at once (the first push)
+    await asyncio.sleep(0.3)
+    assert source.queries == 2
+    clock.now += 0.25  # one push_interval later: the change pending since then is read, once
+    await _until(lambda: source.queries == 3)
+    await asyncio.sleep(0.1)
+    assert source.queries == 3
+    await cache.close()
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(10):
+        while not condition():  # noqa: ASYNC110 - the cache's state is plain attributes
+            await asyncio.sleep(0.005)
 
 
 @pytest.mark.parametrize(

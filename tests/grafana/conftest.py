@@ -24,7 +24,7 @@ import yaml
 
 from tests.kube_standin import KubeStandIn
 from tests.netutil import free_port, wait_for_port
-from tests.proxy.kube_routes import SLICES_V1, ScaleStandIn
+from tests.proxy.kube_routes import HPAS, SLICES_V1, ScaleStandIn
 
 
 class _Ok(BaseHTTPRequestHandler):
@@ -232,6 +232,7 @@ def _parse(stamp: str) -> float:
 def kube() -> Iterator[KubeStandIn]:
     with KubeStandIn(tls=False, token="proxy-token") as standin:
         standin.serve_collection(SLICES_V1, "EndpointSliceList")
+        standin.serve_collection(HPAS, "HorizontalPodAutoscalerList")  # none: the route wakes (wake_without_hpa)
         yield standin
 
 

@@ -46,6 +46,8 @@ def test_parse(text: str | int | float, value: Decimal, fact: str) -> None:
         (" 1", "no surrounding spaces"),
         ("1Ki2", "nothing after a suffix"),
         (True, "a YAML boolean is not a quantity"),
+        ("1e400000", "an exponent beyond decimal arithmetic is an error, not an ArithmeticError"),
+        ("1e999999999", "an exponent beyond the decimal context's range, the same"),
     ],
 )
 def test_reject(text: str, fact: str) -> None:

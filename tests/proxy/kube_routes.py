@@ -12,6 +12,8 @@ from tests.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
 
 SLICES_V1 = r"/apis/discovery\.k8s\.io/v1/namespaces/[^/]+/endpointslices"
 SLICES_V1BETA1 = r"/apis/discovery\.k8s\.io/v1beta1/namespaces/[^/]+/endpointslices"
+# A wake: scale route reads its namespace's HPAs; one it cannot read wakes nothing (adapter/proxy/intent.py).
+HPAS = r"/apis/autoscaling/v2/namespaces/[^/]+/horizontalpodautoscalers"
 
 
 def slices_collection(namespace: str, version: str = "v1") -> str:

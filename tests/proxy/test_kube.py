@@ -16,6 +16,7 @@ from tests.kube_standin import KubeStandIn, Reply, status_body
 from tests.netutil import free_port
 from tests.proxy.conftest import get, request, running_proxy, until
 from tests.proxy.kube_routes import (
+    HPAS,
     SLICES_V1,
     SLICES_V1BETA1,
     ScaleStandIn,
@@ -50,9 +51,6 @@ def service_route(name: str, **overrides: Any) -> dict[str, Any]:
         "limits": {"hold_timeout": 15},
         **overrides,
     }
-
-
-HPAS = r"/apis/autoscaling/v2/namespaces/[^/]+/horizontalpodautoscalers"
 
 
 def hpa(scaled_to_zero: str | None, target: str = "web") -> dict[str, Any]:
@@ -189,6 +187,23 @@ async def test_a_target_without_hpa_wakes_unless_the_route_says_otherwise(
         await until(lambda: scale.replicas == 1)
         pending.cancel()
         await asyncio.gather(pending, return_exceptions=True)
+
+
+async def test_hpas_it_cannot_read_wake_nothing(
+    kube: KubeStandIn, kube_client: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No RBAC on HPAs (or the API refusing): whether a person stopped the target is unknown, so a client's
+    request must not start it (it did: a refused list left the proxy waking as if no HPA watched it)."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    kube.add_route("GET", HPAS, lambda _req, _m: Reply(403, status_body(403, "Forbidden", "no list")))
+    async with running_proxy([service_route("blind", limits={"hold_timeout": 30})], kube=kube_client) as server:
+        await until(lambda: any("HPA watch in default failed" in record.getMessage() for record in caplog.records))
+        response = await asyncio.wait_for(request(server.port, get()), 5)
+        assert response.status == 503
+        body = response.body.decode()
+        assert "cannot be read" in body
+        assert "wake: always" in body
+        assert scale.patches == []
 
 
 def route_target() -> ScaleTarget:
