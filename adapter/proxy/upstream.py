@@ -15,16 +15,8 @@ from typing import TYPE_CHECKING
 import httptools
 
 from adapter.proxy.exchange import ASSIGNED
-from adapter.proxy.http1 import (
-    CHUNK_END,
-    FRAMING,
-    HOP_BY_HOP,
-    chunk,
-    connection_tokens,
-    status_line,
-    transfer_codings,
-    trim,
-)
+from adapter.proxy.headers import HOP_BY_HOP, RESPONSE_SPECIAL_LENGTHS, Refused, forwarded_response_head
+from adapter.proxy.http1 import CHUNK_END, chunk
 from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
@@ -33,18 +25,6 @@ if TYPE_CHECKING:
     from adapter.proxy.route import Route
 
 log = logging.getLogger(__name__)
-_NO_BODY_STATUSES = frozenset({204, 304})
-_PLAIN_CONNECTION_TOKENS = frozenset({b"close", b"keep-alive", b"upgrade"})
-_SPECIAL_LENGTHS = frozenset(len(name) for name in (*HOP_BY_HOP, b"content-length"))
-# The Connection values nearly every upstream sends, parsed once.
-_PLAIN_TOKENS = {
-    value: frozenset(connection_tokens(value)) for value in (b"keep-alive", b"close", b"Keep-Alive", b"Close")
-}
-_NO_TOKENS: frozenset[bytes] = frozenset()
-
-
-class _BadResponse(Exception):
-    """Raised in a parser callback: the response cannot be forwarded (the reason is for the 502)."""
 
 
 class _HeadResponse:
@@ -61,13 +41,13 @@ class _HeadResponse:
 
     def on_message_begin(self) -> None:
         if self.connection.complete is not None:
-            raise _BadResponse("sent a second response after the head of a HEAD response", "bytes_after_head")
+            raise Refused("sent a second response after the head of a HEAD response", "bytes_after_head")
 
     def on_body(self, _body: bytes) -> None:
-        raise _BadResponse("sent a body after the head of a HEAD response", "bytes_after_head")
+        raise Refused("sent a body after the head of a HEAD response", "bytes_after_head")
 
     def on_chunk_header(self) -> None:
-        raise _BadResponse("sent a body after the head of a HEAD response", "bytes_after_head")
+        raise Refused("sent a body after the head of a HEAD response", "bytes_after_head")
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -141,7 +121,7 @@ class UpstreamConnection(asyncio.Protocol):
                 self.complete = False
                 self._finish()
                 return
-            self._refused(err.__context__ if isinstance(err.__context__, _BadResponse) else None)
+            self._refused(err.__context__ if isinstance(err.__context__, Refused) else None)
             return
         if self.complete is not None:
             self._finish()
@@ -191,7 +171,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self.complete is not None:
             # A second message in the read that ended the response: on a pooled connection it would be read as
             # the answer to the next request sent on it (another client's).
-            raise _BadResponse("sent bytes after its response", "bytes_after_response")
+            raise Refused("sent bytes after its response", "bytes_after_response")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._chunk_empty:
@@ -199,8 +179,7 @@ class UpstreamConnection(asyncio.Protocol):
             # with the trailer section, so ones that complete within one read are bounded too.
             self._head_bytes += len(name) + len(value)
             return
-        # Only names as long as a hop-by-hop one or Content-Length need a closer (lower-cased) look.
-        if len(name) in _SPECIAL_LENGTHS:
+        if len(name) in RESPONSE_SPECIAL_LENGTHS:
             lower = name.lower()
             if lower in HOP_BY_HOP:
                 self._hop.append((lower, value))
@@ -227,7 +206,24 @@ class UpstreamConnection(asyncio.Protocol):
         if status == 101 and not exchange.upgrade:
             self._lost("switched protocols unasked")
             return
-        head, upstream_close = self._response_head(exchange, status, lines, hop, has_length)
+        response = forwarded_response_head(
+            status,
+            lines,
+            hop,
+            has_length,
+            is_head=exchange.is_head,
+            keep_alive=exchange.keep_alive,
+            body_done=exchange.body_done,
+            draining=exchange.client.server.draining,
+            http10=exchange.http10,
+            cold_wait=exchange.waited if exchange.cold else None,
+            via=exchange.client.server.via,
+        )
+        head, upstream_close = response.head, response.upstream_close
+        self._client_chunked = response.client_chunked
+        self._until_close = response.until_close
+        if response.close:
+            exchange.keep_alive = False
         exchange.response_started = True
         self._sink = exchange.client.transport
         self._out.append(head)
@@ -314,66 +310,6 @@ class UpstreamConnection(asyncio.Protocol):
 
     # --- internals ---
 
-    def _response_head(
-        self, exchange: Exchange, status: int, lines: list[bytes], hop: list[tuple[bytes, bytes]], has_length: bool
-    ) -> tuple[bytes, bool]:
-        """The head for the client from the pieces on_header kept, and whether the upstream said Connection: close."""
-        parts = lines
-        parts[0] = status_line(status)
-        codings: list[bytes] = []
-        tokens = _NO_TOKENS
-        upgrade = b""
-        for lower, value in hop:
-            if lower == b"connection":
-                tokens = tokens | (_PLAIN_TOKENS.get(value) or connection_tokens(value))
-            elif lower == b"transfer-encoding":
-                codings += transfer_codings(value)
-            elif lower == b"upgrade":
-                upgrade = trim(value)
-        # The body is re-framed for the client: only chunked (which the parser removes) can be carried over.
-        if codings and codings != [b"chunked"]:
-            raise _BadResponse("sent a Transfer-Encoding other than chunked", "transfer_coding")
-        chunked = bool(codings)
-        if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:
-            if not tokens.isdisjoint(FRAMING):
-                raise _BadResponse(
-                    "named a framing header in Connection (it would be forwarded unframed)", "connection_names_framing"
-                )
-            # Headers the upstream named in Connection are hop-by-hop too.
-            at_names = range(1, len(parts), 4)
-            parts[1:] = [piece for at in at_names if parts[at].lower() not in tokens for piece in parts[at : at + 4]]
-        if status == 204 and has_length:
-            # RFC 9110 8.6: never in a 204 (the parser reads none there); a client that believed it would take
-            # the next response on its connection for this one's body.
-            at_names = range(1, len(parts), 4)
-            parts[1:] = [
-                piece for at in at_names if parts[at].lower() != b"content-length" for piece in parts[at : at + 4]
-            ]
-        client = exchange.client
-        if status == 101:
-            parts.append(b"Connection: Upgrade\r\nUpgrade: %b\r\n" % upgrade)
-        else:
-            no_body = exchange.is_head or status in _NO_BODY_STATUSES
-            close = not exchange.keep_alive or not exchange.body_done or client.server.draining
-            if not no_body and not has_length:
-                if exchange.http10:
-                    close = True  # an HTTP/1.0 client reads the body until the connection closes
-                else:
-                    self._client_chunked = True
-                    parts.append(b"Transfer-Encoding: chunked\r\n")
-                self._until_close = not chunked
-            if close:
-                exchange.keep_alive = False
-                parts.append(b"Connection: close\r\n")
-            elif exchange.http10:
-                parts.append(b"Connection: keep-alive\r\n")
-        if exchange.cold:
-            parts.append(b"X-Zeroscale-Cold-Start: true\r\nX-Zeroscale-Hold-Seconds: %.3f\r\n" % exchange.waited)
-        if client.server.via:
-            parts.append(b"Via: 1.1 zeroscale\r\n")
-        parts.append(b"\r\n")
-        return b"".join(parts), b"close" in tokens
-
     def _flush(self) -> None:
         self._unsent_head = False
         if self._out:
@@ -407,14 +343,14 @@ class UpstreamConnection(asyncio.Protocol):
         limit = exchange.route.limits.max_response_head_bytes
         telemetry.LIMIT_HITS.labels(exchange.route.name, "max_response_head_bytes").inc()
         self._refused(
-            _BadResponse(
+            Refused(
                 f"sent a response head or trailers larger than {limit} bytes (route {exchange.route.name}: "
                 "limits.max_response_head_bytes)",
                 "head_too_large",
             )
         )
 
-    def _refused(self, bad: _BadResponse | None) -> None:
+    def _refused(self, bad: Refused | None) -> None:
         """A response that cannot be forwarded: 502 if nothing of it reached the client, else cut off; the
         connection is closed, never pooled."""
         self.complete = None
