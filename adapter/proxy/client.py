@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, NoReturn
 import httptools
 
 from adapter.proxy.exchange import DONE, Exchange
+from adapter.proxy.flow import Flow
 from adapter.proxy.headers import (
     CONTENT_UNDEFINED,
     IDEMPOTENT,
@@ -78,7 +79,6 @@ class ClientConnection(asyncio.Protocol):
         "_max_url",
         "_parser",
         "_parsing",
-        "_paused_upstream",
         "_pauses",
         "_peer",
         "_refusal",
@@ -91,9 +91,9 @@ class ClientConnection(asyncio.Protocol):
         "_url",
         "_waiting",
         "deadline",
+        "flow",
         "server",
         "transport",
-        "tunnel_reads",
         "write_deadline",
     )
 
@@ -112,7 +112,8 @@ class ClientConnection(asyncio.Protocol):
         self._tunnel: UpstreamConnection | None = None
         self._early: list[bytes] | None = None  # bytes after an upgrade request, until the tunnel is up
         self._pauses = 0
-        self._paused_upstream: UpstreamConnection | None = None
+        # Bytes and back-pressure to and from the upstream connection serving this client.
+        self.flow = Flow(self)
         self._head_bytes = 0
         self._max_head = self._config.max_header_bytes + self._config.max_request_line_bytes
         # Limits read on every header, kept here: one attribute lookup instead of two.
@@ -140,9 +141,8 @@ class ClientConnection(asyncio.Protocol):
         self._refusal: tuple[int, str] | None = None
         # When a client that stopped reading its response is cut off (monotonic seconds, 0: it reads).
         self.write_deadline = 0.0
-        # A tunnel's activity (bumped on every read, both directions), as last seen by the sweeper, and until when
-        # it may stay the same.
-        self.tunnel_reads = 0
+        # A tunnel's activity (flow.reads, both directions) as last seen by the sweeper, and until when it may
+        # stay the same.
         self._tunnel_seen = -1
         self._tunnel_deadline = 0.0
         self._tunnel_idle = 0.0
@@ -166,8 +166,7 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._tunnel is not None:
-            self.tunnel_reads += 1
-            self._tunnel.transport.write(data)
+            self.flow.relay_to_upstream(data)
             return
         if self._early is not None:
             self._keep_early(data)
@@ -295,18 +294,11 @@ class ClientConnection(asyncio.Protocol):
     def pause_writing(self) -> None:
         # The client reads slower than the upstream answers: fine for a while, not forever.
         self.write_deadline = monotonic() + self._config.send_timeout
-        upstream = self._current_upstream()
-        if upstream is not None and not upstream.closed:
-            upstream.transport.pause_reading()
-            upstream.reading_paused = True
-            self._paused_upstream = upstream
+        self.flow.client_slow()
 
     def resume_writing(self) -> None:
         self.write_deadline = 0.0
-        upstream, self._paused_upstream = self._paused_upstream, None
-        if upstream is not None and not upstream.closed:
-            upstream.transport.resume_reading()
-            upstream.reading_paused = False
+        self.flow.client_ready()
 
     # --- httptools callbacks ---
 
@@ -502,7 +494,7 @@ class ClientConnection(asyncio.Protocol):
             exchange.tunnel_opened()
         early, self._early = self._early or [], None
         for data in early:
-            upstream.transport.write(data)
+            self.flow.to_upstream(data)
 
     def tunnel_closed(self) -> None:
         self._tunnel = None
@@ -544,11 +536,6 @@ class ClientConnection(asyncio.Protocol):
             self._close()
 
     # --- internals ---
-
-    def _current_upstream(self) -> UpstreamConnection | None:
-        if self._tunnel is not None:
-            return self._tunnel
-        return self._active.upstream if self._active is not None else None
 
     def _reject(self, code: int, message: str) -> NoReturn:
         """In a parser callback: refuse the request being parsed, and stop parsing."""
@@ -643,8 +630,9 @@ class ClientConnection(asyncio.Protocol):
 
     def _check_tunnel(self, now: float) -> None:
         """Closes a tunnel after tunnel_idle_timeout without a byte in either direction."""
-        if self.tunnel_reads != self._tunnel_seen:
-            self._tunnel_seen = self.tunnel_reads
+        reads = self.flow.reads
+        if reads != self._tunnel_seen:
+            self._tunnel_seen = reads
             self._tunnel_deadline = now + self._tunnel_idle
         elif now >= self._tunnel_deadline:
             route = self._tunnel_route

@@ -53,6 +53,7 @@ class Exchange:
         "content_length",
         "endpoint",
         "expect_continue",
+        "flow",
         "head",
         "held_at",
         "http10",
@@ -89,6 +90,7 @@ class Exchange:
         pool_upstream: bool = True,
     ) -> None:
         self.client = client
+        self.flow = client.flow
         self.route = route
         self.head = head
         self.chunked = chunked
@@ -126,9 +128,8 @@ class Exchange:
         if self.state == DONE:
             return
         framed = chunk(data) if self.chunked else data
-        upstream = self.upstream
-        if upstream is not None:
-            upstream.transport.write(framed)
+        if self.upstream is not None:
+            self.flow.to_upstream(framed)
             self._keep_for_replay(framed)
             return
         self._buffer(framed)
@@ -165,7 +166,7 @@ class Exchange:
                 self._buffer(CHUNK_END)
             return
         if self.chunked:
-            upstream.transport.write(CHUNK_END)
+            self.flow.to_upstream(CHUNK_END)
             self._keep_for_replay(CHUNK_END)
         self.sent_at = sent_at = monotonic()
         upstream.expect_response(self.route.limits.response_timeout, sent_at)
@@ -225,13 +226,12 @@ class Exchange:
     def attach(self, upstream: UpstreamConnection) -> None:
         """Send everything read so far on `upstream`; from now on the body streams through."""
         self.upstream = upstream
-        upstream.exchange = self
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
         if not (self.replay or self.body or self.body_done):
             # The common case (headers just read, nothing buffered): one write, no list.
-            upstream.transport.write(self.head)
+            self.flow.to_upstream(self.head)
             self.written = True
             self.attempts += 1
             return
@@ -246,7 +246,7 @@ class Exchange:
             self.body = []
             self.body_size = 0
             self.client.resume_reading_for_body()
-        upstream.transport.write(b"".join(pieces) if len(pieces) > 1 else self.head)
+        self.flow.to_upstream(b"".join(pieces) if len(pieces) > 1 else self.head)
         self.written = True
         self.attempts += 1
         if self.body_done:
@@ -274,16 +274,9 @@ class Exchange:
         else:
             self.fail(502, f"the upstream {reason} before answering")
 
-    def response_done(self, upstream_reusable: bool) -> None:
-        """The whole response went to the client: give the upstream connection back, let the client go on."""
-        upstream = self.upstream
+    def response_done(self) -> None:
+        """The whole response went to the client (its upstream connection is pooled or closed): the client goes on."""
         self.upstream = None
-        if upstream is not None:
-            upstream.exchange = None
-            if upstream_reusable and self.body_done and self.pool_upstream:
-                upstream.release()
-            else:
-                upstream.close()
         if self.state == DONE:
             return
         self._end()
@@ -291,9 +284,7 @@ class Exchange:
 
     def tunnel_opened(self) -> None:
         """The upgrade succeeded: the connection now belongs to the tunnel, and the request has ended."""
-        upstream, self.upstream = self.upstream, None
-        if upstream is not None:
-            upstream.exchange = None
+        self.upstream = None
         if self.state != DONE:
             self._end()
 
@@ -329,8 +320,7 @@ class Exchange:
         upstream = self.upstream
         self.upstream = None
         if upstream is not None:
-            upstream.exchange = None
-            upstream.close()
+            upstream.abandon()
 
     def _end(self) -> None:
         if self.timer is not None:

@@ -22,6 +22,7 @@ from adapter.telemetry import proxy as telemetry
 if TYPE_CHECKING:
     from adapter.proxy.client import ClientConnection
     from adapter.proxy.exchange import Exchange
+    from adapter.proxy.flow import Flow
     from adapter.proxy.route import Route
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
         self.exchange: Exchange | None = None
         self.closed = False
-        # Reading paused for a slow client (its pause_writing): release() resumes it only then.
-        self.reading_paused = False
+        # The client side this connection serves (paired in use_for, unpaired when pooled or closed).
+        self.flow: Flow | None = None
         self._parser = httptools.HttpResponseParser(self)
         # The response head as it arrives: end-to-end header lines as pieces (name, ": ", value, CRLF) after a
         # slot for the status line, the hop-by-hop headers (lower-cased name, value), whether Content-Length came.
@@ -65,7 +66,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._hop: list[tuple[bytes, bytes]] = []
         self._has_length = False
         self._out: list[bytes] = []
-        self._sink: asyncio.Transport | None = None
+        # The response head went to the flow: what the parser produces is for the client now.
+        self._sink = False
         self.interim = False
         self._upgrading = False
         self._client_chunked = False
@@ -95,8 +97,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._tunnel is not None:
-            self._tunnel.tunnel_reads += 1
-            self._tunnel.transport.write(data)
+            self._tunnel.flow.relay_to_client(data)
             return
         if self.exchange is None:
             # Bytes nobody asked for: the connection's framing can no longer be trusted.
@@ -140,30 +141,32 @@ class UpstreamConnection(asyncio.Protocol):
         self.endpoint.forget(self)
         tunnel, self._tunnel = self._tunnel, None
         if tunnel is not None:
+            self._unpair()
             tunnel.tunnel_closed()
             return
         exchange = self.exchange
         if exchange is None:
+            self._unpair()
             return
         if self._until_close and exchange.response_started:
             # A close-delimited body ends with the connection: that is the whole response.
             if self._client_chunked:
                 self._out.append(CHUNK_END)
             self._flush()
-            exchange.response_done(upstream_reusable=False)
+            self.exchange = None
+            self.close()
+            exchange.response_done()
             return
         self._flush()
         self._lost("closed the connection")
 
     def pause_writing(self) -> None:
-        client = self._tunnel or (self.exchange.client if self.exchange else None)
-        if client is not None:
-            client.pause_reading_for_upstream()
+        if self.flow is not None:
+            self.flow.upstream_slow()
 
     def resume_writing(self) -> None:
-        client = self._tunnel or (self.exchange.client if self.exchange else None)
-        if client is not None:
-            client.resume_reading_for_upstream()
+        if self.flow is not None:
+            self.flow.upstream_ready()
 
     # --- httptools callbacks ---
 
@@ -225,7 +228,7 @@ class UpstreamConnection(asyncio.Protocol):
         if response.close:
             exchange.keep_alive = False
         exchange.response_started = True
-        self._sink = exchange.client.transport
+        self._sink = True
         self._out.append(head)
         self._unsent_head = True
         if exchange.cold:
@@ -263,6 +266,8 @@ class UpstreamConnection(asyncio.Protocol):
     def use_for(self, exchange: Exchange) -> None:
         """Bind the connection to `exchange` before its request is written."""
         self.exchange = exchange
+        self.flow = flow = exchange.client.flow
+        flow.pair(self)
         self._head_bytes = 0
         self._chunk_empty = False
         self._until_close = False
@@ -277,7 +282,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def check_deadline(self, now: float) -> None:
         if self.deadline and now >= self.deadline:
-            if self.reads_moved() or self.reading_paused:
+            if self.reads_moved() or (self.flow is not None and self.flow.upstream_paused):
                 # The body is still coming, or the client is the slow one (its own send_timeout covers that).
                 self.deadline = now + self._timeout
             else:
@@ -293,28 +298,36 @@ class UpstreamConnection(asyncio.Protocol):
 
     def release(self) -> None:
         self.exchange = None
-        self._sink = None
+        self._sink = False
         self.deadline = 0.0
-        if self.reading_paused:
-            # Paused for a slow client whose response has now been handed over in full: the next user reads.
-            self.reading_paused = False
-            if not self.closed and not self.transport.is_closing():
-                self.transport.resume_reading()
+        self._unpair()
         self.endpoint.release(self)
+
+    def abandon(self) -> None:
+        """The exchange ended before its response did: the connection's framing is lost, close it."""
+        self.exchange = None
+        self.close()
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
             self._cancel_timer()
             self.transport.close()
+        self._unpair()
+
+    def _unpair(self) -> None:
+        # Paused for a slow client whose response has now been handed over in full: the next user reads.
+        flow, self.flow = self.flow, None
+        if flow is not None:
+            flow.unpair(self)
 
     # --- internals ---
 
     def _flush(self) -> None:
         self._unsent_head = False
         if self._out:
-            if self._sink is not None:
-                self._sink.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
+            if self._sink and self.flow is not None:
+                self.flow.to_client(b"".join(self._out) if len(self._out) > 1 else self._out[0])
             self._out = []
 
     def _start_tunnel(self, rest: bytes) -> None:
@@ -323,9 +336,10 @@ class UpstreamConnection(asyncio.Protocol):
             self._lost("switched protocols unasked")
             return
         self._tunnel = exchange.client
+        self.exchange = None
         exchange.client.start_tunnel(self)
-        if rest:
-            exchange.client.transport.write(rest)
+        if rest and self.flow is not None:
+            self.flow.to_client(rest)
 
     def _finish(self) -> None:
         """A response ended in the read just parsed and nothing after it (or the connection is not reused)."""
@@ -336,7 +350,13 @@ class UpstreamConnection(asyncio.Protocol):
             self._parser = httptools.HttpResponseParser(self)
         self._flush()
         if exchange is not None:
-            exchange.response_done(upstream_reusable=reusable)
+            # Pooled or closed first: the exchange's end may send a held request on this very connection.
+            self.exchange = None
+            if reusable and exchange.body_done and exchange.pool_upstream:
+                self.release()
+            else:
+                self.close()
+            exchange.response_done()
 
     def _head_too_large(self, exchange: Exchange) -> None:
         """A response head, or a response's trailer section, is over the route's bound."""
