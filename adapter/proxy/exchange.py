@@ -211,7 +211,8 @@ class Exchange:
         return endpoint
 
     def to_endpoint(self, endpoint: Endpoint) -> float | None:
-        """NEW or QUEUED -> ASSIGNED to `endpoint`; returns the seconds it was held (None: never held)."""
+        """NEW or QUEUED -> ASSIGNED to `endpoint`, sent on one of its idle connections or on a new one once
+        connected; returns the seconds it was held (None: never held)."""
         waited = None
         if self.state == QUEUED:
             waited = self.waited = monotonic() - self.held_at
@@ -219,6 +220,9 @@ class Exchange:
             self._hold_bytes(self.body_size)
         self.state = ASSIGNED
         self.endpoint = endpoint
+        connection = endpoint.dispatch(self)
+        if connection is not None:
+            self.attach(connection)
         return waited
 
     # --- the upstream side ---
@@ -231,7 +235,7 @@ class Exchange:
             self.timer = None
         if not (self.replay or self.body or self.body_done):
             # The common case (headers just read, nothing buffered): one write, no list.
-            self.flow.to_upstream(self.head)
+            self.flow.pair(upstream, self.head)
             self.written = True
             self.attempts += 1
             return
@@ -246,7 +250,7 @@ class Exchange:
             self.body = []
             self.body_size = 0
             self.client.resume_reading_for_body()
-        self.flow.to_upstream(b"".join(pieces) if len(pieces) > 1 else self.head)
+        self.flow.pair(upstream, b"".join(pieces) if len(pieces) > 1 else self.head)
         self.written = True
         self.attempts += 1
         if self.body_done:

@@ -7,7 +7,7 @@ sees a tunnel moving), and the pauses of a side whose peer reads too slowly. Nei
 the other's transport or flags.
 
     client transport  <-- to_client / relay_to_client ---  UpstreamConnection
-    ClientConnection  --- to_upstream / relay_to_upstream -->  upstream transport
+    ClientConnection, Exchange  --- pair / to_upstream / relay_to_upstream -->  upstream transport
     client too slow (its pause_writing)   -> client_slow: upstream reading paused, until client_ready/unpair
     upstream too slow (its pause_writing) -> upstream_slow: client reading paused, until upstream_ready
 """
@@ -32,8 +32,10 @@ class Flow:
         # A tunnel's reads, both directions: the client's sweeper closes one that stops moving.
         self.reads = 0
 
-    def pair(self, upstream: UpstreamConnection) -> None:
+    def pair(self, upstream: UpstreamConnection, data: bytes) -> None:
+        """`upstream` serves this client from now on; `data` (a request's first bytes) goes to it."""
         self.upstream = upstream
+        upstream.transport.write(data)
 
     def unpair(self, upstream: UpstreamConnection) -> None:
         """`upstream` stops serving this client (pooled or closed): reading it again is its next user's business."""
@@ -54,6 +56,12 @@ class Flow:
         upstream = self.upstream
         if upstream is not None:
             upstream.transport.write(data)
+
+    def finish(self, upstream: UpstreamConnection, data: bytes) -> None:
+        """The response's last bytes (maybe none): written, and `upstream` no longer serves this client."""
+        if data:
+            self.client.transport.write(data)
+        self.unpair(upstream)
 
     def relay_to_client(self, data: bytes) -> None:
         self.reads += 1

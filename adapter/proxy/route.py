@@ -186,16 +186,13 @@ class Route:
             exchange.check_held_body()
 
     def _assign(self, exchange: Exchange, endpoint: Endpoint) -> None:
-        waited = exchange.to_endpoint(endpoint)
-        if waited is not None:
-            self._hold_seconds.observe(waited)
-            self.counts.add(-1, 1)
-        else:
-            self.counts.add(0, 1)
+        self.counts.add(-1 if exchange.state == QUEUED else 0, 1)
         endpoint.inflight += 1
         if not exchange.attempts:
             self.stats.requests += 1
-        endpoint.dispatch(exchange)
+        waited = exchange.to_endpoint(endpoint)
+        if waited is not None:
+            self._hold_seconds.observe(waited)
 
     # --- time at zero ---
 

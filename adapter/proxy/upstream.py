@@ -266,8 +266,8 @@ class UpstreamConnection(asyncio.Protocol):
     def use_for(self, exchange: Exchange) -> None:
         """Bind the connection to `exchange` before its request is written."""
         self.exchange = exchange
-        self.flow = flow = exchange.client.flow
-        flow.pair(self)
+        # Paired by the exchange as it sends its request (Flow.pair).
+        self.flow = exchange.flow
         self._head_bytes = 0
         self._chunk_empty = False
         self._until_close = False
@@ -323,12 +323,23 @@ class UpstreamConnection(asyncio.Protocol):
 
     # --- internals ---
 
-    def _flush(self) -> None:
+    def _flush(self, *, last: bool = False) -> None:
+        """What this read produced goes to the client in one write; `last`: the response ends with it."""
         self._unsent_head = False
-        if self._out:
-            if self._sink and self.flow is not None:
-                self.flow.to_client(b"".join(self._out) if len(self._out) > 1 else self._out[0])
+        out = self._out
+        data = b""
+        if out:
+            if self._sink:
+                data = b"".join(out) if len(out) > 1 else out[0]
             self._out = []
+        flow = self.flow
+        if flow is None:
+            return
+        if last:
+            self.flow = None
+            flow.finish(self, data)
+        elif data:
+            flow.to_client(data)
 
     def _start_tunnel(self, rest: bytes) -> None:
         exchange = self.exchange
@@ -348,7 +359,7 @@ class UpstreamConnection(asyncio.Protocol):
         if exchange is not None and exchange.is_head:
             # A fresh parser reads the next response on this connection.
             self._parser = httptools.HttpResponseParser(self)
-        self._flush()
+        self._flush(last=exchange is not None)
         if exchange is not None:
             # Pooled or closed first: the exchange's end may send a held request on this very connection.
             self.exchange = None
@@ -426,15 +437,16 @@ class Endpoint:
     def __repr__(self) -> str:
         return f"Endpoint({self.host}:{self.port})"
 
-    def dispatch(self, exchange: Exchange) -> None:
+    def dispatch(self, exchange: Exchange) -> UpstreamConnection | None:
+        """An idle connection bound to `exchange`, or None: a new one is dialled and attached once connected."""
         idle = self.idle
         while idle:
             connection = idle.pop()
             if not connection.closed:
                 connection.use_for(exchange)
-                exchange.attach(connection)
-                return
+                return connection
         self.route.spawn(self._connect_for(exchange))
+        return None
 
     async def _connect_for(self, exchange: Exchange) -> None:
         connection = await self.connect(self.route.limits.connect_timeout)
