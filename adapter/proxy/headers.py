@@ -119,20 +119,34 @@ class RequestHead:
         "url",
     )
 
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-        self.host: bytes | None = None
-        self.url = b""
-        self.http10 = False
-        self.chunked = False
-        self.content_length: int | None = None
-        self.expect_continue = False
-        self.forwarded = b""
-        self.forwarded_for = b""
-        self.keep_alive = True
+    def __init__(
+        self,
+        parts: list[bytes],
+        host: bytes | None,
+        url: bytes,
+        http10: bool,
+        chunked: bool,
+        content_length: int | None,
+        expect_continue: bool,
+        forwarded: bytes,
+        forwarded_for: bytes,
+        keep_alive: bool,
+        upgrade_asked: bool,
+        upgrade: bytes,
+    ) -> None:
+        self.parts = parts
+        self.host = host
+        self.url = url
+        self.http10 = http10
+        self.chunked = chunked
+        self.content_length = content_length
+        self.expect_continue = expect_continue
+        self.forwarded = forwarded
+        self.forwarded_for = forwarded_for
+        self.keep_alive = keep_alive
         # Asked with Connection: upgrade (the parser then only passes bytes through), and the protocols kept.
-        self.upgrade_asked = False
-        self.upgrade = b""
+        self.upgrade_asked = upgrade_asked
+        self.upgrade = upgrade
 
 
 def read_request_head(
@@ -143,8 +157,8 @@ def read_request_head(
         raise Refused("only HTTP/1.0 and HTTP/1.1 are served", code=505)
     if method == b"CONNECT":
         raise Refused("CONNECT is not served by this proxy", code=405)
-    request = RequestHead()
-    http10 = request.http10 = version == "1.0"
+    http10 = version == "1.0"
+    expect_continue = False
     host: bytes | None = None
     forwarded_for = b""
     forwarded = b""
@@ -153,7 +167,7 @@ def read_request_head(
     content_length: int | None = None
     codings: list[bytes] | None = None
     # Host and the framing headers are never copied from the client: the proxy writes its own.
-    parts = request.parts = [method, b" ", b"", b" HTTP/1.1\r\n"]
+    parts = [method, b" ", b"", b" HTTP/1.1\r\n"]
     for name, value in headers:
         kind = _SPECIAL.get(name.lower())
         if kind is None:
@@ -178,13 +192,13 @@ def read_request_head(
             if trim(value).lower() != b"100-continue":
                 raise Refused("only Expect: 100-continue is understood", code=417)
             # RFC 9110 10.1.1: ignored in HTTP/1.0, whose client would read a 100 as its final answer.
-            request.expect_continue = not http10
+            expect_continue = not http10
         elif kind == _FORWARDED:
             # RFC 7239: what the client claims stays, the hop the proxy saw is added last.
             forwarded = trim(value) if not forwarded else forwarded + b", " + trim(value)
         elif kind == _XFF:
             forwarded_for = trim(value) if not forwarded_for else forwarded_for + b", " + trim(value)
-    request.chunked = codings is not None and _check_codings(codings, http10, content_length)
+    chunked = codings is not None and _check_codings(codings, http10, content_length)
     drop_connection_named(parts, 4, tokens)
     if host is None and not http10:
         raise Refused("an HTTP/1.1 request needs a Host header")
@@ -197,16 +211,22 @@ def read_request_head(
         raise Refused("the Host is not a host name or address with an optional port", "bad_host")
     # As the parser decides: after such a head it only passes bytes through, so the connection ends with
     # this request even when the upgrade is not relayed.
-    upgrade_asked = request.upgrade_asked = bool(upgrade) and b"upgrade" in tokens
-    if upgrade_asked:
-        request.upgrade = tunnel_protocols(upgrade)
-    request.host = host
-    request.url = url
-    request.content_length = content_length
-    request.forwarded = forwarded
-    request.forwarded_for = forwarded_for
-    request.keep_alive = ((b"keep-alive" in tokens) if http10 else (b"close" not in tokens)) and not upgrade_asked
-    return request
+    upgrade_asked = bool(upgrade) and b"upgrade" in tokens
+    keep_alive = ((b"keep-alive" in tokens) if http10 else (b"close" not in tokens)) and not upgrade_asked
+    return RequestHead(
+        parts,
+        host,
+        url,
+        http10,
+        chunked,
+        content_length,
+        expect_continue,
+        forwarded,
+        forwarded_for,
+        keep_alive,
+        upgrade_asked,
+        tunnel_protocols(upgrade) if upgrade_asked else b"",
+    )
 
 
 def _check_codings(codings: list[bytes], http10: bool, content_length: int | None) -> bool:
