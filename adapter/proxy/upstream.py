@@ -97,7 +97,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._tunnel is not None:
-            self._tunnel.flow.relay_to_client(data)
+            if self.flow is not None:
+                self.flow.relay_to_client(data)
             return
         if self.exchange is None:
             # Bytes nobody asked for: the connection's framing can no longer be trusted.
