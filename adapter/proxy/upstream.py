@@ -57,7 +57,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
         self.exchange: Exchange | None = None
         self.closed = False
-        # The client side this connection serves (paired in use_for, unpaired when pooled or closed).
+        # The client side this connection serves (set in use_for, paired by the exchange, unpaired when pooled,
+        # closed or the response ends).
         self.flow: Flow | None = None
         self._parser = httptools.HttpResponseParser(self)
         # The response head as it arrives: end-to-end header lines as pieces (name, ": ", value, CRLF) after a
@@ -317,7 +318,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._unpair()
 
     def _unpair(self) -> None:
-        # Paused for a slow client whose response has now been handed over in full: the next user reads.
+        # A pause for a slow client ends here too: the connection's next user reads.
         flow, self.flow = self.flow, None
         if flow is not None:
             flow.unpair(self)
