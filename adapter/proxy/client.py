@@ -14,7 +14,6 @@ request): the head (`header_timeout`), the body (the route's `body_timeout`), th
 from __future__ import annotations
 
 import asyncio
-import re
 from collections import deque
 from time import monotonic
 from typing import TYPE_CHECKING, NoReturn
@@ -22,19 +21,15 @@ from typing import TYPE_CHECKING, NoReturn
 import httptools
 
 from adapter.proxy.exchange import DONE, Exchange
-from adapter.proxy.http1 import (
+from adapter.proxy.flow import Flow
+from adapter.proxy.headers import (
     CONTENT_UNDEFINED,
-    CONTINUE,
-    FRAMING,
-    HOP_BY_HOP,
     IDEMPOTENT,
-    REPLACED,
-    connection_tokens,
-    error_response,
-    transfer_codings,
-    trim,
-    tunnel_protocols,
+    Refused,
+    forwarded_request_head,
+    read_request_head,
 )
+from adapter.proxy.http1 import CONTINUE, error_response
 from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
@@ -53,26 +48,6 @@ _SLICE = 16 * 1024
 _HEAD_END = b"\r\n\r\n"
 # How long a closing connection keeps reading (and dropping) what the client still sends.
 _LINGER = 2.0
-# RFC 3986 host (reg-name, IPv4 or IP-literal) with an optional port: what a Host header or an authority may be.
-_HOST_VALUE = re.compile(rb"(?:[A-Za-z0-9\-._~!$&'()*+,;=%]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]*)?")
-
-# Request headers the proxy looks at, by kind; _DROP: hop-by-hop or set by the proxy itself (http1.py).
-_HOST, _LENGTH, _TE, _CONNECTION, _UPGRADE, _EXPECT, _XFF, _FORWARDED, _DROP = range(9)
-_SPECIAL = {
-    **dict.fromkeys(HOP_BY_HOP | REPLACED, _DROP),
-    b"host": _HOST,
-    b"content-length": _LENGTH,
-    b"transfer-encoding": _TE,
-    b"connection": _CONNECTION,
-    b"upgrade": _UPGRADE,
-    b"expect": _EXPECT,
-    b"x-forwarded-for": _XFF,
-    b"forwarded": _FORWARDED,
-}
-
-
-_PLAIN_CONNECTION_TOKENS = frozenset({b"close", b"keep-alive", b"upgrade"})
-_NO_TOKENS: frozenset[bytes] = frozenset()
 
 
 class _Rejected(Exception):
@@ -104,7 +79,6 @@ class ClientConnection(asyncio.Protocol):
         "_max_url",
         "_parser",
         "_parsing",
-        "_paused_upstream",
         "_pauses",
         "_peer",
         "_refusal",
@@ -117,9 +91,9 @@ class ClientConnection(asyncio.Protocol):
         "_url",
         "_waiting",
         "deadline",
+        "flow",
         "server",
         "transport",
-        "tunnel_reads",
         "write_deadline",
     )
 
@@ -138,7 +112,8 @@ class ClientConnection(asyncio.Protocol):
         self._tunnel: UpstreamConnection | None = None
         self._early: list[bytes] | None = None  # bytes after an upgrade request, until the tunnel is up
         self._pauses = 0
-        self._paused_upstream: UpstreamConnection | None = None
+        # Bytes and back-pressure to and from the upstream connection serving this client.
+        self.flow = Flow(self)
         self._head_bytes = 0
         self._max_head = self._config.max_header_bytes + self._config.max_request_line_bytes
         # Limits read on every header, kept here: one attribute lookup instead of two.
@@ -166,9 +141,8 @@ class ClientConnection(asyncio.Protocol):
         self._refusal: tuple[int, str] | None = None
         # When a client that stopped reading its response is cut off (monotonic seconds, 0: it reads).
         self.write_deadline = 0.0
-        # A tunnel's activity (bumped on every read, both directions), as last seen by the sweeper, and until when
-        # it may stay the same.
-        self.tunnel_reads = 0
+        # A tunnel's activity (flow.reads, both directions) as last seen by the sweeper, and until when it may
+        # stay the same.
         self._tunnel_seen = -1
         self._tunnel_deadline = 0.0
         self._tunnel_idle = 0.0
@@ -192,8 +166,7 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._tunnel is not None:
-            self.tunnel_reads += 1
-            self._tunnel.transport.write(data)
+            self.flow.relay_to_upstream(data)
             return
         if self._early is not None:
             self._keep_early(data)
@@ -321,18 +294,11 @@ class ClientConnection(asyncio.Protocol):
     def pause_writing(self) -> None:
         # The client reads slower than the upstream answers: fine for a while, not forever.
         self.write_deadline = monotonic() + self._config.send_timeout
-        upstream = self._current_upstream()
-        if upstream is not None and not upstream.closed:
-            upstream.transport.pause_reading()
-            upstream.reading_paused = True
-            self._paused_upstream = upstream
+        self.flow.client_slow()
 
     def resume_writing(self) -> None:
         self.write_deadline = 0.0
-        upstream, self._paused_upstream = self._paused_upstream, None
-        if upstream is not None and not upstream.closed:
-            upstream.transport.resume_reading()
-            upstream.reading_paused = False
+        self.flow.client_ready()
 
     # --- httptools callbacks ---
 
@@ -406,152 +372,48 @@ class ClientConnection(asyncio.Protocol):
         parser = self._parser
         method = parser.get_method()
         version = parser.get_http_version()
-        if version not in ("1.1", "1.0"):
-            self._reject(505, "only HTTP/1.0 and HTTP/1.1 are served")
-        if method == b"CONNECT":
-            self._reject(405, "CONNECT is not served by this proxy")
-        http10 = version == "1.0"
-        host: bytes | None = None
-        forwarded_for = b""
-        forwarded = b""
-        upgrade = b""
-        tokens = _NO_TOKENS  # a new set only when there is a Connection header
-        content_length: int | None = None
-        codings: list[bytes] | None = None
-        expect_continue = False
-        # The request head as pieces, four a header line (name, ": ", value, CRLF), joined once at the end.
-        # Host and the framing headers are never copied from the client: the proxy writes its own below.
-        parts = [method, b" ", b"", b" HTTP/1.1\r\n"]
-        for name, value in self._headers:
-            kind = _SPECIAL.get(name.lower())
-            if kind is None:
-                if b"_" in name and name.lower().replace(b"_", b"-") in _SPECIAL:
-                    # CGI, WSGI and their kin read `X_Forwarded_For` as X-Forwarded-For (both become
-                    # HTTP_X_FORWARDED_FOR): a spelling of a header the proxy owns is never passed on.
-                    continue
-                parts += (name, b": ", value, b"\r\n")
-            elif kind == _HOST:
-                if host is not None:
-                    self._reject(400, "the request has more than one Host header")
-                host = trim(value)
-            elif kind == _LENGTH:
-                content_length = int(value)  # llhttp accepted only digits (and whitespace), and only one value
-            elif kind == _TE:
-                codings = transfer_codings(value) if codings is None else codings + transfer_codings(value)
-            elif kind == _CONNECTION:
-                tokens = tokens | connection_tokens(value)
-            elif kind == _UPGRADE:
-                upgrade = trim(value)
-            elif kind == _EXPECT:
-                if trim(value).lower() != b"100-continue":
-                    self._reject(417, "only Expect: 100-continue is understood")
-                # RFC 9110 10.1.1: ignored in HTTP/1.0, whose client would read a 100 as its final answer.
-                expect_continue = not http10
-            elif kind == _FORWARDED:
-                # RFC 7239: what the client claims stays, the hop the proxy saw is added last (below).
-                forwarded = trim(value) if not forwarded else forwarded + b", " + trim(value)
-            elif kind == _XFF:
-                forwarded_for = trim(value) if not forwarded_for else forwarded_for + b", " + trim(value)
-        chunked = codings is not None and self._check_codings(codings, http10, content_length)
-        if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:
-            named = tokens & FRAMING
-            if named:
-                self._refuse_framing(
-                    "connection_names_framing",
-                    f"Connection names {b', '.join(sorted(named)).decode()}: "
-                    "framing and routing headers are never dropped",
-                )
-            # Headers the client named in Connection are hop-by-hop too.
-            lines = range(4, len(parts), 4)
-            parts[4:] = [piece for at in lines if parts[at].lower() not in tokens for piece in parts[at : at + 4]]
-        if host is None and not http10:
-            self._reject(400, "an HTTP/1.1 request needs a Host header")
-        url = self._url
-        if url[:8].lower().startswith((b"http://", b"https://")):
-            # Absolute form: the authority in the target is the host, whatever Host says (RFC 9112 3.2.2).
-            host, url = self._split_absolute(url)
-        elif not url.startswith(b"/") and not (url == b"*" and method == b"OPTIONS"):
-            self._reject(400, "the request target must be a path")
-        if host and _HOST_VALUE.fullmatch(host) is None:
-            self._refuse_framing("bad_host", "the Host is not a host name or address with an optional port")
-        route = self.server.router.match(host or b"", url)
+        try:
+            request = read_request_head(method, version, self._url, self._headers)
+        except Refused as refused:
+            if refused.args[1]:
+                self._refuse_framing(refused.args[1], refused.args[0])
+            self._reject(refused.code, refused.args[0])
+        route = self.server.router.match(request.host or b"", request.url)
         if route is None:
             telemetry.ERRORS.labels("", "404").inc()
             self._reject(404, "no route for this host and path")
-        # As the parser decides: after such a head it only passes bytes through, so the connection ends with
-        # this request even when the upgrade is not relayed.
-        upgrade_asked = bool(upgrade) and b"upgrade" in tokens
-        if upgrade_asked:
-            upgrade = tunnel_protocols(upgrade)
-        is_upgrade = upgrade_asked and bool(upgrade)
+        is_upgrade = request.upgrade_asked and bool(request.upgrade)
         if is_upgrade and route.tunnels >= route.limits.max_tunnels:
             telemetry.LIMIT_HITS.labels(route.name, "max_tunnels").inc()
             self._reject(
                 503,
                 f"route {route.name} has {route.limits.max_tunnels} open tunnels (raise its limits.max_tunnels)",
             )
-        parts[2] = url
-        if forwarded_for:
-            parts.append(b"X-Forwarded-For: %b, %b\r\nX-Forwarded-Proto: http\r\n" % (forwarded_for, self._peer))
-        else:
-            parts.append(self._forwarded)
-        if forwarded:
-            parts.append(b"Forwarded: %b, for=%b;proto=http\r\n" % (forwarded, self._forwarded_node))
-        if host is not None:
-            parts += (b"Host: ", host, b"\r\nX-Forwarded-Host: ", host, b"\r\n")
-        else:
-            parts.append(b"Host: %b\r\n" % route.default_host)
-        if self.server.via:
-            parts.append(b"Via: %b zeroscale\r\n" % version.encode())
-        if chunked:
-            parts.append(b"Transfer-Encoding: chunked\r\n")
-        elif content_length is not None:
-            parts.append(b"Content-Length: %d\r\n" % content_length)
-        if is_upgrade:
-            parts.append(b"Connection: Upgrade\r\nUpgrade: %b\r\n" % upgrade)
-        parts.append(b"\r\n")
-        keep_alive = (b"keep-alive" in tokens) if http10 else (b"close" not in tokens)
+        head = forwarded_request_head(
+            request,
+            peer=self._peer,
+            forwarded_default=self._forwarded,
+            forwarded_node=self._forwarded_node,
+            default_host=route.default_host,
+            via=self.server.via,
+            version=version,
+            tunnel=is_upgrade,
+        )
+        chunked, content_length = request.chunked, request.content_length
         return Exchange(
             self,
             route,
-            b"".join(parts),
+            head,
             chunked,
             content_length,
-            keep_alive and not upgrade_asked,
+            request.keep_alive,
             is_upgrade,
-            expect_continue,
-            http10,
+            request.expect_continue,
+            request.http10,
             method == b"HEAD",
             method in IDEMPOTENT,
             pool_upstream=not (chunked or content_length) or method not in CONTENT_UNDEFINED,
         )
-
-    def _check_codings(self, codings: list[bytes], http10: bool, content_length: int | None) -> bool:
-        """RFC 9112 6.1 and 6.3 for a request's Transfer-Encoding: True (chunked) or the request is refused."""
-        if http10:
-            self._refuse_framing("transfer_encoding_http10", "Transfer-Encoding in an HTTP/1.0 request is refused")
-        if content_length is not None:
-            self._refuse_framing("length_and_chunked", "Content-Length and Transfer-Encoding together are refused")
-        if not codings or codings[-1] != b"chunked":
-            self._refuse_framing("chunked_not_last", "a Transfer-Encoding must end with chunked")
-        if codings != [b"chunked"]:
-            self._reject(501, "only Transfer-Encoding: chunked is accepted")
-        return True
-
-    def _split_absolute(self, url: bytes) -> tuple[bytes, bytes]:
-        """(authority, origin-form target) of an absolute-form request target."""
-        rest = url[url.index(b"//") + 2 :]
-        end = len(rest)
-        for delimiter in (b"/", b"?", b"#"):
-            at = rest.find(delimiter)
-            if at != -1 and at < end:
-                end = at
-        authority, path = rest[:end], rest[end:]
-        if not authority or b"@" in authority:
-            self._refuse_framing("bad_host", "the request target's authority is empty or carries user information")
-        if not path.startswith(b"/"):
-            path = b"/" + path
-        return authority, path
 
     def _refuse_framing(self, reason: str, message: str) -> NoReturn:
         telemetry.REFUSED_MESSAGES.labels("request", reason).inc()
@@ -632,7 +494,7 @@ class ClientConnection(asyncio.Protocol):
             exchange.tunnel_opened()
         early, self._early = self._early or [], None
         for data in early:
-            upstream.transport.write(data)
+            self.flow.to_upstream(data)
 
     def tunnel_closed(self) -> None:
         self._tunnel = None
@@ -674,11 +536,6 @@ class ClientConnection(asyncio.Protocol):
             self._close()
 
     # --- internals ---
-
-    def _current_upstream(self) -> UpstreamConnection | None:
-        if self._tunnel is not None:
-            return self._tunnel
-        return self._active.upstream if self._active is not None else None
 
     def _reject(self, code: int, message: str) -> NoReturn:
         """In a parser callback: refuse the request being parsed, and stop parsing."""
@@ -773,8 +630,9 @@ class ClientConnection(asyncio.Protocol):
 
     def _check_tunnel(self, now: float) -> None:
         """Closes a tunnel after tunnel_idle_timeout without a byte in either direction."""
-        if self.tunnel_reads != self._tunnel_seen:
-            self._tunnel_seen = self.tunnel_reads
+        reads = self.flow.reads
+        if reads != self._tunnel_seen:
+            self._tunnel_seen = reads
             self._tunnel_deadline = now + self._tunnel_idle
         elif now >= self._tunnel_deadline:
             route = self._tunnel_route

@@ -2,7 +2,23 @@
 
 Every accepted request ends in exactly one of: a forwarded response, or an explicit error from the
 proxy (413/502/503/504), or the client going away (counted as 499). `state` makes that single ending
-explicit: once DONE, nothing else writes for it.
+explicit: once DONE, nothing else writes for it. Only the exchange changes its state; the route asks
+for a transition (`to_queue`, `to_endpoint`), everything else ends it (`fail`, `client_gone`,
+`response_done`, `tunnel_opened`, `upstream_lost`)::
+
+                 submit: no room                 retry (connect failed, stale connection)
+        NEW ----------------------> QUEUED <----------------------------------+
+         |                            |                                       |
+         | submit: an endpoint        | pump: an endpoint has room            |
+         | has room                   v                                       |
+         +----------------------> ASSIGNED -----------------------------------+
+                                      |       (upstream attached: body streams through)
+            fail / client_gone /      |
+            response_done /           v
+            tunnel_opened  ------->  DONE  (from any state; route.leave gives back what it held)
+
+Held bytes: the body pieces buffered while QUEUED or ASSIGNED are counted in the route's
+`counts.held_bytes`, changed only through `_hold_bytes` / `_release_bytes` below.
 """
 
 from __future__ import annotations
@@ -37,6 +53,7 @@ class Exchange:
         "content_length",
         "endpoint",
         "expect_continue",
+        "flow",
         "head",
         "held_at",
         "http10",
@@ -73,6 +90,7 @@ class Exchange:
         pool_upstream: bool = True,
     ) -> None:
         self.client = client
+        self.flow = client.flow
         self.route = route
         self.head = head
         self.chunked = chunked
@@ -110,15 +128,11 @@ class Exchange:
         if self.state == DONE:
             return
         framed = chunk(data) if self.chunked else data
-        upstream = self.upstream
-        if upstream is not None:
-            upstream.transport.write(framed)
+        if self.upstream is not None:
+            self.flow.to_upstream(framed)
             self._keep_for_replay(framed)
             return
-        self.body.append(framed)
-        self.body_size += len(framed)
-        if self.state in (QUEUED, ASSIGNED):
-            self.route.counts.held_bytes += len(framed)
+        self._buffer(framed)
         if self.state == ASSIGNED and self.body_size > self.route.limits.max_held_body_bytes:
             # Connecting: wait for the connection instead of buffering more.
             self.client.pause_reading_for_body()
@@ -149,16 +163,25 @@ class Exchange:
         if upstream is None:
             if self.chunked:
                 # Buffered like any other piece, so `attach` (and a retry) sends it exactly once, last.
-                self.body.append(CHUNK_END)
-                self.body_size += len(CHUNK_END)
-                if self.state in (QUEUED, ASSIGNED):
-                    self.route.counts.held_bytes += len(CHUNK_END)
+                self._buffer(CHUNK_END)
             return
         if self.chunked:
-            upstream.transport.write(CHUNK_END)
+            self.flow.to_upstream(CHUNK_END)
             self._keep_for_replay(CHUNK_END)
         self.sent_at = sent_at = monotonic()
         upstream.expect_response(self.route.limits.response_timeout, sent_at)
+
+    def _buffer(self, framed: bytes) -> None:
+        self.body.append(framed)
+        self.body_size += len(framed)
+        if self.state in (QUEUED, ASSIGNED):
+            self._hold_bytes(len(framed))
+
+    def _hold_bytes(self, size: int) -> None:
+        self.route.counts.held_bytes += size
+
+    def _release_bytes(self, size: int) -> None:
+        self.route.counts.held_bytes -= size
 
     def _keep_for_replay(self, framed: bytes) -> None:
         if self.replay is not None:
@@ -168,18 +191,51 @@ class Exchange:
             else:
                 self.replay.append(framed)
 
+    # --- transitions the route asks for ---
+
+    def to_queue(self, *, cold: bool) -> Endpoint | None:
+        """NEW or ASSIGNED -> QUEUED (held; `cold`: while no endpoint is usable). Returns the endpoint it left.
+
+        The hold deadline starts the first time only: a retried request keeps the time it was first held.
+        """
+        if self.state == NEW:
+            self._hold_bytes(self.body_size)
+        endpoint, self.endpoint = self.endpoint, None
+        self.state = QUEUED
+        if not self.held_at:
+            self.held_at = monotonic()
+            loop = asyncio.get_running_loop()
+            self.timer = loop.call_later(self.route.limits.hold_timeout, self.hold_expired)
+        if cold:
+            self.cold = True
+        return endpoint
+
+    def to_endpoint(self, endpoint: Endpoint) -> float | None:
+        """NEW or QUEUED -> ASSIGNED to `endpoint`, sent on one of its idle connections or on a new one once
+        connected; returns the seconds it was held (None: never held)."""
+        waited = None
+        if self.state == QUEUED:
+            waited = self.waited = monotonic() - self.held_at
+        else:
+            self._hold_bytes(self.body_size)
+        self.state = ASSIGNED
+        self.endpoint = endpoint
+        connection = endpoint.dispatch(self)
+        if connection is not None:
+            self.attach(connection)
+        return waited
+
     # --- the upstream side ---
 
     def attach(self, upstream: UpstreamConnection) -> None:
         """Send everything read so far on `upstream`; from now on the body streams through."""
         self.upstream = upstream
-        upstream.exchange = self
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
         if not (self.replay or self.body or self.body_done):
             # The common case (headers just read, nothing buffered): one write, no list.
-            upstream.transport.write(self.head)
+            self.flow.pair(upstream, self.head)
             self.written = True
             self.attempts += 1
             return
@@ -187,14 +243,14 @@ class Exchange:
         if self.replay:
             pieces.extend(self.replay)
         if self.body:
-            self.route.counts.held_bytes -= self.body_size
+            self._release_bytes(self.body_size)
             pieces.extend(self.body)
             for framed in self.body:
                 self._keep_for_replay(framed)
             self.body = []
             self.body_size = 0
             self.client.resume_reading_for_body()
-        upstream.transport.write(b"".join(pieces) if len(pieces) > 1 else self.head)
+        self.flow.pair(upstream, b"".join(pieces) if len(pieces) > 1 else self.head)
         self.written = True
         self.attempts += 1
         if self.body_done:
@@ -222,16 +278,9 @@ class Exchange:
         else:
             self.fail(502, f"the upstream {reason} before answering")
 
-    def response_done(self, upstream_reusable: bool) -> None:
-        """The whole response went to the client: give the upstream connection back, let the client go on."""
-        upstream = self.upstream
+    def response_done(self) -> None:
+        """The whole response went to the client (its upstream connection is pooled or closed): the client goes on."""
         self.upstream = None
-        if upstream is not None:
-            upstream.exchange = None
-            if upstream_reusable and self.body_done and self.pool_upstream:
-                upstream.release()
-            else:
-                upstream.close()
         if self.state == DONE:
             return
         self._end()
@@ -239,9 +288,7 @@ class Exchange:
 
     def tunnel_opened(self) -> None:
         """The upgrade succeeded: the connection now belongs to the tunnel, and the request has ended."""
-        upstream, self.upstream = self.upstream, None
-        if upstream is not None:
-            upstream.exchange = None
+        self.upstream = None
         if self.state != DONE:
             self._end()
 
@@ -277,14 +324,16 @@ class Exchange:
         upstream = self.upstream
         self.upstream = None
         if upstream is not None:
-            upstream.exchange = None
-            upstream.close()
+            upstream.abandon()
 
     def _end(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if self.state in (QUEUED, ASSIGNED):
+            self._release_bytes(self.body_size)
         self.route.leave(self)
+        self.endpoint = None
         self.state = DONE
         self.body = []
         self.replay = None

@@ -1,38 +1,12 @@
-"""HTTP/1.1 wire pieces the proxy needs: which headers are hop-by-hop, chunk framing, its own answers."""
+"""HTTP/1.1 wire pieces the proxy needs: chunk framing, header value syntax, its own answers (the header
+policy is in headers.py)."""
 
 from __future__ import annotations
 
 from http import HTTPStatus
 
-# RFC 9110 7.6.1: headers that describe one connection and never pass through a proxy. Transfer-Encoding is
-# re-added for the next hop when the body is chunked; Upgrade and Connection are re-added for a tunnel.
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-    }
-)
-# Headers the framing and the routing of a message rest on. RFC 9110 7.6.1 lets a peer name extra hop-by-hop
-# headers in Connection, but a proxy that removed these would forward a body without its length (the next
-# request or response on a pooled connection then starts inside it) or a request without its Host: a message
-# whose Connection names one of them is refused, never rewritten.
-FRAMING = frozenset({b"content-length", b"transfer-encoding", b"host"})
-# Set by the proxy itself; a client's own values are replaced (X-Forwarded-For is appended to instead).
-REPLACED = frozenset({b"x-forwarded-proto", b"x-forwarded-host", b"expect"})
-
 CHUNK_END = b"0\r\n\r\n"
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
-# Methods whose request content has no defined meaning (RFC 9110 9.3): many servers ignore such a body and
-# read it as the next request. It is forwarded, and the upstream connection is closed after, never pooled.
-CONTENT_UNDEFINED = frozenset({b"GET", b"HEAD", b"DELETE", b"TRACE"})
 
 _STATUS_LINES: dict[int, bytes] = {}
 
@@ -54,10 +28,6 @@ def chunk(data: bytes) -> bytes:
 
 
 _OWS = b" \t"
-
-
-def connection_tokens(value: bytes) -> set[bytes]:
-    return {token.strip(_OWS).lower() for token in value.split(b",") if token.strip(_OWS)}
 
 
 def transfer_codings(value: bytes) -> list[bytes]:

@@ -35,8 +35,8 @@ class Route:
         self.queue: deque[Exchange] = deque()
         # Called when a request is held while no endpoint is usable (the waker).
         self.on_cold: Callable[[], None] | None = None
-        # Set by the waker when it patched the scale subresource (monotonic).
-        self.wake_sent_at = 0.0
+        # When the waker last patched the scale subresource (monotonic; see wake_sent).
+        self._wake_sent_at = 0.0
         # Called after the endpoints were replaced (the waker reads the target's replicas again).
         self.on_endpoints: Callable[[], None] | None = None
         self.stats = telemetry.HOT_PATH.stats(self.name)
@@ -128,13 +128,10 @@ class Route:
                 retry_after=self.limits.retry_after,
             )
             return
-        self.counts.held_bytes += exchange.body_size
         self._hold(exchange, front=False)
 
     def retry(self, exchange: Exchange) -> None:
         """Back to the front of the queue: nothing of it reached an upstream (or it may safely be re-sent)."""
-        self._unassign(exchange)
-        self.counts.held_bytes += exchange.body_size
         self._hold(exchange, front=True)
         self.pump()
 
@@ -146,15 +143,16 @@ class Route:
             self.retry(exchange)
 
     def leave(self, exchange: Exchange) -> None:
-        """The exchange ended (answered, failed, client gone): give back what it held."""
+        """The exchange is ending (answered, failed, client gone): give back its place and its slot."""
         state = exchange.state
         if state == QUEUED:
             self.queue.remove(exchange)
-            self.counts.held_bytes -= exchange.body_size
             self._hold_seconds.observe(time.monotonic() - exchange.held_at)
             self.counts.add(-1, 0)
         elif state == ASSIGNED:
-            self._unassign(exchange)
+            endpoint = exchange.endpoint
+            if endpoint is not None:
+                endpoint.inflight -= 1
             self.counts.add(0, -1)
             if self.queue:
                 self.pump()
@@ -169,22 +167,18 @@ class Route:
             self._assign(queue.popleft(), endpoint)
 
     def _hold(self, exchange: Exchange, *, front: bool) -> None:
-        was_assigned = exchange.state == ASSIGNED
-        exchange.state = QUEUED
+        usable = self.has_usable()
+        left = exchange.to_queue(cold=not usable)
+        if left is not None:
+            left.inflight -= 1
         if front:
             self.queue.appendleft(exchange)
         else:
             self.queue.append(exchange)
-        self.counts.add(1, -1 if was_assigned else 0)
-        now = time.monotonic()
-        if not exchange.held_at:
-            exchange.held_at = now
-            loop = asyncio.get_running_loop()
-            exchange.timer = loop.call_later(self.limits.hold_timeout, exchange.hold_expired)
-        if not self.has_usable():
-            exchange.cold = True
+        self.counts.add(1, -1 if left is not None else 0)
+        if not usable:
             if not self._cold_since:
-                self._cold_since = now
+                self._cold_since = time.monotonic()
             if self.on_cold is not None:
                 self.on_cold()
         self._ensure_prober()
@@ -192,27 +186,13 @@ class Route:
             exchange.check_held_body()
 
     def _assign(self, exchange: Exchange, endpoint: Endpoint) -> None:
-        if exchange.state == QUEUED:
-            waited = time.monotonic() - exchange.held_at
-            exchange.waited = waited
-            self._hold_seconds.observe(waited)
-            self.counts.add(-1, 1)
-        else:
-            self.counts.held_bytes += exchange.body_size
-            self.counts.add(0, 1)
-        exchange.state = ASSIGNED
-        exchange.endpoint = endpoint
+        self.counts.add(-1 if exchange.state == QUEUED else 0, 1)
         endpoint.inflight += 1
         if not exchange.attempts:
             self.stats.requests += 1
-        endpoint.dispatch(exchange)
-
-    def _unassign(self, exchange: Exchange) -> None:
-        self.counts.held_bytes -= exchange.body_size
-        endpoint = exchange.endpoint
-        if endpoint is not None:
-            endpoint.inflight -= 1
-            exchange.endpoint = None
+        waited = exchange.to_endpoint(endpoint)
+        if waited is not None:
+            self._hold_seconds.observe(waited)
 
     # --- time at zero ---
 
@@ -234,7 +214,7 @@ class Route:
         if self.has_usable():
             if self._cold_since:
                 now = time.monotonic()
-                began = self.wake_sent_at if self.wake_sent_at >= self._cold_since else self._cold_since
+                began = self._wake_sent_at if self._wake_sent_at >= self._cold_since else self._cold_since
                 telemetry.COLD_STARTS.labels(self.name).inc()
                 telemetry.WAKE_TO_READY_SECONDS.labels(self.name).observe(now - began)
                 self._cold_since = 0.0
@@ -299,6 +279,14 @@ class Route:
 
     def connect_counter(self, result: str) -> Counter:
         return self._connects[result]
+
+    # --- what the waker reports (wake.WakeListener) ---
+
+    def wake_sent(self) -> None:
+        self._wake_sent_at = time.monotonic()
+
+    def wake_refused(self, message: str) -> None:
+        self.fail_held(503, message)
 
     def fail_held(self, code: int, message: str) -> None:
         for exchange in list(self.queue):

@@ -109,7 +109,10 @@ class ProxyServer:
         plain numbers, checked here a few times a second.
 
         The tick is a quarter of the shortest timeout (at most 1 s), so a timeout fires at most 25% late.
-        Deliberate, see docs/architecture.md#hot-lazy-deadline.
+        Deliberate, see docs/architecture.md#hot-lazy-deadline. Why not one timer design everywhere: the API
+        server follows the same per-connection number with one lazy timer each (it holds few connections,
+        the proxy up to max_connections, most idle); a held request keeps its own timer (Exchange.timer):
+        only held ones pay for it, off the warm path, and their 504 must not come up to 25% late.
         """
         config = self.config
         limits = [route.limits for route in self.routes.values()]

@@ -15,36 +15,17 @@ from typing import TYPE_CHECKING
 import httptools
 
 from adapter.proxy.exchange import ASSIGNED
-from adapter.proxy.http1 import (
-    CHUNK_END,
-    FRAMING,
-    HOP_BY_HOP,
-    chunk,
-    connection_tokens,
-    status_line,
-    transfer_codings,
-    trim,
-)
+from adapter.proxy.headers import HOP_BY_HOP, RESPONSE_SPECIAL_LENGTHS, Refused, forwarded_response_head
+from adapter.proxy.http1 import CHUNK_END, chunk
 from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
     from adapter.proxy.client import ClientConnection
     from adapter.proxy.exchange import Exchange
+    from adapter.proxy.flow import Flow
     from adapter.proxy.route import Route
 
 log = logging.getLogger(__name__)
-_NO_BODY_STATUSES = frozenset({204, 304})
-_PLAIN_CONNECTION_TOKENS = frozenset({b"close", b"keep-alive", b"upgrade"})
-_SPECIAL_LENGTHS = frozenset(len(name) for name in (*HOP_BY_HOP, b"content-length"))
-# The Connection values nearly every upstream sends, parsed once.
-_PLAIN_TOKENS = {
-    value: frozenset(connection_tokens(value)) for value in (b"keep-alive", b"close", b"Keep-Alive", b"Close")
-}
-_NO_TOKENS: frozenset[bytes] = frozenset()
-
-
-class _BadResponse(Exception):
-    """Raised in a parser callback: the response cannot be forwarded (the reason is for the 502)."""
 
 
 class _HeadResponse:
@@ -61,13 +42,13 @@ class _HeadResponse:
 
     def on_message_begin(self) -> None:
         if self.connection.complete is not None:
-            raise _BadResponse("sent a second response after the head of a HEAD response", "bytes_after_head")
+            raise Refused("sent a second response after the head of a HEAD response", "bytes_after_head")
 
     def on_body(self, _body: bytes) -> None:
-        raise _BadResponse("sent a body after the head of a HEAD response", "bytes_after_head")
+        raise Refused("sent a body after the head of a HEAD response", "bytes_after_head")
 
     def on_chunk_header(self) -> None:
-        raise _BadResponse("sent a body after the head of a HEAD response", "bytes_after_head")
+        raise Refused("sent a body after the head of a HEAD response", "bytes_after_head")
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -76,8 +57,9 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
         self.exchange: Exchange | None = None
         self.closed = False
-        # Reading paused for a slow client (its pause_writing): release() resumes it only then.
-        self.reading_paused = False
+        # The client side this connection serves (set in use_for, paired by the exchange, unpaired when pooled,
+        # closed or the response ends).
+        self.flow: Flow | None = None
         self._parser = httptools.HttpResponseParser(self)
         # The response head as it arrives: end-to-end header lines as pieces (name, ": ", value, CRLF) after a
         # slot for the status line, the hop-by-hop headers (lower-cased name, value), whether Content-Length came.
@@ -85,7 +67,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._hop: list[tuple[bytes, bytes]] = []
         self._has_length = False
         self._out: list[bytes] = []
-        self._sink: asyncio.Transport | None = None
+        # The response head went to the flow: what the parser produces is for the client now.
+        self._sink = False
         self.interim = False
         self._upgrading = False
         self._client_chunked = False
@@ -115,8 +98,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._tunnel is not None:
-            self._tunnel.tunnel_reads += 1
-            self._tunnel.transport.write(data)
+            if self.flow is not None:
+                self.flow.relay_to_client(data)
             return
         if self.exchange is None:
             # Bytes nobody asked for: the connection's framing can no longer be trusted.
@@ -141,7 +124,7 @@ class UpstreamConnection(asyncio.Protocol):
                 self.complete = False
                 self._finish()
                 return
-            self._refused(err.__context__ if isinstance(err.__context__, _BadResponse) else None)
+            self._refused(err.__context__ if isinstance(err.__context__, Refused) else None)
             return
         if self.complete is not None:
             self._finish()
@@ -160,30 +143,32 @@ class UpstreamConnection(asyncio.Protocol):
         self.endpoint.forget(self)
         tunnel, self._tunnel = self._tunnel, None
         if tunnel is not None:
+            self._unpair()
             tunnel.tunnel_closed()
             return
         exchange = self.exchange
         if exchange is None:
+            self._unpair()
             return
         if self._until_close and exchange.response_started:
             # A close-delimited body ends with the connection: that is the whole response.
             if self._client_chunked:
                 self._out.append(CHUNK_END)
             self._flush()
-            exchange.response_done(upstream_reusable=False)
+            self.exchange = None
+            self.close()
+            exchange.response_done()
             return
         self._flush()
         self._lost("closed the connection")
 
     def pause_writing(self) -> None:
-        client = self._tunnel or (self.exchange.client if self.exchange else None)
-        if client is not None:
-            client.pause_reading_for_upstream()
+        if self.flow is not None:
+            self.flow.upstream_slow()
 
     def resume_writing(self) -> None:
-        client = self._tunnel or (self.exchange.client if self.exchange else None)
-        if client is not None:
-            client.resume_reading_for_upstream()
+        if self.flow is not None:
+            self.flow.upstream_ready()
 
     # --- httptools callbacks ---
 
@@ -191,7 +176,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self.complete is not None:
             # A second message in the read that ended the response: on a pooled connection it would be read as
             # the answer to the next request sent on it (another client's).
-            raise _BadResponse("sent bytes after its response", "bytes_after_response")
+            raise Refused("sent bytes after its response", "bytes_after_response")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._chunk_empty:
@@ -199,8 +184,7 @@ class UpstreamConnection(asyncio.Protocol):
             # with the trailer section, so ones that complete within one read are bounded too.
             self._head_bytes += len(name) + len(value)
             return
-        # Only names as long as a hop-by-hop one or Content-Length need a closer (lower-cased) look.
-        if len(name) in _SPECIAL_LENGTHS:
+        if len(name) in RESPONSE_SPECIAL_LENGTHS:
             lower = name.lower()
             if lower in HOP_BY_HOP:
                 self._hop.append((lower, value))
@@ -227,9 +211,26 @@ class UpstreamConnection(asyncio.Protocol):
         if status == 101 and not exchange.upgrade:
             self._lost("switched protocols unasked")
             return
-        head, upstream_close = self._response_head(exchange, status, lines, hop, has_length)
+        response = forwarded_response_head(
+            status,
+            lines,
+            hop,
+            has_length,
+            is_head=exchange.is_head,
+            keep_alive=exchange.keep_alive,
+            body_done=exchange.body_done,
+            draining=exchange.client.server.draining,
+            http10=exchange.http10,
+            cold_wait=exchange.waited if exchange.cold else None,
+            via=exchange.client.server.via,
+        )
+        head, upstream_close = response.head, response.upstream_close
+        self._client_chunked = response.client_chunked
+        self._until_close = response.until_close
+        if response.close:
+            exchange.keep_alive = False
         exchange.response_started = True
-        self._sink = exchange.client.transport
+        self._sink = True
         self._out.append(head)
         self._unsent_head = True
         if exchange.cold:
@@ -267,6 +268,8 @@ class UpstreamConnection(asyncio.Protocol):
     def use_for(self, exchange: Exchange) -> None:
         """Bind the connection to `exchange` before its request is written."""
         self.exchange = exchange
+        # Paired by the exchange as it sends its request (Flow.pair).
+        self.flow = exchange.flow
         self._head_bytes = 0
         self._chunk_empty = False
         self._until_close = False
@@ -281,7 +284,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def check_deadline(self, now: float) -> None:
         if self.deadline and now >= self.deadline:
-            if self.reads_moved() or self.reading_paused:
+            if self.reads_moved() or (self.flow is not None and self.flow.upstream_paused):
                 # The body is still coming, or the client is the slow one (its own send_timeout covers that).
                 self.deadline = now + self._timeout
             else:
@@ -297,89 +300,48 @@ class UpstreamConnection(asyncio.Protocol):
 
     def release(self) -> None:
         self.exchange = None
-        self._sink = None
+        self._sink = False
         self.deadline = 0.0
-        if self.reading_paused:
-            # Paused for a slow client whose response has now been handed over in full: the next user reads.
-            self.reading_paused = False
-            if not self.closed and not self.transport.is_closing():
-                self.transport.resume_reading()
+        self._unpair()
         self.endpoint.release(self)
+
+    def abandon(self) -> None:
+        """The exchange ended before its response did: the connection's framing is lost, close it."""
+        self.exchange = None
+        self.close()
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
             self._cancel_timer()
             self.transport.close()
+        self._unpair()
+
+    def _unpair(self) -> None:
+        # A pause for a slow client ends here too: the connection's next user reads.
+        flow, self.flow = self.flow, None
+        if flow is not None:
+            flow.unpair(self)
 
     # --- internals ---
 
-    def _response_head(
-        self, exchange: Exchange, status: int, lines: list[bytes], hop: list[tuple[bytes, bytes]], has_length: bool
-    ) -> tuple[bytes, bool]:
-        """The head for the client from the pieces on_header kept, and whether the upstream said Connection: close."""
-        parts = lines
-        parts[0] = status_line(status)
-        codings: list[bytes] = []
-        tokens = _NO_TOKENS
-        upgrade = b""
-        for lower, value in hop:
-            if lower == b"connection":
-                tokens = tokens | (_PLAIN_TOKENS.get(value) or connection_tokens(value))
-            elif lower == b"transfer-encoding":
-                codings += transfer_codings(value)
-            elif lower == b"upgrade":
-                upgrade = trim(value)
-        # The body is re-framed for the client: only chunked (which the parser removes) can be carried over.
-        if codings and codings != [b"chunked"]:
-            raise _BadResponse("sent a Transfer-Encoding other than chunked", "transfer_coding")
-        chunked = bool(codings)
-        if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:
-            if not tokens.isdisjoint(FRAMING):
-                raise _BadResponse(
-                    "named a framing header in Connection (it would be forwarded unframed)", "connection_names_framing"
-                )
-            # Headers the upstream named in Connection are hop-by-hop too.
-            at_names = range(1, len(parts), 4)
-            parts[1:] = [piece for at in at_names if parts[at].lower() not in tokens for piece in parts[at : at + 4]]
-        if status == 204 and has_length:
-            # RFC 9110 8.6: never in a 204 (the parser reads none there); a client that believed it would take
-            # the next response on its connection for this one's body.
-            at_names = range(1, len(parts), 4)
-            parts[1:] = [
-                piece for at in at_names if parts[at].lower() != b"content-length" for piece in parts[at : at + 4]
-            ]
-        client = exchange.client
-        if status == 101:
-            parts.append(b"Connection: Upgrade\r\nUpgrade: %b\r\n" % upgrade)
-        else:
-            no_body = exchange.is_head or status in _NO_BODY_STATUSES
-            close = not exchange.keep_alive or not exchange.body_done or client.server.draining
-            if not no_body and not has_length:
-                if exchange.http10:
-                    close = True  # an HTTP/1.0 client reads the body until the connection closes
-                else:
-                    self._client_chunked = True
-                    parts.append(b"Transfer-Encoding: chunked\r\n")
-                self._until_close = not chunked
-            if close:
-                exchange.keep_alive = False
-                parts.append(b"Connection: close\r\n")
-            elif exchange.http10:
-                parts.append(b"Connection: keep-alive\r\n")
-        if exchange.cold:
-            parts.append(b"X-Zeroscale-Cold-Start: true\r\nX-Zeroscale-Hold-Seconds: %.3f\r\n" % exchange.waited)
-        if client.server.via:
-            parts.append(b"Via: 1.1 zeroscale\r\n")
-        parts.append(b"\r\n")
-        return b"".join(parts), b"close" in tokens
-
-    def _flush(self) -> None:
+    def _flush(self, *, last: bool = False) -> None:
+        """What this read produced goes to the client in one write; `last`: the response ends with it."""
         self._unsent_head = False
-        if self._out:
-            if self._sink is not None:
-                self._sink.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
+        out = self._out
+        data = b""
+        if out:
+            if self._sink:
+                data = b"".join(out) if len(out) > 1 else out[0]
             self._out = []
+        flow = self.flow
+        if flow is None:
+            return
+        if last:
+            self.flow = None
+            flow.finish(self, data)
+        elif data:
+            flow.to_client(data)
 
     def _start_tunnel(self, rest: bytes) -> None:
         exchange = self.exchange
@@ -387,9 +349,10 @@ class UpstreamConnection(asyncio.Protocol):
             self._lost("switched protocols unasked")
             return
         self._tunnel = exchange.client
+        self.exchange = None
         exchange.client.start_tunnel(self)
-        if rest:
-            exchange.client.transport.write(rest)
+        if rest and self.flow is not None:
+            self.flow.to_client(rest)
 
     def _finish(self) -> None:
         """A response ended in the read just parsed and nothing after it (or the connection is not reused)."""
@@ -398,23 +361,29 @@ class UpstreamConnection(asyncio.Protocol):
         if exchange is not None and exchange.is_head:
             # A fresh parser reads the next response on this connection.
             self._parser = httptools.HttpResponseParser(self)
-        self._flush()
+        self._flush(last=exchange is not None)
         if exchange is not None:
-            exchange.response_done(upstream_reusable=reusable)
+            # Pooled or closed first: the exchange's end may send a held request on this very connection.
+            self.exchange = None
+            if reusable and exchange.body_done and exchange.pool_upstream:
+                self.release()
+            else:
+                self.close()
+            exchange.response_done()
 
     def _head_too_large(self, exchange: Exchange) -> None:
         """A response head, or a response's trailer section, is over the route's bound."""
         limit = exchange.route.limits.max_response_head_bytes
         telemetry.LIMIT_HITS.labels(exchange.route.name, "max_response_head_bytes").inc()
         self._refused(
-            _BadResponse(
+            Refused(
                 f"sent a response head or trailers larger than {limit} bytes (route {exchange.route.name}: "
                 "limits.max_response_head_bytes)",
                 "head_too_large",
             )
         )
 
-    def _refused(self, bad: _BadResponse | None) -> None:
+    def _refused(self, bad: Refused | None) -> None:
         """A response that cannot be forwarded: 502 if nothing of it reached the client, else cut off; the
         connection is closed, never pooled."""
         self.complete = None
@@ -470,15 +439,16 @@ class Endpoint:
     def __repr__(self) -> str:
         return f"Endpoint({self.host}:{self.port})"
 
-    def dispatch(self, exchange: Exchange) -> None:
+    def dispatch(self, exchange: Exchange) -> UpstreamConnection | None:
+        """An idle connection bound to `exchange`, or None: a new one is dialled and attached once connected."""
         idle = self.idle
         while idle:
             connection = idle.pop()
             if not connection.closed:
                 connection.use_for(exchange)
-                exchange.attach(connection)
-                return
+                return connection
         self.route.spawn(self._connect_for(exchange))
+        return None
 
     async def _connect_for(self, exchange: Exchange) -> None:
         connection = await self.connect(self.route.limits.connect_timeout)

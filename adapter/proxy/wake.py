@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
+from typing import Protocol
 
 from adapter.config.kube import KubeAPIConfig
 from adapter.config.proxy import LocalScaleTarget, ScaleTarget
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError, KubeError
 from adapter.kube.scale import get_scale, set_replicas
-from adapter.proxy.route import Route
 from adapter.telemetry import proxy as telemetry
 
 log = logging.getLogger(__name__)
@@ -32,11 +31,29 @@ _CONFLICT_RETRIES = 3
 LOCAL_NAMESPACE = "local"
 
 
+class WakeListener(Protocol):
+    """What a waker wakes for and reports to (a Route): the only object it reads from or tells anything."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def cold(self) -> bool:
+        """Requests are held and no endpoint is usable: keep waking."""
+        ...
+
+    def wake_sent(self) -> None:
+        """The scale subresource is about to be patched (the start of the wake-to-ready time)."""
+
+    def wake_refused(self, message: str) -> None:
+        """The target is not woken (see intent.py): the held requests get `message`."""
+
+
 class Waker:
     def __init__(
         self,
         kube: KubeClient,
-        route: Route,
+        route: WakeListener,
         target: ScaleTarget,
         replicas: int,
         retry_interval: float,
@@ -44,7 +61,7 @@ class Waker:
     ) -> None:
         self._kube = kube
         self._refusal = refusal
-        self._route = route
+        self._listener = route
         self._target = target
         self._replicas = replicas
         self._retry_interval = retry_interval
@@ -54,7 +71,7 @@ class Waker:
         self._own_kube = False
 
     @classmethod
-    def local(cls, route: Route, target: LocalScaleTarget, replicas: int, retry_interval: float) -> Waker:
+    def local(cls, route: WakeListener, target: LocalScaleTarget, replicas: int, retry_interval: float) -> Waker:
         """Development mode: wake a Local target through the demo's loopback scaler (same calls as Kubernetes)."""
         kube = KubeClient.from_config(KubeAPIConfig(url=target.url))
         as_deployment = ScaleTarget(namespace=LOCAL_NAMESPACE, kind="Deployment", name=target.name)
@@ -77,7 +94,7 @@ class Waker:
         try:
             scale = await get_scale(self._kube, target.namespace, target.kind, target.name)
         except KubeError as err:
-            log.debug("route %s: cannot read the scale of %s: %s", self._route.name, target.name, err)
+            log.debug("route %s: cannot read the scale of %s: %s", self._listener.name, target.name, err)
             return
         self._replicas_gauge.set(scale.replicas)
 
@@ -90,7 +107,7 @@ class Waker:
             await self._kube.close()
 
     async def _run(self) -> None:
-        while self._route.cold:
+        while self._listener.cold:
             await self.wake_once()
             await asyncio.sleep(self._retry_interval)
 
@@ -108,27 +125,27 @@ class Waker:
                 refused = self._refusal() if self._refusal is not None else None
                 if refused is not None:
                     result = "refused"
-                    log.info("route %s: not waking %s: %s", self._route.name, target.name, refused)
-                    self._route.fail_held(503, refused)
+                    log.info("route %s: not waking %s: %s", self._listener.name, target.name, refused)
+                    self._listener.wake_refused(refused)
                     break
-                self._route.wake_sent_at = time.monotonic()
+                self._listener.wake_sent()
                 woken = await set_replicas(
                     self._kube, target.namespace, target.kind, target.name, self._replicas, scale.resource_version
                 )
                 self._replicas_gauge.set(woken.replicas)
                 result = "patched"
-                log.info("route %s: woke %s/%s to %d", self._route.name, target.kind, target.name, self._replicas)
+                log.info("route %s: woke %s/%s to %d", self._listener.name, target.kind, target.name, self._replicas)
                 break
             except KubeAPIError as err:
                 if err.status == 409:
                     result = "conflict"
-                    telemetry.WAKES.labels(self._route.name, result).inc()
+                    telemetry.WAKES.labels(self._listener.name, result).inc()
                     continue
                 hint = " (grant patch on the scale subresource, or use wake: hpa)" if err.status == 403 else ""
-                log.warning("route %s: cannot wake %s: %s%s", self._route.name, target.name, err, hint)
+                log.warning("route %s: cannot wake %s: %s%s", self._listener.name, target.name, err, hint)
                 break
             except KubeError as err:
-                log.warning("route %s: cannot wake %s: %s", self._route.name, target.name, err)
+                log.warning("route %s: cannot wake %s: %s", self._listener.name, target.name, err)
                 break
-        telemetry.WAKES.labels(self._route.name, result).inc()
+        telemetry.WAKES.labels(self._listener.name, result).inc()
         return result

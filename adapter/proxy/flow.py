@@ -1,0 +1,93 @@
+"""Bytes and back-pressure between one client connection and the upstream connection serving it.
+
+One `Flow` per client connection, paired with at most one upstream connection at a time (the one
+attached to the request being served, or the tunnel). Everything that crosses between the two sides
+goes through it: the forwarded request and response bytes, a tunnel's bytes (counted, so the sweeper
+sees a tunnel moving), and the pauses of a side whose peer reads too slowly. Neither protocol touches
+the other's transport or flags.
+
+    client transport  <-- to_client / relay_to_client ---  UpstreamConnection
+    ClientConnection, Exchange  --- pair / to_upstream / relay_to_upstream -->  upstream transport
+    client too slow (its pause_writing)   -> client_slow: upstream reading paused, until client_ready/unpair
+    upstream too slow (its pause_writing) -> upstream_slow: client reading paused, until upstream_ready
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from adapter.proxy.client import ClientConnection
+    from adapter.proxy.upstream import UpstreamConnection
+
+
+class Flow:
+    __slots__ = ("client", "reads", "upstream", "upstream_paused")
+
+    def __init__(self, client: ClientConnection) -> None:
+        self.client = client
+        self.upstream: UpstreamConnection | None = None
+        # Upstream reading is paused because the client reads slower than the upstream answers.
+        self.upstream_paused = False
+        # A tunnel's reads, both directions: the client's sweeper closes one that stops moving.
+        self.reads = 0
+
+    def pair(self, upstream: UpstreamConnection, data: bytes) -> None:
+        """`upstream` serves this client from now on; `data` (a request's first bytes) goes to it."""
+        self.upstream = upstream
+        upstream.transport.write(data)
+
+    def unpair(self, upstream: UpstreamConnection) -> None:
+        """`upstream` stops serving this client (pooled or closed): reading it again is its next user's business."""
+        if self.upstream is not upstream:
+            return
+        self.upstream = None
+        if self.upstream_paused:
+            self.upstream_paused = False
+            if not upstream.closed and not upstream.transport.is_closing():
+                upstream.transport.resume_reading()
+
+    # --- bytes ---
+
+    def to_client(self, data: bytes) -> None:
+        self.client.transport.write(data)
+
+    def to_upstream(self, data: bytes) -> None:
+        upstream = self.upstream
+        if upstream is not None:
+            upstream.transport.write(data)
+
+    def finish(self, upstream: UpstreamConnection, data: bytes) -> None:
+        """The response's last bytes (maybe none): written, and `upstream` no longer serves this client."""
+        if data:
+            self.client.transport.write(data)
+        self.unpair(upstream)
+
+    def relay_to_client(self, data: bytes) -> None:
+        self.reads += 1
+        self.client.transport.write(data)
+
+    def relay_to_upstream(self, data: bytes) -> None:
+        self.reads += 1
+        self.to_upstream(data)
+
+    # --- back-pressure ---
+
+    def client_slow(self) -> None:
+        upstream = self.upstream
+        if upstream is not None and not upstream.closed:
+            upstream.transport.pause_reading()
+            self.upstream_paused = True
+
+    def client_ready(self) -> None:
+        upstream = self.upstream
+        if self.upstream_paused and upstream is not None:
+            self.upstream_paused = False
+            if not upstream.closed:
+                upstream.transport.resume_reading()
+
+    def upstream_slow(self) -> None:
+        self.client.pause_reading_for_upstream()
+
+    def upstream_ready(self) -> None:
+        self.client.resume_reading_for_upstream()
