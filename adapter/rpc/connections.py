@@ -64,7 +64,9 @@ class ConnectionWatch:
         while True:
             open_now = await asyncio.to_thread(count_connections, self._port)
             gauge.set(open_now)
-            full = open_now >= self._limit
+            # gRPC counts the connection it is accepting against the cap too: at the cap it was seen holding
+            # `limit - 1` while closing every new one, so one short of it is already "full".
+            full = open_now >= max(1, self._limit - 1)
             if full and not self._full:
                 telemetry.GRPC_CONNECTIONS_FULL.labels(self._server).inc()
                 held = _throttle.allow(self._server)
