@@ -225,7 +225,8 @@ def _list_problem(status: int, document: dict[str, Any], metric: str) -> str | N
             problem = "is not a Quantity"
         if problem is not None:
             return f"item {index} with value {str(value)[:64]!r}, which {problem}"
-        labels = item.get("metricLabels", {})
+        # Go writes a nil map as null (KEDA's metrics server does, for items without labels): no labels.
+        labels = item.get("metricLabels") or {}
         if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
             return f"item {index} with metricLabels that are not strings"
     return None

@@ -22,7 +22,7 @@ import pydantic
 import pytest
 import trustme
 
-from adapter.api.delegate import Delegate, DiscoveryError
+from adapter.api.delegate import Delegate, DiscoveryError, _list_problem
 from adapter.config import ZeroscaleConfig
 from adapter.config.delegate import DelegateConfig
 from adapter.serve import serve
@@ -491,3 +491,14 @@ async def test_names_no_caller_could_ask_are_not_listed(delegate_ca: trustme.CA,
         finally:
             await delegate.close()
     assert delegate.names() == ("s0-jobs",)
+
+
+def test_items_whose_labels_go_wrote_as_null_are_a_list_not_a_problem() -> None:
+    """KEDA's metrics server (Go) writes an item's nil `metricLabels` map as null: that is no labels, not a 502."""
+    document = {
+        "kind": "ExternalMetricValueList",
+        "items": [{"metricName": "s0-redis-jobs", "metricLabels": None, "value": "3", "timestamp": "x"}],
+    }
+    assert _list_problem(200, document, "s0-redis-jobs") is None
+    document["items"][0]["metricLabels"] = {"a": 1}
+    assert _list_problem(200, document, "s0-redis-jobs") == "item 0 with metricLabels that are not strings"
