@@ -495,10 +495,8 @@ async def test_names_no_caller_could_ask_are_not_listed(delegate_ca: trustme.CA,
 
 def test_items_whose_labels_go_wrote_as_null_are_a_list_not_a_problem() -> None:
     """KEDA's metrics server (Go) writes an item's nil `metricLabels` map as null: that is no labels, not a 502."""
-    document = {
-        "kind": "ExternalMetricValueList",
-        "items": [{"metricName": "s0-redis-jobs", "metricLabels": None, "value": "3", "timestamp": "x"}],
-    }
+    item: dict[str, Any] = {"metricName": "s0-redis-jobs", "metricLabels": None, "value": "3", "timestamp": "x"}
+    document: dict[str, Any] = {"kind": "ExternalMetricValueList", "items": [item]}
     assert _list_problem(200, document, "s0-redis-jobs") is None
-    document["items"][0]["metricLabels"] = {"a": 1}
+    item["metricLabels"] = {"a": 1}
     assert _list_problem(200, document, "s0-redis-jobs") == "item 0 with metricLabels that are not strings"
