@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 
@@ -25,3 +26,19 @@ def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 30.0) -> 
             if time.monotonic() > deadline:
                 raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:g}s") from None
             time.sleep(0.05)
+
+
+async def send_until_answered(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, chunk: bytes, times: int
+) -> bytes:
+    """Write `chunk` up to `times` times, stopping at the server's first answer (more bytes would only draw a
+    reset) or when it closes; returns what it answered (b"" if nothing)."""
+    for _ in range(times):
+        try:
+            writer.write(chunk)
+            return await asyncio.wait_for(reader.read(65536), 0.02)
+        except TimeoutError:
+            continue
+        except ConnectionError:
+            break
+    return b""

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from adapter.proxy.routing import Router, normalise_host
 from adapter.proxy.server import ProxyServer
+from tests.netutil import send_until_answered
 from tests.proxy.conftest import get, post, read_response, request, route, running_proxy
 from tests.proxy.upstream_app import Upstream
 
@@ -175,16 +176,7 @@ async def test_one_endless_header_line_is_431_not_buffered(upstream: Upstream) -
     async with running_proxy([route("endless", upstream.address)], max_header_bytes=1024) as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(b"GET /echo HTTP/1.1\r\nHost: a\r\nX-Endless: ")
-        answer = b""
-        with contextlib.suppress(ConnectionError):
-            for _ in range(64):
-                writer.write(b"a" * 1024)
-                try:
-                    # Stop sending once the proxy answered (more bytes would only draw a reset).
-                    answer = await asyncio.wait_for(reader.read(65536), 0.02)
-                    break
-                except TimeoutError:
-                    continue
+        answer = await send_until_answered(reader, writer, b"a" * 1024, 64)
         writer.close()
         assert answer.startswith(b"HTTP/1.1 431")
 

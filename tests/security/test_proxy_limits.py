@@ -12,7 +12,7 @@ import sys
 import pytest
 from prometheus_client import REGISTRY
 
-from tests.netutil import free_port
+from tests.netutil import free_port, send_until_answered
 from tests.proxy.conftest import Responses, get, read_response, request, route, running_proxy, until
 from tests.proxy.upstream_app import Upstream
 from tests.security.h11_upstream import H11Upstream
@@ -160,17 +160,7 @@ async def test_endless_trailers_are_431_not_buffered(upstream: Upstream) -> None
         writer.write(
             b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Trailer: "
         )
-        answer = b""
-        for _ in range(256):
-            writer.write(b"a" * 1024)
-            try:
-                # Stop sending once the proxy answered.
-                answer = await asyncio.wait_for(reader.read(65536), 0.02)
-                break
-            except TimeoutError:
-                continue
-            except ConnectionError:
-                break
+        answer = await send_until_answered(reader, writer, b"a" * 1024, 256)
         writer.close()
         assert answer.startswith(b"HTTP/1.1 431")
         assert server.routes["trailers"].counts.inflight == 0
