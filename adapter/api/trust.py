@@ -23,6 +23,7 @@ from adapter.api.tls import file_state
 from adapter.config.server import AuthConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeError
+from adapter.kube.watching import field
 from adapter.telemetry import api as telemetry
 
 log = logging.getLogger(__name__)
@@ -63,11 +64,17 @@ def bundle_from_files(config: AuthConfig) -> TrustBundle:
     )
 
 
-def bundle_from_configmap(data: dict[str, str], config: AuthConfig) -> TrustBundle:
+def bundle_from_configmap(data: dict[str, Any], config: AuthConfig) -> TrustBundle:
     """The bundle an extension-apiserver-authentication ConfigMap describes; raise ValueError."""
 
-    def names(key: str) -> list[str]:
+    def text(key: str) -> str:
         raw = data.get(key)
+        if raw is not None and not isinstance(raw, str):
+            raise ValueError(f"ConfigMap key {key} is not a string")
+        return raw or ""
+
+    def names(key: str) -> list[str]:
+        raw = text(key)
         if not raw:
             return []
         try:
@@ -79,7 +86,7 @@ def bundle_from_configmap(data: dict[str, str], config: AuthConfig) -> TrustBund
         return value
 
     def cas(key: str) -> tuple[x509.Certificate, ...]:
-        pem = data.get(key)
+        pem = text(key)
         return load_pem_bundle(pem.encode(), f"ConfigMap key {key}") if pem else ()
 
     return TrustBundle(
@@ -150,11 +157,11 @@ class TrustWatcher:
         assert self._client is not None
         _, configmap = await self._client.request("GET", f"{CONFIGMAPS}/{CONFIGMAP_NAME}")
         self._apply(configmap)
-        return str(configmap.get("metadata", {}).get("resourceVersion", ""))
+        return str(field(configmap, "metadata").get("resourceVersion", ""))
 
     def _apply(self, configmap: dict[str, Any]) -> None:
         try:
-            bundle = bundle_from_configmap(configmap.get("data") or {}, self._config)
+            bundle = bundle_from_configmap(field(configmap, "data"), self._config)
         except ValueError as err:
             telemetry.TLS_RELOADS.labels("client-cas", "failure").inc()
             log.error("%s refused, keeping the previous trust: %s", WHERE, err)
@@ -171,7 +178,7 @@ class TrustWatcher:
                 async for event in self._client.watch(path, version):
                     failures = 0
                     if event["type"] in ("ADDED", "MODIFIED"):
-                        self._apply(event["object"])
+                        self._apply(field(event, "object"))
             except KubeError as err:
                 failures += 1
                 log.warning("watch of %s failed: %s", WHERE, err)

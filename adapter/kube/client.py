@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,6 +22,11 @@ from adapter.redact import redact
 
 _POOL_SIZE = 8
 _MAX_ERROR_TEXT = 512
+# The API server is asked to end each watch after this long; the caller lists and watches again.
+WATCH_TIMEOUT_SECONDS = 290
+# One watch event (a JSON line) longer than this is refused: etcd stores objects of at most 1.5 MiB.
+MAX_WATCH_EVENT_BYTES = 8 * 1024 * 1024
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL = 15, 5
 
 
 def _api_error(status: int, body: bytes, secrets: tuple[str | None, ...]) -> KubeAPIError:
@@ -98,14 +104,21 @@ class KubeClient:
             raise KubeConnectionError(f"{method} {path}: {self._peer} answered {status} with a non-object")
         return status, decoded
 
-    async def watch(self, path: str, resource_version: str | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def watch(
+        self, path: str, resource_version: str | None = None, timeout_seconds: int = WATCH_TIMEOUT_SECONDS
+    ) -> AsyncIterator[dict[str, Any]]:
         """Yield the watch events ({"type", "object"}) of a collection until the server ends the watch.
 
-        An ERROR event (e.g. 410 Gone: the resourceVersion is too old) raises KubeAPIError,
-        so the caller lists again and restarts the watch.
+        The server is asked to end it after `timeout_seconds`; a stream still open `timeout` seconds
+        after that is a peer that went away without closing (no FIN, no RST): KubeConnectionError, so the
+        caller lists and watches again instead of waiting on it for ever. An ERROR event (e.g. 410 Gone:
+        the resourceVersion is too old) raises KubeAPIError, so the caller lists again and restarts.
         """
-        query = "watch=1" + (f"&resourceVersion={resource_version}" if resource_version else "")
+        query = f"watch=1&timeoutSeconds={timeout_seconds}" + (
+            f"&resourceVersion={resource_version}" if resource_version else ""
+        )
         full_path = f"{path}{'&' if '?' in path else '?'}{query}"
+        ends_by = asyncio.get_running_loop().time() + timeout_seconds + self._timeout
         try:
             async with asyncio.timeout(self._timeout):
                 connection = await self._connect()
@@ -127,14 +140,24 @@ class KubeClient:
             while True:
                 pending += exchange.response.take_body()
                 *lines, pending = pending.split(b"\n")
+                if len(pending) > MAX_WATCH_EVENT_BYTES:
+                    raise KubeConnectionError(
+                        f"watch {path}: {self._peer} sent an event longer than {MAX_WATCH_EVENT_BYTES} bytes"
+                    )
                 for line in lines:
                     if line.strip():
                         yield _watch_event(line)
                 if exchange.response.complete:
                     return
                 try:
-                    if not await exchange.read_more():
-                        return
+                    async with asyncio.timeout_at(ends_by):
+                        if not await exchange.read_more():
+                            return
+                except TimeoutError:
+                    raise KubeConnectionError(
+                        f"watch {path}: still open {self._timeout:g}s after the {timeout_seconds}s the server "
+                        "was asked to end it at: the connection is dead"
+                    ) from None
                 except OSError as err:
                     raise KubeConnectionError(f"watch {path}: {err}") from None
         finally:
@@ -156,6 +179,7 @@ class KubeClient:
             )
         except (OSError, ssl.SSLError) as err:
             raise KubeConnectionError(f"cannot connect to {self._peer} at {server.netloc}: {err}") from None
+        _keep_alive(writer.get_extra_info("socket"))
         return Connection(reader, writer)
 
     def _send(self, connection: Connection, method: str, path: str, body: bytes, content_type: str) -> None:
@@ -201,6 +225,18 @@ class KubeClient:
             else:
                 connection.close()
             return status, data
+
+
+def _keep_alive(sock: socket.socket | None) -> None:
+    """TCP keepalive probes, so a peer that vanished (no FIN, no RST) is noticed within about
+    KEEPALIVE_IDLE + 3 * KEEPALIVE_INTERVAL seconds, not only when a watch outlives its deadline."""
+    if sock is None:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; elsewhere the system's defaults apply
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
 
 
 def _watch_event(line: bytes) -> dict[str, Any]:

@@ -13,10 +13,9 @@ from urllib.parse import quote
 
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError
+from adapter.kube.watching import field, items_of, objects_by_name
 
 API_VERSIONS = ("discovery.k8s.io/v1", "discovery.k8s.io/v1beta1")
-# The API server ends a watch after this long; the caller watches again from the last resourceVersion.
-WATCH_TIMEOUT_SECONDS = 290
 
 
 def slices_path(api_version: str, namespace: str, service: str) -> str:
@@ -34,23 +33,22 @@ async def list_slices(client: KubeClient, namespace: str, service: str) -> tuple
             if err.status == 404 and api_version != API_VERSIONS[-1]:
                 continue
             raise
-        items = {item["metadata"]["name"]: item for item in listing.get("items") or []}
+        items = objects_by_name(listing)
         return path, items, str((listing.get("metadata") or {}).get("resourceVersion", ""))
     raise AssertionError("unreachable: the last version re-raises")
 
 
 async def watch_slices(client: KubeClient, path: str, resource_version: str) -> AsyncIterator[dict[str, Any]]:
     """The events after `resource_version`, until the server ends the watch; 410 Gone raises KubeAPIError."""
-    async for event in client.watch(f"{path}&timeoutSeconds={WATCH_TIMEOUT_SECONDS}", resource_version or None):
+    async for event in client.watch(path, resource_version or None):
         yield event
 
 
 def _port_of(slice_obj: dict[str, Any], port: str | int) -> int | None:
     """The endpoint port for the Service port name (or, given a number, that number if the slice has it)."""
-    ports = slice_obj.get("ports") or []
-    for entry in ports:
-        number = entry.get("port")
-        if number is None:
+    for entry in items_of(slice_obj, "ports"):
+        number = entry.get("port") if isinstance(entry, dict) else None
+        if not isinstance(number, int) or isinstance(number, bool):
             continue
         if isinstance(port, int) and number == port:
             return int(number)
@@ -71,14 +69,14 @@ def ready_addresses(slices: Iterable[dict[str, Any]], port: str | int) -> list[t
         number = _port_of(slice_obj, port)
         if number is None:
             continue
-        for endpoint in slice_obj.get("endpoints") or []:
-            conditions = endpoint.get("conditions") or {}
+        for endpoint in items_of(slice_obj, "endpoints"):
+            conditions = field(endpoint, "conditions")
             ready = conditions.get("ready")
             terminating = conditions.get("terminating") is True
             is_serving = conditions.get("serving")
             if is_serving is None:
                 is_serving = ready in (None, True)
-            addresses = [(str(address), number) for address in endpoint.get("addresses") or []]
+            addresses = [(address, number) for address in items_of(endpoint, "addresses") if isinstance(address, str)]
             if ready in (None, True) and not terminating:
                 usable.extend(addresses)
             elif is_serving:

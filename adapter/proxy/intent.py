@@ -35,6 +35,7 @@ class HPAIntent(WatchTask):
     def __init__(self, kube: KubeClient, namespace: str) -> None:
         self._kube = kube
         self.namespace = namespace
+        self.watch_name = f"HPA watch of {namespace}"
         self._hpas: dict[str, dict[str, Any]] | None = None  # None until the first list
         self._failure: str | None = None  # why the latest list failed, while none has succeeded
 

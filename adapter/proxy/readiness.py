@@ -40,6 +40,7 @@ class EndpointSliceWatcher(WatchTask):
         self._route = route
         self._upstream = upstream
         self._fallback = fallback
+        self.watch_name = f"EndpointSlice watch of route {route.name}"
 
     async def _run(self) -> None:
         upstream = self._upstream

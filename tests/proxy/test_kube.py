@@ -291,3 +291,27 @@ def test_ready_addresses_follow_spec_8_1() -> None:
     assert ready_addresses(draining, "http") == [("10.0.0.6", 80)]
     gone = [endpoint_slice("d", "web", [("10.0.0.7", {"ready": False, "serving": False, "terminating": True})], 80)]
     assert ready_addresses(gone, "http") == []
+
+
+async def test_malformed_slices_and_hpas_neither_stop_the_watch_nor_the_wake(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """Objects no real API server would send (wrong JSON types where a list or object belongs) are read as
+    objects without those fields: the route keeps following the watch and an HPA that says nothing readable
+    does not count as scaling the target."""
+    collection = slices_collection("default")
+    broken = endpoint_slice("web-0", "web", [], 8080)
+    broken["ports"] = "junk"
+    broken["endpoints"] = ["junk", {"conditions": "junk", "addresses": [5, None]}]
+    kube.put(collection, broken)
+    odd = {"kind": "Port", "ports": [{"name": "http", "port": "8080"}, {"name": "http", "port": True}]}
+    kube.put(collection, {**endpoint_slice("web-1", "web", [("10.0.0.9", {})], 8080), **odd})
+    kube.put(HPA_COLLECTION, {"metadata": {"name": "odd", "namespace": "default"}, "spec": "junk", "status": []})
+    async with running_proxy([service_route("watched")], kube=kube_client) as server:
+        route = server.routes["watched"]
+        kube.put(collection, endpoint_slice("web-2", "web", [("10.0.0.3", {"ready": True})], 8080))
+        await until(lambda: [(e.host, e.port) for e in route.endpoints] == [("10.0.0.3", 8080)])
+        await until(lambda: server.intents["default"].synced)
+        # "odd" scales nothing readable: the target counts as one without an HPA.
+        assert server.intents["default"].refusal(route_target(), wake_without_hpa=True) is None
+        assert server.intents["default"].refusal(route_target(), wake_without_hpa=False) is not None

@@ -1,0 +1,11 @@
+"""Metrics of the Kubernetes watches both processes keep (EndpointSlices, HPAs, the activator's reads)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+WATCH_CRASHES = Counter(
+    "zeroscale_kube_watch_crashes_total",
+    "Watch loops that stopped on an unexpected error (a malformed object, a bug) and were started again",
+    ["watch"],
+)
