@@ -17,6 +17,9 @@ the value is younger than `max_staleness`:
   a series that is subscribed or whose asker is still around (its next ask is not half an
   `interval` late, or it was asked within `interval` when its asks have no period yet), one
   refresh in flight at a time and, for pushes without pause, one per `push_interval`;
+- the source follows a series' changes (`Source.watch`: a Kafka group polled every round, Redis
+  keyspace notifications) only while it is subscribed or its asker is around, by the same rule; a
+  look that finds the asker gone unwatches it, and the next ask or subscription watches it again;
 - nothing else reads the source: a series nobody asks for costs at most the one refresh planned
   for an ask that did not come, and is dropped after `idle_ttl` without asks.
 
@@ -97,6 +100,7 @@ class _Series:
         self.changed = False  # the source pushed a change since the latest refresh started
         self.push_read_at = -float("inf")  # monotonic time the latest refresh for a pushed change started
         self.due: float | None = None  # when the schedule looks at it next
+        self.watched = True  # the source pushes its changes (source.watch), see MetricCache._wanted
         self.in_flight: asyncio.Task[None] | None = None
         self.requests: list[tuple[str, str, str]] = []  # spellings of this series' requests, see _by_request
         self.labels = {key: ",".join(values) for key, values in query.params.items()}
@@ -145,12 +149,16 @@ class MetricCache:
         listeners.append(listener)
         series = self._series.get(key)
         if series is not None:
+            self._watch(series)
             self._schedule.at(series, max(self._clock(), series.refreshed_at + series.interval))
 
         def unsubscribe() -> None:
             listeners.remove(listener)
             if not listeners and self._listeners.get(key) is listeners:
                 del self._listeners[key]
+                left = self._series.get(key)
+                if left is not None:  # look at once: nobody may want its changes any more
+                    self._schedule.at(left, self._clock())
 
         return unsubscribe
 
@@ -167,6 +175,7 @@ class MetricCache:
             self._remember(request, series)
         now = self._clock()
         self._asked(series, now)
+        self._watch(series)
         if series.fresh(now):
             if now - series.read_at > series.interval:
                 if series.in_flight is None:  # served now, refreshed at the next tick
@@ -214,6 +223,36 @@ class MetricCache:
         if series.ask_period is None:
             return now - series.last_access < series.interval
         return now - series.last_access < series.ask_period + series.interval / 2  # the next ask is not late yet
+
+    def _unwanted_at(self, series: _Series) -> float:
+        """When `_wanted` turns false if nobody asks or subscribes before then."""
+        if series.ask_period is None:
+            return series.last_access + series.interval
+        return series.last_access + series.ask_period + series.interval / 2
+
+    def _owed(self, series: _Series, now: float) -> bool:
+        """A refresh is due now: an ask found the value old, a change was pushed, a subscribed series'
+        interval is up, or the refresh planned for the next ask is due. Any other look (one planned for
+        a time that has moved since) must not read the source again."""
+        if series.stale_asked or series.changed:
+            return True
+        if self._listeners.get(series.key) and now >= series.refreshed_at + series.interval - COALESCE:
+            return True
+        if series.ask_period is None or series.refreshed_at >= self._ahead(series) - COALESCE:
+            return False  # no asks to plan for, or the refresh for the next ask is done
+        return now >= self._planned(series) - COALESCE
+
+    def _watch(self, series: _Series) -> None:
+        if not series.watched:
+            series.watched = True
+            series.source.watch(series.query)
+
+    def _unwatch(self, series: _Series) -> None:
+        """Nobody is around for its changes: the source stops following them (a Kafka group is no longer
+        polled) until the next ask or subscription. A series nobody asks for costs the source nothing."""
+        if series.watched:
+            series.watched = False
+            series.source.unwatch(series.query)
 
     def _unavailable(self, series: _Series) -> MetricUnavailable:
         telemetry.STALE_READS.labels(series.key.metric).inc()
@@ -274,7 +313,7 @@ class MetricCache:
         telemetry.SERIES.labels(series.key.metric).dec()
         with contextlib.suppress(KeyError):  # never read successfully: no value series was made
             telemetry.SERIES_VALUE.remove(series.key.metric, series.key.namespace, series.key.selector)
-        series.source.unwatch(series.query)
+        self._unwatch(series)
         self._schedule.cancel(series)
 
     def _live(self, series: _Series) -> bool:
@@ -301,12 +340,17 @@ class MetricCache:
             self._drop(series)
         elif series.in_flight is not None:
             pass  # its end schedules the next look
-        elif self._wanted(series, now):
+        elif not self._wanted(series, now):
+            self._unwatch(series)
+            self._schedule.at(series, series.last_access + self._config.idle_ttl)
+        elif self._owed(series, now):
             if series.changed:
                 series.push_read_at = now
             self._refresh(series)
-        else:
-            self._schedule.at(series, series.last_access + self._config.idle_ttl)
+        else:  # a look planned for an ask that has moved since
+            if series.ask_period is not None:
+                self._schedule.at(series, self._planned(series))
+            self._schedule.at(series, max(now + COALESCE, self._unwanted_at(series)))
 
     def _refresh(self, series: _Series) -> asyncio.Task[None]:
         """Start a refresh, or join the one in flight (singleflight)."""
@@ -334,6 +378,8 @@ class MetricCache:
         if series.ask_period is not None and self._ahead(series) > series.refreshed_at + COALESCE:
             # This was not the refresh planned for the next ask (it came earlier): plan that one.
             schedule.at(series, self._planned(series))
+        # When the asker may have gone: stop following the source's changes then (see _visit).
+        schedule.at(series, max(now, self._unwanted_at(series)))
         schedule.at(series, series.last_access + self._config.idle_ttl)
 
     async def _query(self, series: _Series) -> None:

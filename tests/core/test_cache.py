@@ -136,9 +136,37 @@ async def test_an_idle_series_costs_no_reads_and_is_dropped_after_idle_ttl() -> 
         await tick(clock, 10)
     assert source.queries == 1  # the old cache read it every interval while it waited for idle_ttl
     assert cache.series_count() == 1
-    assert len(source.watched) == 1
+    assert source.watched == []  # nobody is around for its changes: the source no longer follows them
     await tick(clock, 51)
     assert cache.series_count() == 0
+    assert source.watched == []
+    await cache.close()
+
+
+async def test_a_series_is_watched_while_its_asker_is_around_and_again_when_it_comes_back() -> None:
+    source = ScriptedSource()
+    clock = Clock()
+    cache = make_cache(source, clock, interval=0.02, idle_ttl=1000)
+    for ask in range(4):  # asked every 15 s, as an HPA does
+        await cache.read("jobs", "ns", "")
+        assert len(source.watched) == 1
+        await tick(clock, 14.9)
+        # After one ask nobody knows when the next comes: followed for `interval`; then till the next is late.
+        assert len(source.watched) == (1 if ask else 0)
+        await tick(clock, 0.1)
+    await tick(clock, 1)  # 16 s since the last ask: the next one (due at 15 s) is more than interval/2 late
+    assert source.watched == []
+    queries = source.queries
+    for _ in range(5):
+        await tick(clock, 15)
+    assert source.queries == queries  # not watched: no pushed change and no refresh
+    await cache.read("jobs", "ns", "")
+    assert len(source.watched) == 1  # the asker is back: followed again at once
+    unsubscribe = cache.subscribe(next(iter(cache._series)), lambda _reading: None)
+    await tick(clock, 100)
+    assert len(source.watched) == 1  # subscribed: watched however long nobody reads it
+    unsubscribe()
+    await tick(clock, 0)
     assert source.watched == []
     await cache.close()
 
@@ -171,8 +199,13 @@ async def test_an_unforeseen_ask_is_served_at_once_and_refreshes_at_the_next_tic
     clock.now += 5  # older than interval, younger than max_staleness
     async with asyncio.timeout(1):
         assert (await cache.read("jobs", "ns", "")).value == 7
-    await asyncio.sleep(0.05)
-    assert source.queries == 2  # the refresh started by the ask, in the background
+    # The refresh started by the ask, in the background: at the next tick, which a test's clock that jumped
+    # reaches within the schedule's max_sleep (interval) of real time.
+    for _ in range(40):
+        await asyncio.sleep(0.05)
+        if source.queries == 2:
+            break
+    assert source.queries == 2
     source.delay = 0
     clock.now += 1
     await cache.read("jobs", "ns", "")  # the refresh in flight serves this ask too: no second one

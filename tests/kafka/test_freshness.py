@@ -163,3 +163,38 @@ def partition_lags(source: KafkaLag, metric: str, topic: str) -> dict[str, float
         and sample.labels["metric"] == metric
         and sample.labels["topic"] == topic
     }
+
+
+def _broker_requests(source: str) -> float:
+    return sum(
+        REGISTRY.get_sample_value("zeroscale_kafka_requests_total", {"source": source, "api": api}) or 0
+        for api in ("Metadata", "FindCoordinator", "OffsetFetch", "ListOffsets")
+    )
+
+
+async def test_a_group_is_polled_only_while_its_asker_is_around(
+    kafka: KafkaDriver, broker: KafkaBroker, name: str
+) -> None:
+    """The source's poll rounds follow the asks: none once the asker has gone, at once when it is back."""
+    await kafka.topic(name, 1)
+    await kafka.produce(name, {0: 2})
+    await kafka.commit(name, {(name, 0): 1})
+    poll = 0.1
+    source = KafkaLag(source_config(broker.bootstrap, poll_interval=poll))
+    metric = lag_metric(source.name)
+    cache = MetricCache(Catalogue([metric]), {source.name: source}, CacheConfig(interval=0.2, idle_ttl=3600))
+    selector = f"group={name}"
+    try:
+        assert (await cache.read(metric.name, "default", selector)).value == 1
+        await asyncio.sleep(0.5)  # one ask and no period: followed for `interval`, then not
+        before = _broker_requests(source.name)
+        await asyncio.sleep(5 * poll)
+        assert _broker_requests(source.name) == before  # five poll rounds without a request
+        assert cache.series_count() == 1  # still in the table until idle_ttl
+        assert (await cache.read(metric.name, "default", selector)).value == 1
+        after_ask = _broker_requests(source.name)
+        await asyncio.sleep(0.3)
+        assert _broker_requests(source.name) > after_ask  # polled again
+    finally:
+        await cache.close()
+        await source.close()
