@@ -65,6 +65,7 @@ class ClientConnection(asyncio.Protocol):
         "_closed",
         "_config",
         "_early",
+        "_early_bytes",
         "_forwarded",
         "_forwarded_node",
         "_head_bytes",
@@ -111,6 +112,7 @@ class ClientConnection(asyncio.Protocol):
         self._waiting: deque[Exchange] = deque()
         self._tunnel: UpstreamConnection | None = None
         self._early: list[bytes] | None = None  # bytes after an upgrade request, until the tunnel is up
+        self._early_bytes = 0  # their length, kept as they come (re-summing per segment is quadratic)
         self._pauses = 0
         # Bytes and back-pressure to and from the upstream connection serving this client.
         self.flow = Flow(self)
@@ -199,6 +201,7 @@ class ClientConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade as upgrade:
             rest = data[upgrade.args[0] :]
             self._early = [bytes(rest)] if rest else []
+            self._early_bytes = len(rest)
         except httptools.HttpParserError as err:
             if not self._rejected:
                 self._bad_request(str(err))
@@ -246,7 +249,8 @@ class ClientConnection(asyncio.Protocol):
     def _keep_early(self, data: bytes) -> None:
         assert self._early is not None
         self._early.append(data)
-        if sum(map(len, self._early)) > _MAX_EARLY_TUNNEL_BYTES:
+        self._early_bytes += len(data)
+        if self._early_bytes > _MAX_EARLY_TUNNEL_BYTES:
             self.abort()
 
     def _keep_ahead(self, data: bytes) -> None:
