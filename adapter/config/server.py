@@ -92,6 +92,11 @@ class CacheConfig(Strict):
     interval: Duration = 5.0
     max_staleness: Duration = 60.0
     idle_ttl: Duration = 600.0
+    # A series asked by nobody for this long (and not subscribed) is no longer followed by its source (a Kafka
+    # group stops being polled, Redis notifications for its keys are dropped) until it is asked again; longer
+    # while its asks have a period and the next one is not yet half an interval late. Twice the HPA's default
+    # sync period: its second ask comes within it.
+    unwatch_after: Duration = Field(default=30.0, gt=0)
     query_timeout: Duration = 10.0
     # Pushed changes refresh a series at most once per this long: a queue written to without pause (any
     # producer) would otherwise make one read per source round trip. Above the schedule's 50 ms coalescing.

@@ -18,8 +18,9 @@ the value is younger than `max_staleness`:
   `interval` late, or it was asked within `interval` when its asks have no period yet), one
   refresh in flight at a time and, for pushes without pause, one per `push_interval`;
 - the source follows a series' changes (`Source.watch`: a Kafka group polled every round, Redis
-  keyspace notifications) only while it is subscribed or its asker is around, by the same rule; a
-  look that finds the asker gone unwatches it, and the next ask or subscription watches it again;
+  keyspace notifications) only while it is subscribed or its asker is around, by the same rule but
+  for at least `unwatch_after` after each ask; a look that finds the asker gone then unwatches it,
+  and the next ask or subscription watches it again;
 - nothing else reads the source: a series nobody asks for costs at most the one refresh planned
   for an ask that did not come, and is dropped after `idle_ttl` without asks.
 
@@ -224,11 +225,14 @@ class MetricCache:
             return now - series.last_access < series.interval
         return now - series.last_access < series.ask_period + series.interval / 2  # the next ask is not late yet
 
-    def _unwanted_at(self, series: _Series) -> float:
-        """When `_wanted` turns false if nobody asks or subscribes before then."""
+    def _unwatch_at(self, series: _Series) -> float:
+        """When the source stops following the series if nobody asks or subscribes before then: once it is
+        not `_wanted` and `cache.unwatch_after` has passed since the latest ask."""
         if series.ask_period is None:
-            return series.last_access + series.interval
-        return series.last_access + series.ask_period + series.interval / 2
+            unwanted = series.last_access + series.interval
+        else:
+            unwanted = series.last_access + series.ask_period + series.interval / 2
+        return max(unwanted, series.last_access + self._config.unwatch_after)
 
     def _owed(self, series: _Series, now: float) -> bool:
         """A refresh is due now: an ask found the value old, a change was pushed, a subscribed series'
@@ -341,8 +345,11 @@ class MetricCache:
         elif series.in_flight is not None:
             pass  # its end schedules the next look
         elif not self._wanted(series, now):
-            self._unwatch(series)
-            self._schedule.at(series, series.last_access + self._config.idle_ttl)
+            if now >= self._unwatch_at(series) - COALESCE:
+                self._unwatch(series)
+                self._schedule.at(series, series.last_access + self._config.idle_ttl)
+            else:
+                self._schedule.at(series, self._unwatch_at(series))
         elif self._owed(series, now):
             if series.changed:
                 series.push_read_at = now
@@ -350,7 +357,7 @@ class MetricCache:
         else:  # a look planned for an ask that has moved since
             if series.ask_period is not None:
                 self._schedule.at(series, self._planned(series))
-            self._schedule.at(series, max(now + COALESCE, self._unwanted_at(series)))
+            self._schedule.at(series, max(now + COALESCE, self._unwatch_at(series)))
 
     def _refresh(self, series: _Series) -> asyncio.Task[None]:
         """Start a refresh, or join the one in flight (singleflight)."""
@@ -379,7 +386,7 @@ class MetricCache:
             # This was not the refresh planned for the next ask (it came earlier): plan that one.
             schedule.at(series, self._planned(series))
         # When the asker may have gone: stop following the source's changes then (see _visit).
-        schedule.at(series, max(now, self._unwanted_at(series)))
+        schedule.at(series, max(now, self._unwatch_at(series)))
         schedule.at(series, series.last_access + self._config.idle_ttl)
 
     async def _query(self, series: _Series) -> None:

@@ -143,10 +143,22 @@ async def test_an_idle_series_costs_no_reads_and_is_dropped_after_idle_ttl() -> 
     await cache.close()
 
 
+async def test_a_new_series_is_followed_for_unwatch_after_so_an_hpa_s_second_ask_finds_it_watched() -> None:
+    source = ScriptedSource()
+    clock = Clock()
+    cache = make_cache(source, clock, interval=0.02, idle_ttl=1000)  # unwatch_after: 30 s by default
+    await cache.read("jobs", "ns", "")
+    await tick(clock, 15)
+    assert len(source.watched) == 1
+    await tick(clock, 15.1)
+    assert source.watched == []
+    await cache.close()
+
+
 async def test_a_series_is_watched_while_its_asker_is_around_and_again_when_it_comes_back() -> None:
     source = ScriptedSource()
     clock = Clock()
-    cache = make_cache(source, clock, interval=0.02, idle_ttl=1000)
+    cache = make_cache(source, clock, interval=0.02, idle_ttl=1000, unwatch_after=1)
     for ask in range(4):  # asked every 15 s, as an HPA does
         await cache.read("jobs", "ns", "")
         assert len(source.watched) == 1

@@ -182,11 +182,13 @@ async def test_a_group_is_polled_only_while_its_asker_is_around(
     poll = 0.1
     source = KafkaLag(source_config(broker.bootstrap, poll_interval=poll))
     metric = lag_metric(source.name)
-    cache = MetricCache(Catalogue([metric]), {source.name: source}, CacheConfig(interval=0.2, idle_ttl=3600))
+    cache = MetricCache(
+        Catalogue([metric]), {source.name: source}, CacheConfig(interval=0.2, idle_ttl=3600, unwatch_after=0.3)
+    )
     selector = f"group={name}"
     try:
         assert (await cache.read(metric.name, "default", selector)).value == 1
-        await asyncio.sleep(0.5)  # one ask and no period: followed for `interval`, then not
+        await asyncio.sleep(0.6)  # one ask and no period: followed for unwatch_after, then not
         before = _broker_requests(source.name)
         await asyncio.sleep(5 * poll)
         assert _broker_requests(source.name) == before  # five poll rounds without a request
