@@ -13,9 +13,10 @@ Kafka broker (scripts/kafka/run.sh) with 1,000 consumer groups, each with offset
 three partitions of its topic (ten topics), one series per group.
 
 For N = 1,000 and 10,000 (Kafka: 1,000 groups) it prints request p50/p99, the adapter's CPU (% of
-one core, from /proc/<pid>/stat) while asked and after the asks stop (one period later, what keeping
-series costs when nobody asks), source reads per second (`zeroscale_source_query_duration_seconds_count`
-from the adapter's /metrics) and RSS (/proc/<pid>/status). Then two replicas share the 10,000 series:
+one core, from /proc/<pid>/stat) while asked and after the asks stop (one period and cache.unwatch_after
+later: what keeping series costs when nobody asks), source reads per second
+(`zeroscale_source_query_duration_seconds_count` from the adapter's /metrics) and RSS (/proc/<pid>/status).
+Then two replicas share the 10,000 series:
 each connection goes to one of them and each ask takes a random connection, as the API server's
 aggregator spreads an APIService's requests. `--baseline DIR` runs the same against the adapter
 code in DIR (a checkout of main: `git worktree add /tmp/scale-baseline main`) first, for comparison.
@@ -106,6 +107,8 @@ metrics:
 """
 KAFKA_GROUPS = 1000
 KAFKA_TOPICS = 10  # 100 groups per topic
+# The cache default: the sources stop following series nobody asked for this long (older code: idle_ttl).
+UNWATCH_AFTER = 30.0
 KAFKA_PARTITIONS = 3  # per topic: each group has committed offsets on three partitions
 
 
@@ -418,9 +421,9 @@ def scenario(
             print(f"  {label} N={n} generator {stalls(path, out.window).text()}")
         slow = sum(1 for latency in latencies if latency > 5.0)
         print(f"  {label} N={n} answers over 5 ms: {slow} of {len(latencies)}")
-        # Nobody asks any more: after one period (the refreshes planned for asks that did not come),
-        # what keeping the series costs.
-        time.sleep(args.period)
+        # Nobody asks any more: after one period (the refreshes planned for asks that did not come) and
+        # cache.unwatch_after (the sources stop following the series), what keeping the series costs.
+        time.sleep(args.period + UNWATCH_AFTER)
         before = sample(adapters)
         time.sleep(args.idle)
         cpu_idle, reads_idle = rates(adapters, before)
