@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Zeroscale's tests and demo run for real: Redis (server, Sentinel),
-# nginx and wrk (benchmark baselines), Prometheus, kubectl, a JDK and Maven (Apache Kafka).
+# nginx and wrk (benchmark baselines), Prometheus, kubectl, a JDK and Maven (Apache Kafka), and nftables and
+# iproute2 (the network namespace where tests/e2e runs a real kube-proxy).
 # Run as root or with sudo; does nothing when everything is already there.
 set -euo pipefail
 
@@ -16,6 +17,8 @@ have java || need+=(default-jre-headless)
 have mvn || need+=(maven)
 have openssl || need+=(openssl)
 have python3 || need+=(python3 python3-venv)
+have nft || need+=(nftables)
+have ip || need+=(iproute2)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
