@@ -109,12 +109,33 @@ class LocalScaleTarget(Strict):
         return url
 
 
+class ActivatorRoute(Strict):
+    """A `mode: activator` route's Service: clients call it; Zeroscale writes its EndpointSlices (the pods while
+    the workload has a ready one, the proxy's pods while it has none). docs/architecture.md#activator."""
+
+    # The selector-less Service clients call, in the upstream's namespace. Its slices are Zeroscale's to write; the
+    # route's `upstream` is the second Service, the one that selects the workload's pods.
+    service: str = Field(pattern=_DNS_LABEL)
+    # The proxy's listener for this route alone: while the workload is cold, the Service's slice lists the proxy's
+    # pods on this port, and every request arriving on it belongs to this route whatever its Host.
+    port: int = Field(ge=1, le=65535)
+    # The Service port's name the written slices carry (kube-proxy matches slice ports to Service ports by name);
+    # by default the upstream's port when it is a name, else "" (a Service with one unnamed port).
+    port_name: str | None = None
+    # Endpoints per written slice (the API allows 1000; Kubernetes' own controller writes 100).
+    max_endpoints_per_slice: int = Field(default=100, ge=1, le=1000)
+
+
 class RouteConfig(Strict):
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
     # Exact host names or `*.suffix` wildcards (matched case-insensitively, port ignored); `*` matches any host.
     hosts: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
     path_prefix: str = "/"
     upstream: ServiceUpstream | AddressUpstream
+    # in_path: every request goes through the proxy. activator: the proxy is in the path only while the workload
+    # has no ready pod; `activator` names the Service whose EndpointSlices Zeroscale writes.
+    mode: Literal["in_path", "activator"] = "in_path"
+    activator: ActivatorRoute | None = None
     # kind Local: development mode (`zeroscale demo`), see LocalScaleTarget.
     target: ScaleTarget | LocalScaleTarget | None = None
     # scale: patch the scale subresource while it is 0, if the target's HPA scaled it there itself (ScaledToZero,
@@ -154,13 +175,33 @@ class RouteConfig(Strict):
             )
         if self.readiness == "endpointslice" and not isinstance(self.upstream, ServiceUpstream):
             raise ValueError("readiness: endpointslice needs a Service upstream")
+        if (self.mode == "activator") != (self.activator is not None):
+            raise ValueError("mode: activator goes with an activator block (service, port), and only with it")
+        if self.mode == "activator":
+            if not isinstance(self.upstream, ServiceUpstream) or self.readiness == "probe":
+                raise ValueError("mode: activator needs a Service upstream (the one selecting the pods) read by slices")
+            if not isinstance(self.target, ScaleTarget):
+                raise ValueError("mode: activator needs a Kubernetes target: its spec.replicas says when to switch")
+            if self.activator is not None and self.activator.service == self.upstream.service:
+                raise ValueError("activator.service is the Service clients call, not the upstream that selects pods")
         return self
+
+    def slice_port_name(self) -> str:
+        """The Service port name an activator route's written slices carry."""
+        assert self.activator is not None
+        assert isinstance(self.upstream, ServiceUpstream)
+        if self.activator.port_name is not None:
+            return self.activator.port_name
+        return self.upstream.port if isinstance(self.upstream.port, str) else ""
 
 
 class SidecarConfig(Strict):
     """One upstream beside the proxy in the same pod: every request goes there, readiness by connect probes."""
 
     upstream: str
+    # The route name its counts are reported under: the cluster route's name, so that a route's `http` metric sums
+    # what the cluster proxies hold and what the sidecars have in flight (docs/architecture.md#activator).
+    route: str = Field(default="sidecar", pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
     limits: RouteLimits = Field(default_factory=RouteLimits)
     probe_interval: Duration = Field(default=0.01, gt=0)
 
@@ -172,13 +213,39 @@ class SidecarConfig(Strict):
 
     def as_route(self) -> RouteConfig:
         return RouteConfig(
-            name="sidecar",
+            name=self.route,
             upstream=AddressUpstream(address=self.upstream),
             wake="none",
             readiness="probe",
             probe_interval=self.probe_interval,
             limits=self.limits,
         )
+
+
+class ActivatorConfig(Strict):
+    """What every `mode: activator` route of this proxy shares: where the proxy's own pods are listed, and the
+    Lease through which one replica at a time writes the routes' EndpointSlices (docs/protocols.md#leases)."""
+
+    # The Service selecting the proxy's own pods: its EndpointSlices list them (any port of it; only the
+    # addresses are used, with each route's activator.port).
+    proxy_service: ServiceUpstream
+    lease_namespace: str = Field(pattern=_DNS_LABEL)
+    lease_name: str = Field(default="zeroscale-proxy-activator", pattern=_DNS_LABEL)
+    # This replica's name in the Lease; empty: the host name (a pod's name). Set it from the downward API.
+    identity: str = Field(default="", max_length=253)
+    # As Kubernetes' own components elect a leader: a holder that has not renewed for lease_duration is replaced;
+    # a holder that could not renew within renew_deadline stops writing; everyone retries every retry_period.
+    lease_duration: Duration = Field(default=15.0, gt=0)
+    renew_deadline: Duration = Field(default=10.0, gt=0)
+    retry_period: Duration = Field(default=2.0, gt=0)
+    # The written slices are listed and compared with what they should be this often, whatever the watches said.
+    resync_interval: Duration = Field(default=30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _lease_timing(self) -> ActivatorConfig:
+        if not self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError("retry_period < renew_deadline < lease_duration, or two replicas may both write")
+        return self
 
 
 class ProxyConfig(Strict):
@@ -200,10 +267,16 @@ class ProxyConfig(Strict):
     max_pipelined_bytes: int = Field(default=64 * 1024, ge=1024)
     # SIGTERM: held and in-flight requests get this long to finish; the rest are answered 503.
     grace_period: Duration = 25.0
+    # SIGTERM: first keep accepting new connections this long (the admin port already says not ready), so those
+    # made while every node's kube-proxy learns the pod is going still find a listener; then drain. The margin the
+    # activator's switches rely on: set it above the data plane's propagation delay (docs/architecture.md#activator).
+    stop_delay: Duration = 0.0
     via: bool = False
     kubernetes: KubeAPIConfig = Field(default_factory=KubeAPIConfig)
     routes: list[RouteConfig] = Field(default_factory=list)
     sidecar: SidecarConfig | None = None
+    # Needed by routes in mode: activator.
+    activator: ActivatorConfig | None = None
 
     @model_validator(mode="after")
     def _one_mode(self) -> ProxyConfig:
@@ -213,6 +286,15 @@ class ProxyConfig(Strict):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"route names must be unique: {', '.join(duplicates)}")
+        activators = [route for route in self.routes if route.activator is not None]
+        if activators and self.activator is None:
+            raise ValueError(
+                f"route {activators[0].name} is in mode: activator: "
+                "set proxy.activator (proxy_service, lease_namespace)"
+            )
+        ports = [route.activator.port for route in activators if route.activator is not None]
+        if len(set(ports)) != len(ports) or {self.port, self.admin_port} & set(ports):
+            raise ValueError("each activator route needs a port of its own, not the proxy's port or admin_port")
         return self
 
     def effective_routes(self) -> list[RouteConfig]:

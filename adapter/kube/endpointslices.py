@@ -7,7 +7,7 @@ take traffic.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
@@ -36,12 +36,6 @@ async def list_slices(client: KubeClient, namespace: str, service: str) -> tuple
         items = objects_by_name(listing)
         return path, items, str((listing.get("metadata") or {}).get("resourceVersion", ""))
     raise AssertionError("unreachable: the last version re-raises")
-
-
-async def watch_slices(client: KubeClient, path: str, resource_version: str) -> AsyncIterator[dict[str, Any]]:
-    """The events after `resource_version`, until the server ends the watch; 410 Gone raises KubeAPIError."""
-    async for event in client.watch(path, resource_version or None):
-        yield event
 
 
 def _port_of(slice_obj: dict[str, Any], port: str | int) -> int | None:
@@ -82,3 +76,109 @@ def ready_addresses(slices: Iterable[dict[str, Any]], port: str | int) -> list[t
             elif is_serving:
                 serving.extend(addresses)
     return usable or serving
+
+
+# --- the slices Zeroscale writes for a selector-less Service (route mode: activator) ---
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+# Our value of the managed-by label: Kubernetes' own controllers write endpointslice-controller.k8s.io and
+# endpointslicemirroring-controller.k8s.io, and leave slices with other values alone, as we leave theirs.
+MANAGED_BY = "activator.zeroscale.io"
+ROUTE_LABEL = "zeroscale.io/route"
+# The fields of an endpoint a written slice keeps (the rest, e.g. deprecated topology, is not copied).
+_ENDPOINT_FIELDS = ("addresses", "conditions", "nodeName", "zone", "hints", "targetRef")
+
+
+def owned_slices_path(namespace: str, service: str) -> str:
+    """The collection of the slices we wrote for `service` (and only those: two labels select them)."""
+    selector = quote(f"{SERVICE_NAME_LABEL}={service},{MANAGED_BY_LABEL}={MANAGED_BY}", safe="")
+    return f"/apis/{API_VERSIONS[0]}/namespaces/{namespace}/endpointslices?labelSelector={selector}"
+
+
+def slice_path(namespace: str, name: str = "") -> str:
+    base = f"/apis/{API_VERSIONS[0]}/namespaces/{namespace}/endpointslices"
+    return f"{base}/{name}" if name else base
+
+
+def endpoints_by_port(slices: Iterable[dict[str, Any]], port: str | int) -> dict[int, list[dict[str, Any]]]:
+    """The endpoints of the slices that have `port`, grouped by its number there (a rollout that changed a
+    targetPort has two), each with only the fields a written slice keeps. Conditions are kept as they are."""
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for slice_obj in slices:
+        number = _port_of(slice_obj, port)
+        if number is None:
+            continue
+        for endpoint in items_of(slice_obj, "endpoints"):
+            addresses = [address for address in items_of(endpoint, "addresses") if isinstance(address, str)]
+            if addresses:
+                kept = {key: endpoint[key] for key in _ENDPOINT_FIELDS if key in endpoint}
+                groups.setdefault(number, []).append({**kept, "addresses": addresses})
+    return groups
+
+
+def is_usable(endpoint: dict[str, Any]) -> bool:
+    """May take new traffic: `ready` nil or true and not terminating (docs/protocols.md#endpointslices)."""
+    conditions = field(endpoint, "conditions")
+    return conditions.get("ready") in (None, True) and conditions.get("terminating") is not True
+
+
+def build_slices(
+    namespace: str,
+    service: str,
+    route: str,
+    owner: dict[str, Any] | None,
+    port_name: str,
+    groups: dict[int, list[dict[str, Any]]],
+    per_slice: int,
+) -> dict[str, dict[str, Any]]:
+    """The slices (by name) that list `groups` for the Service, at most `per_slice` endpoints each; one empty
+    slice when there is nothing to list (kube-proxy then refuses connections at once rather than timing out).
+    `owner` is the Service's ownerReference: the slices go when the Service does."""
+    labels = {SERVICE_NAME_LABEL: service, MANAGED_BY_LABEL: MANAGED_BY, ROUTE_LABEL: route}
+    chunks: list[tuple[int, list[dict[str, Any]]]] = []
+    for number in sorted(groups):
+        endpoints = sorted(groups[number], key=lambda endpoint: endpoint["addresses"])
+        chunks += [(number, endpoints[start : start + per_slice]) for start in range(0, len(endpoints), per_slice)]
+    slices: dict[str, dict[str, Any]] = {}
+    for index, (number, endpoints) in enumerate(chunks or [(0, [])]):
+        name = f"{service}-zeroscale-{index}"
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
+        if owner is not None:
+            metadata["ownerReferences"] = [owner]
+        slices[name] = {
+            "apiVersion": API_VERSIONS[0],
+            "kind": "EndpointSlice",
+            "metadata": metadata,
+            "addressType": "IPv4" if not endpoints or ":" not in endpoints[0]["addresses"][0] else "IPv6",
+            "ports": [{"name": port_name, "port": number, "protocol": "TCP"}] if endpoints else [],
+            "endpoints": endpoints,
+        }
+    return slices
+
+
+def same_slice(written: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """A slice as read back says what `wanted` says (the API adds defaults and metadata we do not compare)."""
+    metadata = field(written, "metadata")
+    return (
+        metadata.get("labels") == wanted["metadata"]["labels"]
+        and written.get("addressType") == wanted["addressType"]
+        and [(p.get("name", ""), p.get("port")) for p in items_of(written, "ports") if isinstance(p, dict)]
+        == [(p["name"], p["port"]) for p in wanted["ports"]]
+        and _comparable(items_of(written, "endpoints")) == _comparable(wanted["endpoints"])
+    )
+
+
+def _comparable(endpoints: list[Any]) -> list[tuple[tuple[str, ...], tuple[bool, bool, bool]]]:
+    """Addresses and the three conditions, as the API reads them back (a missing condition defaults)."""
+    result = []
+    for endpoint in endpoints:
+        conditions = field(endpoint, "conditions")
+        ready = conditions.get("ready") in (None, True)
+        result.append(
+            (
+                tuple(a for a in items_of(endpoint, "addresses") if isinstance(a, str)),
+                (ready, conditions.get("serving", ready) is True, conditions.get("terminating") is True),
+            )
+        )
+    return result

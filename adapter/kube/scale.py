@@ -8,6 +8,7 @@ from typing import Any
 
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeConnectionError
+from adapter.kube.watching import field
 
 # Kinds with a scale subresource under apps/v1, by the plural the API path uses.
 _PLURALS = {"Deployment": "deployments", "StatefulSet": "statefulsets", "ReplicaSet": "replicasets"}
@@ -23,12 +24,27 @@ class Scale:
     resource_version: str
 
 
-def scale_path(namespace: str, kind: str, name: str) -> str:
+def _plural(kind: str) -> str:
     try:
-        plural = _PLURALS[kind]
+        return _PLURALS[kind]
     except KeyError:
         raise ValueError(f"{kind} has no apps/v1 scale subresource Zeroscale knows") from None
-    return f"/apis/apps/v1/namespaces/{namespace}/{plural}/{name}/scale"
+
+
+def scale_path(namespace: str, kind: str, name: str) -> str:
+    return f"/apis/apps/v1/namespaces/{namespace}/{_plural(kind)}/{name}/scale"
+
+
+def workload_collection_path(namespace: str, kind: str, name: str) -> str:
+    """The collection holding just this workload, to list and watch it (fieldSelector on its name)."""
+    return f"/apis/apps/v1/namespaces/{namespace}/{_plural(kind)}?fieldSelector=metadata.name%3D{name}"
+
+
+def spec_replicas(workload: dict[str, Any] | None) -> int:
+    """A workload object's spec.replicas; 0 when it is gone or the field is missing or not a number, the reading
+    that keeps the proxy in the path (docs/architecture.md#activator)."""
+    replicas = field(workload, "spec").get("replicas")
+    return replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else 0
 
 
 def parse_scale(obj: dict[str, Any]) -> Scale:

@@ -1,16 +1,25 @@
-"""What every list-and-watch of a collection needs: a task to run it in, and the events applied to a copy."""
+"""What every list-and-watch of a collection needs: a task to run it in, the loop that lists and watches, and the
+events applied to a copy."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeAPIError, KubeError
 from adapter.telemetry import kube as telemetry
 
 log = logging.getLogger(__name__)
 # After an unexpected error, the watch loop starts again after this long (doubling up to the second).
 _RESTART_START, _RESTART_MAX = 1.0, 30.0
+# After the API said no or went away, list again after this long (doubling up to the second).
+_BACKOFF_START, _BACKOFF_MAX = 0.5, 30.0
+
+# Lists a collection: (its path to watch, its objects by name, the list's resourceVersion).
+Lister = Callable[[], Awaitable[tuple[str, dict[str, dict[str, Any]], str]]]
 
 
 class WatchTask:
@@ -88,3 +97,59 @@ def apply_event(objects: dict[str, dict[str, Any]], event: dict[str, Any]) -> bo
     else:
         objects[name] = obj
     return True
+
+
+def collection_lister(kube: KubeClient, path: str) -> Lister:
+    """The Lister of one collection path (a labelSelector or fieldSelector may be part of it)."""
+
+    async def list_collection() -> tuple[str, dict[str, dict[str, Any]], str]:
+        _, listing = await kube.request("GET", path)
+        return path, objects_by_name(listing), str(field(listing, "metadata").get("resourceVersion", ""))
+
+    return list_collection
+
+
+class ListWatch(WatchTask):
+    """A collection kept current for ever: list it, watch from the list's resourceVersion, list again when the
+    watch ends or its version is too old (410 Gone).
+
+    `on_change(objects)` is called with every object by name after the list and after each event that changed
+    something. `on_error(err)` is told each time the API said no or went away (the objects last seen stay as
+    they were: nothing is made up); it returns True to stop for good.
+    """
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        lister: Lister,
+        watch_name: str,
+        on_change: Callable[[dict[str, dict[str, Any]]], None],
+        on_error: Callable[[KubeError], bool],
+    ) -> None:
+        self._kube = kube
+        self._lister = lister
+        self.watch_name = watch_name
+        self._on_change = on_change
+        self._on_error = on_error
+
+    async def _run(self) -> None:
+        backoff = _BACKOFF_START
+        while True:
+            try:
+                path, objects, version = await self._lister()
+                self._on_change(objects)
+                async for event in self._kube.watch(path, version or None):
+                    if apply_event(objects, event):
+                        self._on_change(objects)
+                backoff = _BACKOFF_START
+                continue
+            except KubeAPIError as err:
+                if err.status == 410:
+                    continue  # our resourceVersion is too old: list again at once
+                if self._on_error(err):
+                    return
+            except KubeError as err:
+                if self._on_error(err):
+                    return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _BACKOFF_MAX)

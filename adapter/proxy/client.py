@@ -34,6 +34,7 @@ from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
     from adapter.proxy.route import Route
+    from adapter.proxy.routing import Router
     from adapter.proxy.server import ProxyServer
     from adapter.proxy.upstream import UpstreamConnection
 
@@ -84,6 +85,7 @@ class ClientConnection(asyncio.Protocol):
         "_peer",
         "_refusal",
         "_rejected",
+        "_router",
         "_tunnel",
         "_tunnel_deadline",
         "_tunnel_idle",
@@ -98,8 +100,10 @@ class ClientConnection(asyncio.Protocol):
         "write_deadline",
     )
 
-    def __init__(self, server: ProxyServer) -> None:
+    def __init__(self, server: ProxyServer, router: Router[Route] | None = None) -> None:
+        """`router`: the routes this listener serves (an activator route's own port serves that route alone)."""
         self.server = server
+        self._router = server.router if router is None else router
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
         self._config = server.config
         self._parser = httptools.HttpRequestParser(self)
@@ -382,7 +386,7 @@ class ClientConnection(asyncio.Protocol):
             if refused.args[1]:
                 self._refuse_framing(refused.args[1], refused.args[0])
             self._reject(refused.code, refused.args[0])
-        route = self.server.router.match(request.host or b"", request.url)
+        route = self._router.match(request.host or b"", request.url)
         if route is None:
             telemetry.ERRORS.labels("", "404").inc()
             self._reject(404, "no route for this host and path")

@@ -15,34 +15,38 @@ One watcher per namespace, shared by that namespace's routes.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 from adapter.config.proxy import ScaleTarget
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError, KubeError
-from adapter.kube.hpas import list_hpas, scaled_to_zero, targets, watch_hpas
-from adapter.kube.watching import WatchTask, apply_event
+from adapter.kube.hpas import hpas_path, scaled_to_zero, targets
+from adapter.kube.watching import ListWatch, collection_lister
 
 log = logging.getLogger(__name__)
-_BACKOFF_START, _BACKOFF_MAX = 0.5, 30.0
 
 
-class HPAIntent(WatchTask):
+class HPAIntent:
     """The HPAs of one namespace, kept current by a watch."""
 
     def __init__(self, kube: KubeClient, namespace: str) -> None:
-        self._kube = kube
         self.namespace = namespace
-        self.watch_name = f"HPA watch of {namespace}"
         self._hpas: dict[str, dict[str, Any]] | None = None  # None until the first list
         self._failure: str | None = None  # why the latest list failed, while none has succeeded
+        lister = collection_lister(kube, hpas_path(namespace))
+        self._watch = ListWatch(kube, lister, f"HPA watch of {namespace}", self._changed, self._failed)
 
     @property
     def synced(self) -> bool:
         """The first list of HPAs has arrived (until then every wake goes ahead)."""
         return self._hpas is not None
+
+    def start(self) -> None:
+        self._watch.start()
+
+    async def close(self) -> None:
+        await self._watch.close()
 
     def refusal(self, target: ScaleTarget, wake_without_hpa: bool) -> str | None:
         """None when the target may be woken; otherwise what the held requests are answered with."""
@@ -73,24 +77,13 @@ class HPAIntent(WatchTask):
             f"Start it again with: {start}"
         )
 
-    async def _run(self) -> None:
-        backoff = _BACKOFF_START
-        while True:
-            try:
-                path, hpas, version = await list_hpas(self._kube, self.namespace)
-                self._hpas, self._failure = hpas, None
-                async for event in watch_hpas(self._kube, path, version):
-                    apply_event(hpas, event)
-                backoff = _BACKOFF_START
-                continue
-            except KubeAPIError as err:
-                if err.status == 410:
-                    continue  # our resourceVersion is too old: list again at once
-                hint = " (grant list and watch on horizontalpodautoscalers, or use wake: always)"
-                log.warning("HPA watch in %s failed: %s%s", self.namespace, err, hint if err.status == 403 else "")
-                self._failure = str(err)
-            except KubeError as err:
-                log.warning("HPA watch in %s failed: %s", self.namespace, err)
-                self._failure = str(err)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, _BACKOFF_MAX)
+    def _changed(self, hpas: dict[str, dict[str, Any]]) -> None:
+        self._hpas, self._failure = hpas, None
+
+    def _failed(self, err: KubeError) -> bool:
+        hint = ""
+        if isinstance(err, KubeAPIError) and err.status == 403:
+            hint = " (grant list and watch on horizontalpodautoscalers, or use wake: always)"
+        log.warning("HPA watch in %s failed: %s%s", self.namespace, err, hint)
+        self._failure = str(err)
+        return False

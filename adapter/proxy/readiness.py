@@ -6,19 +6,19 @@ a 401/403 with `readiness: auto` switches the route to connect probes for good.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from adapter.config.proxy import AddressUpstream, ServiceUpstream
 from adapter.kube.client import KubeClient
-from adapter.kube.endpointslices import list_slices, ready_addresses, watch_slices
+from adapter.kube.endpointslices import list_slices, ready_addresses
 from adapter.kube.errors import KubeAPIError, KubeError
-from adapter.kube.watching import WatchTask, apply_event
+from adapter.kube.watching import Lister, ListWatch
 from adapter.proxy.route import Route
 
 log = logging.getLogger(__name__)
-_BACKOFF_START, _BACKOFF_MAX = 0.5, 30.0
 
 
 def probe_address(upstream: ServiceUpstream | AddressUpstream) -> str:
@@ -34,51 +34,44 @@ def probe_address(upstream: ServiceUpstream | AddressUpstream) -> str:
     )
 
 
-class EndpointSliceWatcher(WatchTask):
-    def __init__(self, kube: KubeClient, route: Route, upstream: ServiceUpstream, *, fallback: bool) -> None:
-        self._kube = kube
-        self._route = route
-        self._upstream = upstream
-        self._fallback = fallback
-        self.watch_name = f"EndpointSlice watch of route {route.name}"
+def endpoint_slice_watcher(
+    kube: KubeClient,
+    route: Route,
+    upstream: ServiceUpstream,
+    *,
+    fallback: bool,
+    also: Callable[[dict[str, dict[str, Any]]], None] | None = None,
+) -> ListWatch:
+    """Keeps `route`'s endpoints to what the upstream Service's slices say may take traffic; `also` is given the
+    slices after each change too (an activator route copies them into its Service's slices)."""
 
-    async def _run(self) -> None:
-        upstream = self._upstream
-        backoff = _BACKOFF_START
-        while True:
-            try:
-                path, slices, version = await list_slices(self._kube, upstream.namespace, upstream.service)
-                self._apply(slices)
-                async for event in watch_slices(self._kube, path, version):
-                    if apply_event(slices, event):
-                        self._apply(slices)
-                backoff = _BACKOFF_START
-                continue
-            except KubeAPIError as err:
-                if err.status == 410:
-                    continue  # our resourceVersion is too old: list again at once
-                if err.status in (401, 403) and self._fallback:
-                    self._fall_back(err)
-                    return
-                log.warning("route %s: EndpointSlice watch failed: %s", self._route.name, err)
-            except KubeError as err:
-                log.warning("route %s: EndpointSlice watch failed: %s", self._route.name, err)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, _BACKOFF_MAX)
+    def changed(slices: dict[str, dict[str, Any]]) -> None:
+        route.set_endpoints(ready_addresses(slices.values(), upstream.port))
+        if also is not None:
+            also(slices)
 
-    def _apply(self, slices: dict[str, dict[str, Any]]) -> None:
-        self._route.set_endpoints(ready_addresses(slices.values(), self._upstream.port))
+    def failed(err: KubeError) -> bool:
+        if isinstance(err, KubeAPIError) and err.status in (401, 403) and fallback:
+            _fall_back(route, upstream, err)
+            return True
+        log.warning("route %s: EndpointSlice watch failed: %s", route.name, err)
+        return False
 
-    def _fall_back(self, err: KubeAPIError) -> None:
-        try:
-            address = probe_address(self._upstream)
-        except ValueError as problem:
-            log.error("route %s: EndpointSlices refused (%s) and %s", self._route.name, err, problem)
-            return
-        log.warning(
-            "route %s: EndpointSlices refused (%s); readiness falls back to connect probes of %s",
-            self._route.name,
-            err,
-            address,
-        )
-        self._route.set_static_endpoint(address)
+    return ListWatch(kube, slice_lister(kube, upstream), f"EndpointSlice watch of route {route.name}", changed, failed)
+
+
+def slice_lister(kube: KubeClient, upstream: ServiceUpstream) -> Lister:
+    """Lists a Service's slices (discovery.k8s.io/v1, else v1beta1)."""
+    return functools.partial(list_slices, kube, upstream.namespace, upstream.service)
+
+
+def _fall_back(route: Route, upstream: ServiceUpstream, err: KubeAPIError) -> None:
+    try:
+        address = probe_address(upstream)
+    except ValueError as problem:
+        log.error("route %s: EndpointSlices refused (%s) and %s", route.name, err, problem)
+        return
+    log.warning(
+        "route %s: EndpointSlices refused (%s); readiness falls back to connect probes of %s", route.name, err, address
+    )
+    route.set_static_endpoint(address)

@@ -11,11 +11,14 @@ from collections.abc import Callable
 from adapter.config.proxy import LocalScaleTarget, ProxyConfig, RouteConfig, ServiceUpstream
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeConfigError
+from adapter.kube.watching import ListWatch
+from adapter.proxy.activator import Activator, ProxyPods
 from adapter.proxy.admin import start_admin
 from adapter.proxy.client import ClientConnection
 from adapter.proxy.counts import CountsListener
 from adapter.proxy.intent import HPAIntent
-from adapter.proxy.readiness import EndpointSliceWatcher, probe_address
+from adapter.proxy.leader import LeaderElector
+from adapter.proxy.readiness import endpoint_slice_watcher, probe_address
 from adapter.proxy.route import Route
 from adapter.proxy.routing import Router
 from adapter.proxy.wake import Waker
@@ -42,9 +45,15 @@ class ProxyServer:
         self._own_kube = False
         self._server: asyncio.Server | None = None
         self._admin: asyncio.Server | None = None
-        self._watchers: list[EndpointSliceWatcher] = []
+        self._watchers: list[ListWatch] = []
         self._wakers: list[Waker] = []
         self.intents: dict[str, HPAIntent] = {}  # the HPA watches of wake: scale routes, by namespace
+        # Routes in mode: activator, each with a listener of its own, and what they share: the Lease's leader
+        # election and the proxy's own pods (docs/architecture.md#activator).
+        self.activators: dict[str, Activator] = {}
+        self.leader: LeaderElector | None = None
+        self._proxy_pods: ProxyPods | None = None
+        self._route_servers: list[asyncio.Server] = []
         self._sweeper: asyncio.Task[None] | None = None
         self._refusals_logged_at = -_REFUSAL_LOG_INTERVAL
         telemetry.CONNECTIONS.set_function(lambda: len(self.connections))
@@ -68,8 +77,19 @@ class ProxyServer:
         self.connections.discard(connection)
 
     def subscribe(self, listener: CountsListener) -> Callable[[], None]:
-        """Held and in-flight counts of every route, after each change (for the adapter's pending-count stream)."""
-        stops = [route.counts.subscribe(listener) for route in self.routes.values()]
+        """Held and in-flight counts of every route, after each change (for the adapter's pending-count stream).
+
+        An activator route reports what it holds only: what it forwarded is in a pod, whose sidecar counts it
+        as in flight there (docs/architecture.md#activator), so a request is never counted twice.
+        """
+
+        def held_only(route: str, held: int, _inflight: int) -> None:
+            listener(route, held, 0)
+
+        stops = [
+            route.counts.subscribe(held_only if route.name in self.activators else listener)
+            for route in self.routes.values()
+        ]
 
         def unsubscribe() -> None:
             for stop in stops:
@@ -93,11 +113,27 @@ class ProxyServer:
 
     async def start(self) -> None:
         for route in self.routes.values():
+            if route.config.mode == "activator":
+                self._add_activator(route)
             self._start_readiness(route)
             self._start_wake(route)
         self._server = await self.loop.create_server(
             lambda: ClientConnection(self), self.config.bind, self.config.port, backlog=_BACKLOG
         )
+        for name, activator in self.activators.items():
+            router: Router[Route] = Router([(["*"], "/", self.routes[name])])
+            self._route_servers.append(
+                await self.loop.create_server(
+                    functools.partial(ClientConnection, self, router),
+                    self.config.bind,
+                    activator.port,
+                    backlog=_BACKLOG,
+                )
+            )
+            activator.start()
+        if self.leader is not None and self._proxy_pods is not None:
+            self._proxy_pods.start()
+            self.leader.start()
         self._admin = await start_admin(
             self.config.admin_bind, self.config.admin_port, lambda: not self.draining, self.config.admin_max_connections
         )
@@ -156,7 +192,9 @@ class ProxyServer:
             log.warning("route %s: no API access, readiness falls back to connect probes", route.name)
             route.set_static_endpoint(probe_address(upstream))
             return
-        watcher = EndpointSliceWatcher(kube, route, upstream, fallback=config.readiness == "auto")
+        activator = self.activators.get(route.name)
+        also = activator.pods_changed if activator is not None else None
+        watcher = endpoint_slice_watcher(kube, route, upstream, fallback=config.readiness == "auto", also=also)
         watcher.start()
         self._watchers.append(watcher)
 
@@ -180,6 +218,19 @@ class ProxyServer:
         route.on_endpoints = waker.observe
         waker.observe()
         self._wakers.append(waker)
+
+    def _add_activator(self, route: Route) -> None:
+        settings = self.config.activator
+        kube = self._kube_client()
+        if kube is None or settings is None:
+            raise SystemExit(
+                f"route {route.name}: mode activator writes EndpointSlices: it needs Kubernetes API access"
+            )
+        if self.leader is None:
+            self.leader = LeaderElector(kube, settings)
+            self._proxy_pods = ProxyPods(kube, settings)
+        assert self._proxy_pods is not None
+        self.activators[route.name] = Activator(kube, route, self._proxy_pods, self.leader, settings.resync_interval)
 
     def _intent(self, kube: KubeClient, namespace: str) -> HPAIntent:
         """The HPA watch of a routes' namespace (one per namespace)."""
@@ -210,9 +261,13 @@ class ProxyServer:
     async def shutdown(self, grace: float | None = None) -> None:
         """Stop accepting; let held and in-flight requests finish within the grace period; 503 the rest."""
         grace = self.config.grace_period if grace is None else grace
-        self.draining = True
-        if self._server is not None:
-            self._server.close()
+        self.draining = True  # /readyz answers 503 from now on, and answered connections are not kept alive
+        if self.config.stop_delay and grace:
+            # Still accepting: connections made while the data plane learns this pod is going find a listener.
+            await asyncio.sleep(self.config.stop_delay)
+        for listener in (self._server, *self._route_servers):
+            if listener is not None:
+                listener.close()
         for connection in list(self.connections):
             connection.close_if_idle()
         await self._drained(grace)
@@ -225,6 +280,12 @@ class ProxyServer:
         for connection in list(self.connections):
             # Lingering closes end here (the sweeper that would end them is gone); written answers still flush.
             connection.transport.close()
+        for activator in self.activators.values():
+            await activator.close()
+        if self._proxy_pods is not None:
+            await self._proxy_pods.close()
+        if self.leader is not None:
+            await self.leader.close()  # gives the Lease up: another replica writes within its retry_period
         for watcher in self._watchers:
             await watcher.close()
         for intent in self.intents.values():

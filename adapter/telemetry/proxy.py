@@ -70,6 +70,28 @@ TARGET_REPLICAS = Gauge(
     "spec.replicas of a route's scale target, read at start, whenever its endpoints change, and when waking it",
     ["route", "namespace", "kind", "name"],
 )
+ACTIVATOR_LEADER = Gauge(
+    "zeroscale_proxy_activator_leader",
+    "1 while this replica holds the activator Lease and so writes the activator routes' EndpointSlices",
+)
+ACTIVATOR_DIRECT = Gauge(
+    "zeroscale_proxy_activator_direct",
+    "1 while an activator route's Service lists the workload's pods (the proxy out of the path), 0 while it lists "
+    "the proxy's pods, as this replica last wrote or would write it",
+    ["route"],
+)
+SLICE_WRITES = Counter(
+    "zeroscale_proxy_activator_slice_writes_total",
+    "Writes of an activator route's EndpointSlices by result (created, updated, deleted, conflict, error, refused)",
+    ["route", "result"],
+)
+SWITCH_SECONDS = Histogram(
+    "zeroscale_proxy_activator_switch_seconds",
+    "From the event that decided a switch (a pod ready, the target at 0) to the Service's slices written, by where "
+    "they now send new connections (pods, proxy)",
+    ["route", "to"],
+    buckets=_LATENCY_BUCKETS,
+)
 REFUSED_MESSAGES = Counter(
     "zeroscale_proxy_refused_messages_total",
     "Requests (400) and upstream responses (502) refused for how they are framed or routed, by side and reason",

@@ -1,0 +1,290 @@
+"""Route `mode: activator`: the proxy in the path only while the workload has no ready pod
+(docs/architecture.md#activator).
+
+Clients call a selector-less Service whose EndpointSlices Zeroscale writes. While the workload is warm they list
+its pods, copied from the slices of the second Service that selects them (the route's upstream), so new
+connections go straight to the pods; while it is cold they list the proxy's own pods on the route's
+`activator.port`, so new connections land on the proxy, which holds, wakes and forwards as in the path.
+
+When to switch, decided on every change of what it depends on:
+
+    cold -> warm  the target's spec.replicas > 0, no HPA of it has decided on 0, a pod is ready (ready and not
+                  terminating), and this replica holds no request (the ones it held were sent to the pods first)
+    warm -> cold  the target's spec.replicas is 0 (before the last pod goes: connections made during the
+                  scale-down must still find a listener), or no pod is ready
+
+Nothing is written until the target, its pods and the proxy's pods have each been read once, so a restart or a
+new writer never flips a warm Service to the proxy while it looks. The HPA's status.desiredReplicas is not a
+signal: the HPA controller writes the scale subresource first and its status after, so spec.replicas is the
+earlier of the two, and after a wake desiredReplicas would still read 0 for up to one HPA sync.
+
+Only the replica holding the Lease (leader.py) writes; every replica decides, serves and holds alike. The writer
+touches only slices that carry our managed-by label and the Service's name, and refuses a Service with a
+selector (Kubernetes' own controller writes that one's slices).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from adapter.config.proxy import ActivatorConfig, RouteConfig, ScaleTarget, ServiceUpstream
+from adapter.kube.client import KubeClient
+from adapter.kube.endpointslices import (
+    build_slices,
+    endpoints_by_port,
+    is_usable,
+    owned_slices_path,
+    same_slice,
+    slice_path,
+)
+from adapter.kube.errors import KubeAPIError, KubeError
+from adapter.kube.scale import spec_replicas, workload_collection_path
+from adapter.kube.watching import ListWatch, collection_lister, field, objects_by_name
+from adapter.proxy.leader import LeaderElector
+from adapter.proxy.readiness import slice_lister
+from adapter.proxy.route import Route
+from adapter.telemetry import proxy as telemetry
+
+log = logging.getLogger(__name__)
+_RETRY_START, _RETRY_MAX = 0.1, 5.0
+
+
+class ProxyPods:
+    """The proxy's own pods, from the slices of the Service that selects them: what a cold slice lists."""
+
+    def __init__(self, kube: KubeClient, config: ActivatorConfig) -> None:
+        service = config.proxy_service
+        self.endpoints: list[dict[str, Any]] = []
+        self.seen = False  # listed at least once
+        self._port = service.port
+        self._listeners: list[Activator] = []
+        name = f"EndpointSlice watch of the proxy's Service {service.namespace}/{service.service}"
+        self._watch = ListWatch(kube, slice_lister(kube, service), name, self._changed, self._failed)
+
+    def subscribe(self, activator: Activator) -> None:
+        self._listeners.append(activator)
+
+    def start(self) -> None:
+        self._watch.start()
+
+    async def close(self) -> None:
+        await self._watch.close()
+
+    def _changed(self, slices: dict[str, dict[str, Any]]) -> None:
+        every = [ep for group in endpoints_by_port(slices.values(), self._port).values() for ep in group]
+        # Ready ones only; while none is ready, those still serving (a rollout's last old pods), as kube-proxy does.
+        self.endpoints = [ep for ep in every if is_usable(ep)] or [
+            ep for ep in every if field(ep, "conditions").get("serving") is True
+        ]
+        self.seen = True
+        for activator in self._listeners:
+            activator.changed("the proxy's pods changed")
+
+    def _failed(self, err: KubeError) -> bool:
+        log.warning("activator: cannot read the proxy's own EndpointSlices (keeping the last seen): %s", err)
+        return False
+
+
+class Activator:
+    """One activator route: decides warm or cold, and, while this replica leads, writes the Service's slices."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        route: Route,
+        proxies: ProxyPods,
+        leader: LeaderElector,
+        resync_interval: float,
+    ) -> None:
+        config: RouteConfig = route.config
+        assert config.activator is not None
+        assert isinstance(config.upstream, ServiceUpstream)
+        assert isinstance(config.target, ScaleTarget)
+        self._kube = kube
+        self._route = route
+        self._settings = config.activator
+        self._upstream = config.upstream
+        self._target = config.target
+        self._port_name = config.slice_port_name()
+        self._proxies = proxies
+        self._leader = leader
+        self._resync_interval = resync_interval
+        self.namespace = config.upstream.namespace
+        self.service = config.activator.service
+        self.port = config.activator.port
+        self._replicas: int | None = None  # the target's spec.replicas; None until first read
+        self._pods: dict[str, dict[str, Any]] | None = None  # the upstream's slices by name; None until listed
+        self.warm = False
+        self._decided_at = time.monotonic()  # when the latest switch was decided (for the switch-time histogram)
+        self._unwritten_switch = False
+        self._written: dict[str, dict[str, Any]] = {}  # our slices as last read or written
+        self._relist = True  # list our slices before the next write (a new writer, a failed write, a resync)
+        self._owner: dict[str, Any] | None = None  # the Service's ownerReference, once read
+        self._dirty = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._last_problem: str | None = None
+        lister = collection_lister(kube, workload_collection_path(self.namespace, self._target.kind, self._target.name))
+        name = f"{self._target.kind} watch of route {route.name}"
+        self._workload = ListWatch(kube, lister, name, self._workload_changed, self._workload_failed)
+        telemetry.ACTIVATOR_DIRECT.labels(route.name).set_function(lambda: int(self.warm))
+
+    # --- inputs ---
+
+    def start(self) -> None:
+        self._proxies.subscribe(self)
+        self._leader.subscribe(self._leadership)
+        self._route.counts.subscribe(self._counts)
+        self._workload.start()
+        self._task = asyncio.get_running_loop().create_task(self._write_loop(), name=f"activator {self._route.name}")
+
+    def pods_changed(self, slices: dict[str, dict[str, Any]]) -> None:
+        """The upstream Service's slices (from the route's readiness watch)."""
+        self._pods = slices
+        self.changed("the pods changed")
+
+    def _workload_changed(self, objects: dict[str, dict[str, Any]]) -> None:
+        self._replicas = spec_replicas(objects.get(self._target.name))
+        self.changed(f"spec.replicas is {self._replicas}")
+
+    def _workload_failed(self, err: KubeError) -> bool:
+        log.warning("route %s: cannot watch %s %s: %s", self._route.name, self._target.kind, self._target.name, err)
+        return False
+
+    def _counts(self, _route: str, held: int, _inflight: int) -> None:
+        # On the proxy's hot path while cold: only the last held request going out matters here.
+        if held == 0 and not self.warm and self._replicas:
+            self.changed("the held requests were sent")
+
+    def _leadership(self, leading: bool) -> None:
+        if leading:
+            self._relist = True  # whoever wrote before us: read what is there first
+            self._dirty.set()
+
+    # --- the decision ---
+
+    @property
+    def inputs_read(self) -> bool:
+        """The target, its pods and the proxy's pods have each been read once: a decision can be written."""
+        return self._replicas is not None and self._pods is not None and self._proxies.seen
+
+    def cold_reason(self) -> str | None:
+        """Why the Service must list the proxy now, or None when it may list the pods."""
+        if not self._replicas:
+            return f"{self._target.kind} {self._target.name} is at 0 replicas (or not read yet)"
+        groups = endpoints_by_port((self._pods or {}).values(), self._upstream.port)
+        if not any(is_usable(ep) for group in groups.values() for ep in group):
+            return "no pod is ready"
+        return None
+
+    def changed(self, why: str) -> None:
+        reason = self.cold_reason()
+        warm = reason is None and (self.warm or self._route.counts.held == 0)
+        if warm != self.warm:
+            self.warm = warm
+            self._decided_at = time.monotonic()
+            self._unwritten_switch = True
+            log.info("route %s: %s (%s)", self._route.name, "pods take new connections" if warm else "proxy", why)
+        self._dirty.set()
+
+    def wanted(self) -> dict[str, dict[str, Any]]:
+        """The slices the Service should have now."""
+        if self.warm:
+            groups = endpoints_by_port((self._pods or {}).values(), self._upstream.port)
+        else:
+            groups = {self._settings.port: list(self._proxies.endpoints)} if self._proxies.endpoints else {}
+        return build_slices(
+            self.namespace,
+            self.service,
+            self._route.name,
+            self._owner,
+            self._port_name,
+            groups,
+            self._settings.max_endpoints_per_slice,
+        )
+
+    # --- writing ---
+
+    async def _write_loop(self) -> None:
+        delay = _RETRY_START
+        while True:
+            try:
+                async with asyncio.timeout(self._resync_interval):
+                    await self._dirty.wait()
+            except TimeoutError:
+                self._relist = True  # resync: compare with what is really there
+            self._dirty.clear()
+            if not self._leader.leading or not self.inputs_read:
+                continue
+            try:
+                await self._reconcile()
+                delay = _RETRY_START
+            except KubeError as err:
+                self._problem(f"cannot write the slices of Service {self.namespace}/{self.service}: {err}")
+                telemetry.SLICE_WRITES.labels(self._route.name, _result(err)).inc()
+                self._relist = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX)
+                self._dirty.set()
+
+    async def _reconcile(self) -> None:
+        if self._owner is None and not await self._read_service():
+            return
+        written = self._written
+        if self._relist:
+            self._relist = False
+            _, listing = await self._kube.request("GET", owned_slices_path(self.namespace, self.service))
+            written = self._written = objects_by_name(listing)
+        switch, decided_at, warm = self._unwritten_switch, self._decided_at, self.warm
+        self._unwritten_switch = False
+        route = self._route.name
+        wanted = self.wanted()
+        for name, body in wanted.items():
+            existing = written.get(name)
+            if existing is None:
+                _, written[name] = await self._kube.request("POST", slice_path(self.namespace), body)
+                telemetry.SLICE_WRITES.labels(route, "created").inc()
+            elif not same_slice(existing, body):
+                version = field(existing, "metadata").get("resourceVersion", "")
+                body = {**body, "metadata": {**body["metadata"], "resourceVersion": version}}
+                _, written[name] = await self._kube.request("PUT", slice_path(self.namespace, name), body)
+                telemetry.SLICE_WRITES.labels(route, "updated").inc()
+        for name in [name for name in written if name not in wanted]:
+            await self._kube.request("DELETE", slice_path(self.namespace, name))
+            del written[name]
+            telemetry.SLICE_WRITES.labels(route, "deleted").inc()
+        if switch:
+            telemetry.SWITCH_SECONDS.labels(route, "pods" if warm else "proxy").observe(time.monotonic() - decided_at)
+        self._last_problem = None
+
+    async def _read_service(self) -> bool:
+        """Read the Service once for its ownerReference; False (nothing written) when it is not ours to write."""
+        _, service = await self._kube.request("GET", f"/api/v1/namespaces/{self.namespace}/services/{self.service}")
+        if field(service, "spec").get("selector"):
+            telemetry.SLICE_WRITES.labels(self._route.name, "refused").inc()
+            self._problem(
+                f"Service {self.namespace}/{self.service} has a selector, so Kubernetes writes its EndpointSlices; "
+                "remove its selector (the route's upstream Service selects the pods) for the activator to route it"
+            )
+            await asyncio.sleep(self._resync_interval)
+            return False
+        metadata = field(service, "metadata")
+        self._owner = {"apiVersion": "v1", "kind": "Service", "name": self.service, "uid": metadata.get("uid", "")}
+        return True
+
+    def _problem(self, message: str) -> None:
+        if message != self._last_problem:  # once per distinct problem, not every retry
+            self._last_problem = message
+            log.warning("route %s: %s", self._route.name, message)
+
+    async def close(self) -> None:
+        await self._workload.close()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
+def _result(err: KubeError) -> str:
+    return "conflict" if isinstance(err, KubeAPIError) and err.status in (404, 409) else "error"

@@ -1,0 +1,116 @@
+"""One writer at a time: leader election on a Lease, the way Kubernetes' own components do it
+(docs/protocols.md#leases).
+
+Every `retry_period` each replica reads the Lease. A replica that does not hold it takes it only when it is free
+(no holder) or when its record (holder and resourceVersion) has not changed for `lease_duration` as timed on this
+replica's own clock: no two clocks are compared. The holder renews every `retry_period`; one that has not
+renewed within `renew_deadline` stops leading at once, before anyone may take over, so the routes' slices have
+at most one writer. On shutdown the holder gives the Lease up, so another replica takes over within a
+`retry_period` instead of a `lease_duration`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import socket
+from collections.abc import Callable
+
+from adapter.config.proxy import ActivatorConfig
+from adapter.kube.client import KubeClient
+from adapter.kube.errors import KubeAPIError, KubeError
+from adapter.kube.leases import Lease, get_lease, write_lease
+from adapter.kube.watching import WatchTask
+from adapter.telemetry import proxy as telemetry
+
+log = logging.getLogger(__name__)
+
+
+class LeaderElector(WatchTask):
+    def __init__(self, kube: KubeClient, config: ActivatorConfig) -> None:
+        self._kube = kube
+        self._config = config
+        self.identity = config.identity or socket.gethostname()
+        self.watch_name = f"activator lease {config.lease_namespace}/{config.lease_name}"
+        self.leading = False
+        self._listeners: list[Callable[[bool], None]] = []
+        self._lease: Lease | None = None
+        self._seen: tuple[str, str] | None = None  # the record last read, and when it last changed (our clock)
+        self._seen_at = 0.0
+        self._renewed_at = -math.inf
+        self._failure_logged: str | None = None
+        telemetry.ACTIVATOR_LEADER.set_function(lambda: int(self.leading))
+
+    def subscribe(self, listener: Callable[[bool], None]) -> None:
+        """Call `listener(leading)` whenever this replica starts or stops leading."""
+        self._listeners.append(listener)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            renewed = await self._try_once(loop.time())
+            now = loop.time()
+            if renewed:
+                self._renewed_at = now
+                self._set_leading(True)
+            elif self.leading and now - self._renewed_at >= self._config.renew_deadline:
+                log.warning("%s: not renewed within renew_deadline; stopping writing", self.watch_name)
+                self._set_leading(False)
+            await asyncio.sleep(self._config.retry_period)
+
+    async def _try_once(self, now: float) -> bool:
+        """Take or renew the Lease; True when this replica holds it, renewed now."""
+        config = self._config
+        try:
+            async with asyncio.timeout(config.retry_period):
+                lease = await get_lease(self._kube, config.lease_namespace, config.lease_name)
+                if lease is not None:
+                    if lease.record() != self._seen:
+                        self._seen, self._seen_at = lease.record(), now
+                    held_by_other = lease.holder not in ("", self.identity)
+                    if held_by_other and now - self._seen_at < lease.duration_seconds:
+                        return False
+                self._lease = await write_lease(
+                    self._kube,
+                    config.lease_namespace,
+                    config.lease_name,
+                    self.identity,
+                    math.ceil(config.lease_duration),
+                    lease,
+                )
+        except KubeAPIError as err:
+            if err.status != 409:  # 409: someone else wrote first; we read again next time
+                self._log_failure(str(err))
+            return False
+        except (KubeError, TimeoutError) as err:
+            self._log_failure(str(err) or "no answer within retry_period")
+            return False
+        self._seen, self._seen_at, self._failure_logged = self._lease.record(), now, None
+        return True
+
+    def _log_failure(self, why: str) -> None:
+        if why != self._failure_logged:  # once per distinct failure, not every retry_period
+            self._failure_logged = why
+            hint = " (grant get, create and update on leases in that namespace)" if "403" in why else ""
+            log.warning("%s: cannot read or write the Lease: %s%s", self.watch_name, why, hint)
+
+    def _set_leading(self, leading: bool) -> None:
+        if leading != self.leading:
+            self.leading = leading
+            log.info("%s: %s", self.watch_name, f"{self.identity} writes" if leading else "not writing")
+            for listener in list(self._listeners):
+                listener(leading)
+
+    async def close(self) -> None:
+        """Stop, and give the Lease up if this replica holds it."""
+        await super().close()
+        if not self.leading or self._lease is None:
+            return
+        self._set_leading(False)
+        config = self._config
+        try:
+            async with asyncio.timeout(config.retry_period):
+                await write_lease(self._kube, config.lease_namespace, config.lease_name, "", 1, self._lease)
+        except (KubeError, TimeoutError) as err:
+            log.warning("%s: could not give the Lease up (it expires by itself): %s", self.watch_name, err)
