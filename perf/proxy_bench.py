@@ -8,9 +8,15 @@
 (c) Memory: RSS growth of the proxy process while it holds 10,000 idle connections, each with a request.
 (d) Memory: RSS growth while 100 connections each send 256 KB of pipelined requests behind one held request
     (bounded by max_pipelined_bytes: the excess is refused, not parsed).
+(e) Route mode activator, against a real control plane of its own (perf/activator.py; skipped unless `make e2e`
+    has built it): the warm path (wrk straight to the app, as the Service routes it once warm, while the proxy
+    runs the route warm and leading; the proxy's CPU per request meanwhile) and switch times (a pod turning
+    ready -> the Service's slice lists it; spec.replicas set to 0 -> the slice lists the proxy). (a)'s
+    `zeroscale` is also the cost of the counting sidecar in a pod: the bench runs the proxy in sidecar mode.
 
 Run: python perf/proxy_bench.py   (needs nginx and wrk; last line:
-ratio_vs_nginx=<x> added_p50_us=<y> wake_p99_ms=<z> held_10k_rss_mib=<w> pipelined_rss_mib=<v>)
+ratio_vs_nginx=<x> added_p50_us=<y> wake_p99_ms=<z> held_10k_rss_mib=<w> pipelined_rss_mib=<v>
+activator_added_p50_us=<a> switch_p99_ms=<b>)
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import activator  # noqa: E402  (perf/activator.py: this directory is on sys.path)
 from tests.netutil import free_port, wait_for_port  # noqa: E402
 
 ROUNDS = 3
@@ -130,9 +137,12 @@ def wrk(port: int, connections: int) -> tuple[float, float, float]:
     return rps, percentile("50"), percentile("99")
 
 
+UPSTREAM = 'server { listen 127.0.0.1:{port}; location / { return 200 "hello from upstream\\n"; } }'
+
+
 def warm_path() -> dict[tuple[str, int], list[tuple[float, float, float]]]:
     results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
-    with nginx('server { listen 127.0.0.1:{port}; location / { return 200 "hello from upstream\\n"; } }') as up:
+    with nginx(UPSTREAM) as up:
         proxy_block = (
             f"upstream up {{ server 127.0.0.1:{up}; keepalive 128; }}\n"
             "server { listen 127.0.0.1:{port}; location / { proxy_pass http://up; "
@@ -299,9 +309,30 @@ def main() -> None:
     print(f"(d) memory: {PIPELINING_CONNECTIONS} connections pipelining {PIPELINED_BYTES // 1024} KiB each", flush=True)
     pipelined_mib = pipelined_memory() / 1024
     print(f"RSS growth {pipelined_mib:.1f} MiB")
+    print("(e) activator mode against a real control plane", flush=True)
+    with nginx(UPSTREAM) as up:
+        result = activator.run(up, wrk, ROUNDS, SECONDS)
+    if result is None:
+        print("skipped: the control plane is not built (`make e2e` builds it into ~/.cache/zeroscale-k8s)")
+        activator_figures = "activator_added_p50_us=n/a switch_p99_ms=n/a"
+    else:
+        figures = activator.summary(result)
+        activator_added = figures["p50_us_1"] - median[("direct", 1)][1]
+        print(
+            f"warm, app straight with the activator running: c=1 p50 {figures['p50_us_1']:.0f} us (direct in (a): "
+            f"{median[('direct', 1)][1]:.0f} us), c=64 {figures['rps_64']:.0f} req/s (direct in (a): "
+            f"{median[('direct', 64)][0]:.0f}); proxy CPU {figures['cpu_us_per_request']:.3f} us per request"
+        )
+        for to, event in (("pods", "a pod ready"), ("proxy", "spec.replicas 0")):
+            print(
+                f"switch to {to} ({event} -> the slice lists it), {activator.TRIALS} trials: "
+                f"p50 {figures[f'switch_{to}_p50_ms']:.1f} ms, p99 {figures[f'switch_{to}_p99_ms']:.1f} ms"
+            )
+        switch_p99 = max(figures["switch_pods_p99_ms"], figures["switch_proxy_p99_ms"])
+        activator_figures = f"activator_added_p50_us={activator_added:.0f} switch_p99_ms={switch_p99:.1f}"
     print(
         f"ratio_vs_nginx={ratio:.2f} added_p50_us={added_p50:.0f} wake_p99_ms={wake_p99:.1f} "
-        f"held_10k_rss_mib={growth_mib:.1f} pipelined_rss_mib={pipelined_mib:.1f}"
+        f"held_10k_rss_mib={growth_mib:.1f} pipelined_rss_mib={pipelined_mib:.1f} {activator_figures}"
     )
 
 
