@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import activator  # noqa: E402  (perf/activator.py: this directory is on sys.path)
+
 from tests.netutil import free_port, wait_for_port  # noqa: E402
 
 ROUNDS = 3
