@@ -136,12 +136,17 @@ def build_slices(
     slice when there is nothing to list (kube-proxy then refuses connections at once rather than timing out).
     `owner` is the Service's ownerReference: the slices go when the Service does."""
     labels = {SERVICE_NAME_LABEL: service, MANAGED_BY_LABEL: MANAGED_BY, ROUTE_LABEL: route}
-    chunks: list[tuple[int, list[dict[str, Any]]]] = []
+    # One slice holds one address family (a dual-stack Service's pods come in a slice per family) and one port.
+    chunks: list[tuple[str, int, list[dict[str, Any]]]] = []
     for number in sorted(groups):
-        endpoints = sorted(groups[number], key=lambda endpoint: endpoint["addresses"])
-        chunks += [(number, endpoints[start : start + per_slice]) for start in range(0, len(endpoints), per_slice)]
+        for family in ("IPv4", "IPv6"):
+            endpoints = sorted(
+                (ep for ep in groups[number] if _family(ep["addresses"][0]) == family),
+                key=lambda endpoint: endpoint["addresses"],
+            )
+            chunks += [(family, number, endpoints[at : at + per_slice]) for at in range(0, len(endpoints), per_slice)]
     slices: dict[str, dict[str, Any]] = {}
-    for index, (number, endpoints) in enumerate(chunks or [(0, [])]):
+    for index, (family, number, endpoints) in enumerate(chunks or [("IPv4", 0, [])]):
         name = f"{service}-zeroscale-{index}"
         metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
         if owner is not None:
@@ -150,11 +155,15 @@ def build_slices(
             "apiVersion": API_VERSIONS[0],
             "kind": "EndpointSlice",
             "metadata": metadata,
-            "addressType": "IPv4" if not endpoints or ":" not in endpoints[0]["addresses"][0] else "IPv6",
+            "addressType": family,
             "ports": [{"name": port_name, "port": number, "protocol": "TCP"}] if endpoints else [],
             "endpoints": endpoints,
         }
     return slices
+
+
+def _family(address: str) -> str:
+    return "IPv6" if ":" in address else "IPv4"
 
 
 def same_slice(written: dict[str, Any], wanted: dict[str, Any]) -> bool:
