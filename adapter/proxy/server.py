@@ -194,7 +194,9 @@ class ProxyServer:
             return
         activator = self.activators.get(route.name)
         also = activator.pods_changed if activator is not None else None
-        watcher = endpoint_slice_watcher(kube, route, upstream, fallback=config.readiness == "auto", also=also)
+        # An activator route copies the slices it reads: connect probes are no fallback for it.
+        fallback = config.readiness == "auto" and activator is None
+        watcher = endpoint_slice_watcher(kube, route, upstream, fallback=fallback, also=also)
         watcher.start()
         self._watchers.append(watcher)
 
