@@ -28,18 +28,40 @@ Built-in routes:
   extension-apiserver-authentication` in the shape of docs/protocols.md#authn-configmap (lists as JSON strings).
 
 The object store, for any collection path (e.g. `/api/v1/namespaces/kube-system/configmaps`):
-`put(collection, obj)` adds or replaces by `metadata.name` (sets `metadata.resourceVersion`,
-emits ADDED or MODIFIED), `delete(collection, name)` (emits DELETED), `get(collection, name)`,
-`objects(collection)`. `serve_collection(pattern, list_kind)` routes GET of a collection
-matching the regular expression `pattern` (list, `?watch=1` with optional `resourceVersion`,
-`fieldSelector=metadata.name=X`, `labelSelector=k=v,...`) and GET of one object under it.
-A watch without `resourceVersion` first sends ADDED for every current object, like the real
-server. `end_watches()` closes every open watch stream (clients must re-list and re-watch).
+`put(collection, obj)` adds or replaces by `metadata.name` as an administrator would, without
+preconditions (sets `metadata.resourceVersion`; a new object gets `uid` and `creationTimestamp`,
+a replaced one keeps them; emits ADDED or MODIFIED), `delete(collection, name)` (emits DELETED),
+`get(collection, name)`, `objects(collection)`. `serve_collection(pattern, list_kind)` routes GET
+of a collection matching the regular expression `pattern` (list, `?watch=1` with optional
+`resourceVersion`, `fieldSelector=metadata.name=X`, `labelSelector=k=v,...`) and GET of one
+object under it. A watch without `resourceVersion` first sends ADDED for every current object,
+like the real server. `end_watches()` closes every open watch stream (clients must re-list and
+re-watch).
+
+`serve_collection(..., writable=True)` also serves writes, with the real API server's semantics
+(optimistic concurrency, docs/protocols.md) and its Status bodies:
+
+- `POST` of the collection creates: 201 with the stored object (`resourceVersion`, `uid`,
+  `creationTimestamp` set by the server; `generateName` honoured), ADDED to watches; 409
+  `AlreadyExists` when the name is taken; 400 `BadRequest` when the body's namespace is not the URL's.
+- `PUT` of one object replaces it: 200, MODIFIED to watches; `uid` and `creationTimestamp` are
+  kept from the stored object. A `metadata.resourceVersion` in the body must be the stored one
+  (else 409 `Conflict`, nothing written); none means an unconditional update. 404 `NotFound` when
+  it does not exist (these resources do not create on update); 400 when the body names another
+  object. An update that changes nothing is not written: same resourceVersion, no event.
+- `DELETE` of one object: 200 with the object, DELETED to watches; 404 `NotFound` when missing.
+
+`kube.writes` records (method, path, body) of every write request that succeeded, in order, and
+each callable in `kube.before_write` is called with (method, path, body) before a write is applied
+(from the stand-in's thread): a test can look at its own state there, or change the store as a
+concurrent writer would.
 
 Add routes of your own with `add_route(method, regex, handler)`: the regex is matched
 (fullmatch) against the path without the query, and `handler(request, match)` returns a
-`Reply` (status, JSON-able body) or a `WatchReply` (stream a store collection's events).
-Later routes win over earlier ones, so a test can override a built-in.
+`Reply` (status, JSON-able body), a `WatchReply` (stream a store collection's events), or None
+to pass the request on to the routes added before it. Later routes win over earlier ones, so a
+test can override a built-in (e.g. refuse one client's writes); `add_route` returns a function
+that removes the route again.
 """
 
 from __future__ import annotations
@@ -50,8 +72,10 @@ import secrets
 import ssl
 import tempfile
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -94,7 +118,7 @@ class WatchReply:
     accept: Callable[[dict[str, Any]], bool] = field(default=lambda _obj: True)
 
 
-Handler = Callable[[StandInRequest, "re.Match[str]"], "Reply | WatchReply"]
+Handler = Callable[[StandInRequest, "re.Match[str]"], "Reply | WatchReply | None"]
 
 
 def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -108,6 +132,17 @@ def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
         "reason": reason,
         "code": code,
     }
+
+
+def _resource(collection: str) -> str:
+    """`endpointslices.discovery.k8s.io` for a collection path, as the API's messages name a resource."""
+    parts = collection.strip("/").split("/")
+    plural = parts[-1]
+    return plural if parts[0] == "api" else f"{plural}.{parts[1]}"
+
+
+def _not_found(collection: str, name: str) -> Reply:
+    return Reply(404, status_body(404, "NotFound", f'{_resource(collection)} "{name}" not found'))
 
 
 def _label_filter(selector: str | None, field_selector: str | None) -> Callable[[dict[str, Any]], bool]:
@@ -262,6 +297,8 @@ class KubeStandIn:
         self.access_reviews: list[dict[str, Any]] = []
         self.authorize: Callable[[dict[str, Any]], str] = lambda _spec: "allow"
         self.store = _Store()
+        self.writes: list[tuple[str, str, Any]] = []
+        self.before_write: list[Callable[[str, str, Any], None]] = []
         self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -324,14 +361,18 @@ class KubeStandIn:
 
     # -- routing -------------------------------------------------------------------------
 
-    def add_route(self, method: str, pattern: str, handler: Handler) -> None:
-        self._routes.append((method.upper(), re.compile(pattern), handler))
+    def add_route(self, method: str, pattern: str, handler: Handler) -> Callable[[], None]:
+        entry = (method.upper(), re.compile(pattern), handler)
+        self._routes.append(entry)
+        return lambda: self._routes.remove(entry)
 
     def route(self, request: StandInRequest) -> Reply | WatchReply:
-        for method, pattern, handler in reversed(self._routes):
+        for method, pattern, handler in reversed(list(self._routes)):
             match = pattern.fullmatch(request.path)
             if match is not None and method == request.method:
-                return handler(request, match)
+                reply = handler(request, match)
+                if reply is not None:
+                    return reply
         return Reply(
             404, status_body(404, "NotFound", f"the server could not find the requested resource {request.path}")
         )
@@ -341,16 +382,26 @@ class KubeStandIn:
     def put(self, collection: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Add or replace an object (by metadata.name); returns the stored copy with its resourceVersion."""
         with self.store.lock:
-            store = self.store
-            store.version += 1
-            stored: dict[str, Any] = json.loads(json.dumps(obj))
-            metadata = stored.setdefault("metadata", {})
-            metadata["resourceVersion"] = str(store.version)
-            existing = store.objects.setdefault(collection, {})
-            kind = "MODIFIED" if metadata["name"] in existing else "ADDED"
-            existing[metadata["name"]] = stored
-            store.record(collection, kind, stored)
-            return stored
+            return self._store(collection, obj)
+
+    def _store(self, collection: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Write under the store's lock: what every write path of the real server ends in."""
+        store = self.store
+        existing = store.objects.setdefault(collection, {})
+        stored: dict[str, Any] = json.loads(json.dumps(obj))
+        metadata = stored.setdefault("metadata", {})
+        previous = existing.get(metadata["name"])
+        if previous is None:
+            metadata.setdefault("uid", str(uuid.uuid4()))
+            metadata.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        else:  # system fields survive a replace, whatever the body said
+            for key in ("uid", "creationTimestamp"):
+                metadata[key] = previous["metadata"][key]
+        store.version += 1
+        metadata["resourceVersion"] = str(store.version)
+        existing[metadata["name"]] = stored
+        store.record(collection, "ADDED" if previous is None else "MODIFIED", stored)
+        return stored
 
     def delete(self, collection: str, name: str) -> None:
         with self.store.lock:
@@ -372,8 +423,9 @@ class KubeStandIn:
             self.store.watch_generation += 1
             self.store.lock.notify_all()
 
-    def serve_collection(self, pattern: str, list_kind: str) -> None:
-        """Route list / watch of collections matching `pattern`, and GET of one object under them."""
+    def serve_collection(self, pattern: str, list_kind: str, *, writable: bool = False) -> None:
+        """Route list / watch of collections matching `pattern`, and GET of one object under them; with
+        `writable`, POST, PUT and DELETE too (see the module docstring)."""
 
         def collection(request: StandInRequest, match: re.Match[str]) -> Reply | WatchReply:
             try:
@@ -393,13 +445,96 @@ class KubeStandIn:
 
         def single(request: StandInRequest, match: re.Match[str]) -> Reply:
             obj = self.get(match.group("collection"), match.group("name"))
-            if obj is None:
-                name = match.group("name")
-                return Reply(404, status_body(404, "NotFound", f'"{name}" not found'))
-            return Reply(200, obj)
+            return _not_found(match.group("collection"), match.group("name")) if obj is None else Reply(200, obj)
 
         self.add_route("GET", pattern, collection)
         self.add_route("GET", f"(?P<collection>{pattern})/(?P<name>[^/]+)", single)
+        if writable:
+            self.add_route("POST", pattern, self._create)
+            self.add_route("PUT", f"(?P<collection>{pattern})/(?P<name>[^/]+)", self._update)
+            self.add_route("DELETE", f"(?P<collection>{pattern})/(?P<name>[^/]+)", self._delete)
+
+    def _write_body(self, request: StandInRequest, collection: str) -> dict[str, Any] | Reply:
+        """The request's object, or the 400 the real server answers for one it cannot take."""
+        try:
+            obj = request.json()
+        except ValueError as err:
+            return Reply(400, status_body(400, "BadRequest", f"the body is not JSON: {err}"))
+        if not isinstance(obj, dict) or not isinstance(obj.get("metadata", {}), dict):
+            return Reply(400, status_body(400, "BadRequest", "the body is not an object with metadata"))
+        namespace = re.search(r"/namespaces/([^/]+)/", collection)
+        given = obj.get("metadata", {}).get("namespace")
+        if namespace is not None and given not in (None, "", namespace.group(1)):
+            message = "the namespace of the provided object does not match the namespace sent on the request"
+            return Reply(400, status_body(400, "BadRequest", message))
+        return obj
+
+    def _create(self, request: StandInRequest, _match: re.Match[str]) -> Reply:
+        collection = request.path
+        obj = self._write_body(request, collection)
+        if isinstance(obj, Reply):
+            return obj
+        metadata = obj.setdefault("metadata", {})
+        if not metadata.get("name") and metadata.get("generateName"):
+            metadata["name"] = metadata["generateName"] + secrets.token_hex(3)[:5]
+        name = metadata.get("name")
+        if not isinstance(name, str) or not name:
+            return Reply(400, status_body(400, "BadRequest", "name or generateName is required"))
+        self._before_write(request)
+        with self.store.lock:
+            if name in self.store.objects.get(collection, {}):
+                message = f'{_resource(collection)} "{name}" already exists'
+                return Reply(409, status_body(409, "AlreadyExists", message))
+            for key in ("uid", "creationTimestamp", "resourceVersion"):
+                metadata.pop(key, None)  # the server's to set
+            stored = self._store(collection, obj)
+        self.writes.append((request.method, request.path, obj))
+        return Reply(201, stored)
+
+    def _update(self, request: StandInRequest, match: re.Match[str]) -> Reply:
+        collection, name = match.group("collection"), match.group("name")
+        obj = self._write_body(request, collection)
+        if isinstance(obj, Reply):
+            return obj
+        metadata = obj.setdefault("metadata", {})
+        if metadata.get("name") != name:
+            message = f"the name of the object ({metadata.get('name')}) does not match the name on the URL ({name})"
+            return Reply(400, status_body(400, "BadRequest", message))
+        self._before_write(request)
+        with self.store.lock:
+            current = self.store.objects.get(collection, {}).get(name)
+            if current is None:
+                return _not_found(collection, name)
+            wanted = metadata.get("resourceVersion")
+            if wanted and wanted != current["metadata"]["resourceVersion"]:
+                message = (
+                    f'Operation cannot be fulfilled on {_resource(collection)} "{name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again"
+                )
+                return Reply(409, status_body(409, "Conflict", message))
+            system = {key: current["metadata"][key] for key in ("uid", "creationTimestamp", "resourceVersion")}
+            if {**obj, "metadata": {**metadata, **system}} == current:
+                stored = current  # a no-op update: not written, no event
+            else:
+                stored = self._store(collection, obj)
+        self.writes.append((request.method, request.path, obj))
+        return Reply(200, stored)
+
+    def _delete(self, request: StandInRequest, match: re.Match[str]) -> Reply:
+        collection, name = match.group("collection"), match.group("name")
+        self._before_write(request)
+        with self.store.lock:
+            current = self.store.objects.get(collection, {}).get(name)
+            if current is None:
+                return _not_found(collection, name)
+            self.delete(collection, name)
+        self.writes.append((request.method, request.path, None))
+        return Reply(200, current)
+
+    def _before_write(self, request: StandInRequest) -> None:
+        body = request.json() if request.body else None
+        for hook in list(self.before_write):
+            hook(request.method, request.path, body)
 
     # -- authentication ConfigMap --------------------------------------------------------
 

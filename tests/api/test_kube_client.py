@@ -41,7 +41,7 @@ async def test_errors_carry_the_status_message(kube: KubeStandIn) -> None:
             await client.request("GET", f"{CONFIGMAPS}/missing")
         assert caught.value.status == 404
         assert caught.value.reason == "NotFound"
-        assert caught.value.message == '"missing" not found'
+        assert caught.value.message == 'configmaps "missing" not found'
     finally:
         await client.close()
 
