@@ -513,10 +513,9 @@ class KubeStandIn:
                 )
                 return Reply(409, status_body(409, "Conflict", message))
             system = {key: current["metadata"][key] for key in ("uid", "creationTimestamp", "resourceVersion")}
-            if {**obj, "metadata": {**metadata, **system}} == current:
-                stored = current  # a no-op update: not written, no event
-            else:
-                stored = self._store(collection, obj)
+            # A no-op update is not written: no new resourceVersion, no event.
+            unchanged = {**obj, "metadata": {**metadata, **system}} == current
+            stored = current if unchanged else self._store(collection, obj)
         self.writes.append((request.method, request.path, obj))
         return Reply(200, stored)
 

@@ -107,14 +107,19 @@ def endpoints_by_port(slices: Iterable[dict[str, Any]], port: str | int) -> dict
     groups: dict[int, list[dict[str, Any]]] = {}
     for slice_obj in slices:
         number = _port_of(slice_obj, port)
-        if number is None:
-            continue
-        for endpoint in items_of(slice_obj, "endpoints"):
-            addresses = [address for address in items_of(endpoint, "addresses") if isinstance(address, str)]
-            if addresses:
-                kept = {key: endpoint[key] for key in _ENDPOINT_FIELDS if key in endpoint}
-                groups.setdefault(number, []).append({**kept, "addresses": addresses})
-    return groups
+        if number is not None:
+            groups.setdefault(number, []).extend(kept_endpoints(slice_obj))
+    return {number: endpoints for number, endpoints in groups.items() if endpoints}
+
+
+def kept_endpoints(slice_obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """A slice's endpoints that have an address, each with only the fields a written slice keeps."""
+    kept = []
+    for endpoint in items_of(slice_obj, "endpoints"):
+        addresses = [address for address in items_of(endpoint, "addresses") if isinstance(address, str)]
+        if addresses:
+            kept.append({**{key: endpoint[key] for key in _ENDPOINT_FIELDS if key in endpoint}, "addresses": addresses})
+    return kept
 
 
 def is_usable(endpoint: dict[str, Any]) -> bool:

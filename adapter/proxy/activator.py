@@ -36,6 +36,7 @@ from adapter.kube.endpointslices import (
     build_slices,
     endpoints_by_port,
     is_usable,
+    kept_endpoints,
     owned_slices_path,
     same_slice,
     slice_path,
@@ -59,7 +60,6 @@ class ProxyPods:
         service = config.proxy_service
         self.endpoints: list[dict[str, Any]] = []
         self.seen = False  # listed at least once
-        self._port = service.port
         self._listeners: list[Activator] = []
         name = f"EndpointSlice watch of the proxy's Service {service.namespace}/{service.service}"
         self._watch = ListWatch(kube, slice_lister(kube, service), name, self._changed, self._failed)
@@ -74,7 +74,9 @@ class ProxyPods:
         await self._watch.close()
 
     def _changed(self, slices: dict[str, dict[str, Any]]) -> None:
-        every = [ep for group in endpoints_by_port(slices.values(), self._port).values() for ep in group]
+        # Any port of the Service (the chart names its port, a Service may have several): only the addresses are
+        # used, each with the route's activator.port, so a pod listed once per port is one endpoint.
+        every = list({tuple(ep["addresses"]): ep for s in slices.values() for ep in kept_endpoints(s)}.values())
         # Ready ones only; while none is ready, those still serving (a rollout's last old pods), as kube-proxy does.
         self.endpoints = [ep for ep in every if is_usable(ep)] or [
             ep for ep in every if field(ep, "conditions").get("serving") is True

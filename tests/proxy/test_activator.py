@@ -1,0 +1,358 @@
+"""Route mode activator (adapter/proxy/activator.py) in-process against the Kubernetes API stand-in: the slices the
+Lease holder writes for the Service clients call, and the proxy holding and forwarding while it is listed.
+
+The "pod" is a real HTTP server on loopback (the stand-in, unlike the real API, does not refuse loopback
+addresses in a slice); the proxy's own pods are listed at an address nothing listens on, as only what the slice
+says of them is checked here (tests/e2e has them routed by a real kube-proxy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from adapter.kube.client import KubeClient
+from adapter.kube.endpointslices import MANAGED_BY, build_slices
+from tests.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
+from tests.netutil import free_port
+from tests.proxy.conftest import get, request, running_proxy, until
+from tests.proxy.kube_routes import SLICES_V1, endpoint_slice, slices_collection
+from tests.proxy.upstream_app import Upstream
+
+DEPLOYMENTS = r"/apis/apps/v1/namespaces/[^/]+/deployments"
+SERVICES = r"/api/v1/namespaces/[^/]+/services"
+LEASES = r"/apis/coordination\.k8s\.io/v1/namespaces/[^/]+/leases"
+SLICES = slices_collection("default")
+PROXY_SLICES = slices_collection("zeroscale")
+PROXY_ADDRESS = "10.1.0.7"  # the proxy's pod, as its own Service's slice lists it
+SERVICE_UID = "0b5e1c2a-service-web"
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeStandIn]:
+    with KubeStandIn(tls=False, token="proxy-token") as standin:
+        for pattern, kind in (
+            (SLICES_V1, "EndpointSliceList"),
+            (DEPLOYMENTS, "DeploymentList"),
+            (SERVICES, "ServiceList"),
+            (LEASES, "LeaseList"),
+        ):
+            standin.serve_collection(pattern, kind, writable=True)
+        yield standin
+
+
+@pytest.fixture
+async def kube_client(kube: KubeStandIn) -> AsyncIterator[KubeClient]:
+    client = KubeClient.from_config(kube.client_config())
+    yield client
+    await client.close()
+
+
+def activator_route(port: int, name: str = "web", **overrides: Any) -> dict[str, Any]:
+    activator = {"service": "web", "port": port, **overrides.pop("activator", {})}
+    return {
+        "name": name,
+        "upstream": {"service": "web-pods", "namespace": "default", "port": "http"},
+        "mode": "activator",
+        "activator": activator,
+        "target": {"namespace": "default", "kind": "Deployment", "name": "web"},
+        "wake": "none",  # the test scales the Deployment itself
+        "readiness": "endpointslice",
+        "limits": {"hold_timeout": 15, **overrides.pop("limits", {})},
+        **overrides,
+    }
+
+
+def activator_settings(identity: str = "proxy-a", **overrides: Any) -> dict[str, Any]:
+    return {
+        "proxy_service": {"service": "zeroscale-proxy", "namespace": "zeroscale"},
+        "lease_namespace": "zeroscale",
+        "identity": identity,
+        "lease_duration": 1.5,
+        "renew_deadline": 1.0,
+        "retry_period": 0.1,
+        "resync_interval": 30,
+        **overrides,
+    }
+
+
+def deployment(replicas: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"replicas": replicas},
+    }
+
+
+def service(selector: dict[str, str] | None = None, uid: str = SERVICE_UID) -> dict[str, Any]:
+    spec: dict[str, Any] = {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+    if selector is not None:
+        spec["selector"] = selector
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web", "namespace": "default", "uid": uid},
+        "spec": spec,
+    }
+
+
+def pods(port: int, *addresses: str, ready: bool = True) -> dict[str, Any]:
+    """The upstream Service's slice, as Kubernetes' controller writes it."""
+    return endpoint_slice("web-pods-abcde", "web-pods", [(address, {"ready": ready}) for address in addresses], port)
+
+
+def proxies(*addresses: str, generation: int = 0) -> dict[str, Any]:
+    """The proxy's own Service's slice (a named port, as the Helm chart names it)."""
+    body = endpoint_slice("zeroscale-proxy-xyz", "zeroscale-proxy", [(a, {"ready": True}) for a in addresses], 8080)
+    body["metadata"].update(namespace="zeroscale", annotations={"generation": str(generation)})
+    return body
+
+
+def seed(kube: KubeStandIn, replicas: int, pod_port: int, *pod_addresses: str) -> None:
+    kube.put("/apis/apps/v1/namespaces/default/deployments", deployment(replicas))
+    kube.put("/api/v1/namespaces/default/services", service())
+    kube.put(SLICES, pods(pod_port, *pod_addresses))
+    kube.put(PROXY_SLICES, proxies(PROXY_ADDRESS))
+
+
+def set_replicas(kube: KubeStandIn, replicas: int) -> None:
+    kube.put("/apis/apps/v1/namespaces/default/deployments", deployment(replicas))
+
+
+def ours(kube: KubeStandIn, service_name: str = "web") -> list[dict[str, Any]]:
+    return [
+        obj
+        for obj in kube.objects(SLICES)
+        if obj["metadata"]["labels"].get("endpointslice.kubernetes.io/managed-by") == MANAGED_BY
+        and obj["metadata"]["labels"].get("kubernetes.io/service-name") == service_name
+    ]
+
+
+def listed(kube: KubeStandIn) -> list[tuple[str, int, str]]:
+    """What the Service's written slices route to: (address, port, port name)."""
+    return sorted(
+        (address, body["ports"][0]["port"], body["ports"][0]["name"])
+        for body in ours(kube)
+        for endpoint in body["endpoints"]
+        for address in endpoint["addresses"]
+    )
+
+
+def slice_writes(kube: KubeStandIn) -> list[tuple[str, str]]:
+    return [(method, path) for method, path, _body in kube.writes if "/endpointslices" in path]
+
+
+def writes_total(route: str, result: str) -> float:
+    labels = {"route": route, "result": result}
+    return REGISTRY.get_sample_value("zeroscale_proxy_activator_slice_writes_total", labels) or 0.0
+
+
+async def test_the_service_lists_the_pods_while_warm_the_proxy_from_replicas_zero_and_the_pods_after_the_held(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    upstream = await Upstream().start()
+    pod_port, port = upstream.port, free_port()
+    seed(kube, 1, pod_port, "127.0.0.1")
+    # One request at a time per pod: the held requests go out one after the other, so "held ones first" shows.
+    route = activator_route(port, limits={"endpoint_concurrency": 1})
+    pods_listed_while: list[int] = []
+
+    def watch_writes(method: str, path: str, body: Any) -> None:
+        lists_pod = isinstance(body, dict) and any("127.0.0.1" in e["addresses"] for e in body.get("endpoints", []))
+        if method in ("POST", "PUT") and "/endpointslices" in path and lists_pod:
+            pods_listed_while.append(server.routes["web"].counts.held)
+
+    kube.before_write.append(watch_writes)
+    updated = writes_total("web", "updated")
+    try:
+        async with running_proxy([route], kube=kube_client, activator=activator_settings()) as server:
+            await until(lambda: listed(kube) == [("127.0.0.1", pod_port, "http")])
+            (written,) = ours(kube)
+            assert written["metadata"]["ownerReferences"] == [
+                {"apiVersion": "v1", "kind": "Service", "name": "web", "uid": SERVICE_UID}
+            ]
+            assert written["metadata"]["labels"]["zeroscale.io/route"] == "web"
+            assert server.activators["web"].warm
+
+            # Scaled to 0: the proxy is listed at once, while the pod's endpoint is still ready in its slice.
+            set_replicas(kube, 0)
+            await until(lambda: listed(kube) == [(PROXY_ADDRESS, port, "http")])
+            pod_slice = kube.get(SLICES, "web-pods-abcde")
+            assert pod_slice is not None
+            assert pod_slice["endpoints"][0]["conditions"] == {"ready": True}
+
+            # The pod goes; requests (here straight to the proxy's activator port) are held.
+            kube.put(SLICES, pods(pod_port))
+            await upstream.stop()
+            held = [asyncio.create_task(request(port, get(f"/slow?s=0.2&n={n}"), within=15)) for n in range(3)]
+            await until(lambda: server.routes["web"].counts.held == 3)
+            set_replicas(kube, 1)  # woken, but no pod is ready yet: still the proxy
+            await asyncio.sleep(0.3)
+            assert not any(task.done() for task in held)
+            assert listed(kube) == [(PROXY_ADDRESS, port, "http")]
+
+            upstream = await Upstream(pod_port).start()
+            kube.put(SLICES, pods(pod_port, "127.0.0.1"))
+            responses = await asyncio.gather(*held)
+            assert [response.status for response in responses] == [200, 200, 200]
+            assert sorted(seen.path for seen in upstream.requests) == [f"/slow?s=0.2&n={n}" for n in range(3)]
+            await until(lambda: listed(kube) == [("127.0.0.1", pod_port, "http")])
+    finally:
+        await upstream.stop()
+    # The first write listed the pod before anything was held; every later one only once nothing was.
+    assert pods_listed_while
+    assert set(pods_listed_while) == {0}, pods_listed_while
+    assert writes_total("web", "updated") == updated + 2  # to the proxy, back to the pod
+
+
+def block(kube: KubeStandIn, what: str) -> Any:
+    """Answer 500 to every read of one input of the activator (its list and its watch), until undone."""
+
+    def refuse(request: StandInRequest, _match: Any) -> Reply | None:
+        selector = request.param("labelSelector") or ""
+        hit = {
+            "target": request.path.startswith("/apis/apps/v1/namespaces/default/deployments"),
+            "pods": request.path.startswith(SLICES) and selector == "kubernetes.io/service-name=web-pods",
+            "proxies": request.path.startswith(PROXY_SLICES),
+        }[what]
+        return Reply(500, status_body(500, "InternalError", "etcd is unwell")) if hit else None
+
+    return kube.add_route("GET", r"/.*", refuse)
+
+
+@pytest.mark.parametrize(("unread", "replicas"), [("target", 1), ("pods", 1), ("proxies", 0)])
+async def test_a_new_writer_writes_nothing_until_it_has_read_the_target_the_pods_and_the_proxies(
+    kube: KubeStandIn, kube_client: KubeClient, unread: str, replicas: int
+) -> None:
+    """A restart (or a new leader) while the Service is warm must not flip it to the proxy because it has not
+    read the pods (or the target) yet; while cold, not empty it because it has not read the proxies yet."""
+    port = free_port()
+    seed(kube, replicas, 8080, "10.0.0.5")
+    owner = {"apiVersion": "v1", "kind": "Service", "name": "web", "uid": SERVICE_UID}
+    groups = {8080: [{"addresses": ["10.0.0.5"], "conditions": {"ready": True}}]} if replicas else {}
+    if not replicas:
+        groups = {port: [{"addresses": [PROXY_ADDRESS], "conditions": {"ready": True}}]}
+    for body in build_slices("default", "web", "web", owner, "http", groups, 100).values():
+        kube.put(SLICES, body)  # what the previous writer left
+    before = listed(kube)
+    unblock = block(kube, unread)
+    async with running_proxy([activator_route(port)], kube=kube_client, activator=activator_settings()) as server:
+        activator = server.activators["web"]
+        await until(lambda: server.leader is not None and server.leader.leading)
+        await asyncio.sleep(0.5)
+        assert not activator.inputs_read
+        assert slice_writes(kube) == []
+        unblock()
+        await until(lambda: activator.inputs_read)
+        await asyncio.sleep(0.3)
+        assert slice_writes(kube) == [], "what the previous writer left was right: nothing to write"
+        assert listed(kube) == before
+        set_replicas(kube, 1 - replicas)  # and it does write, once there is something to change
+        await until(lambda: listed(kube) != before)
+
+
+async def test_slices_it_does_not_own_are_never_touched(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    port = free_port()
+    seed(kube, 1, 8080, "10.0.0.1", "10.0.0.2")
+    foreign = [
+        # Someone else's slice for the same Service.
+        {
+            **endpoint_slice("web-manual", "web", [("10.9.9.9", {})], 80),
+            "metadata": {
+                "name": "web-manual",
+                "labels": {
+                    "kubernetes.io/service-name": "web",
+                    "endpointslice.kubernetes.io/managed-by": "someone-else.example",
+                },
+            },
+        },
+        # A slice with one of our names but not our label: a name taken, not ours to take over.
+        endpoint_slice("web-zeroscale-1", "web", [("10.9.9.8", {})], 80),
+        # Ours, for another Service.
+        {
+            **endpoint_slice("other-zeroscale-0", "other", [], 80),
+            "metadata": {
+                "name": "other-zeroscale-0",
+                "labels": {"kubernetes.io/service-name": "other", "endpointslice.kubernetes.io/managed-by": MANAGED_BY},
+            },
+        },
+    ]
+    kept = [kube.put(SLICES, body) for body in foreign]
+    route = activator_route(port, activator={"max_endpoints_per_slice": 1})
+    async with running_proxy([route], kube=kube_client, activator=activator_settings(resync_interval=0.2)):
+        await until(lambda: listed(kube) == [("10.0.0.1", 8080, "http")])  # -1 is taken: it cannot be created
+        set_replicas(kube, 0)  # one slice wanted: a -1 of ours would be deleted now
+        await until(lambda: listed(kube) == [(PROXY_ADDRESS, port, "http")])
+        await asyncio.sleep(0.5)  # a few resyncs
+    assert [kube.get(SLICES, body["metadata"]["name"]) for body in kept] == kept
+    touched = {path.rsplit("/", 1)[-1] for method, path, _ in kube.requests if method in ("PUT", "DELETE", "PATCH")}
+    assert touched.isdisjoint({"web-manual", "web-zeroscale-1", "other-zeroscale-0"}), touched
+    assert writes_total("web", "conflict") >= 1  # the POST of web-zeroscale-1: 409 AlreadyExists, each try
+
+
+async def test_a_service_with_a_selector_is_refused_and_the_log_says_what_to_change(
+    kube: KubeStandIn, kube_client: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    seed(kube, 1, 8080, "10.0.0.1")
+    kube.put("/api/v1/namespaces/default/services", service(selector={"app": "web"}))
+    refused = writes_total("web", "refused")
+    async with running_proxy(
+        [activator_route(free_port())], kube=kube_client, activator=activator_settings()
+    ) as server:
+        await until(lambda: server.activators["web"].inputs_read and writes_total("web", "refused") > refused)
+        await asyncio.sleep(0.3)
+    assert slice_writes(kube) == []
+    assert ours(kube) == []
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("has a selector" in m and "remove its selector" in m for m in messages), messages
+
+
+async def test_a_slice_someone_deleted_or_changed_is_put_back_at_the_next_resync(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    port = free_port()
+    seed(kube, 1, 8080, "10.0.0.1")
+    settings = activator_settings(resync_interval=0.3)
+    async with running_proxy([activator_route(port)], kube=kube_client, activator=settings):
+        want = [("10.0.0.1", 8080, "http")]
+        await until(lambda: listed(kube) == want)
+        kube.delete(SLICES, "web-zeroscale-0")
+        await until(lambda: listed(kube) == want, within=3)
+        changed = kube.get(SLICES, "web-zeroscale-0")
+        assert changed is not None
+        kube.put(SLICES, {**changed, "endpoints": [{"addresses": ["10.6.6.6"], "conditions": {}}]})
+        await until(lambda: listed(kube) == want, within=3)
+
+
+async def test_a_conflict_on_update_is_read_again_and_written(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    port = free_port()
+    seed(kube, 1, 8080, "10.0.0.1")
+    async with running_proxy([activator_route(port)], kube=kube_client, activator=activator_settings()):
+        await until(lambda: listed(kube) == [("10.0.0.1", 8080, "http")])
+        # Someone writes the slice (an annotation: nothing the writer compares), unseen by the writer.
+        current = kube.get(SLICES, "web-zeroscale-0")
+        assert current is not None
+        kube.put(SLICES, {**current, "metadata": {**current["metadata"], "annotations": {"note": "x"}}})
+        conflicts = writes_total("web", "conflict")
+        set_replicas(kube, 0)
+        await until(lambda: listed(kube) == [(PROXY_ADDRESS, port, "http")])
+    assert writes_total("web", "conflict") == conflicts + 1
+    puts = [path for method, path, _ in kube.requests if method == "PUT" and path.endswith("/web-zeroscale-0")]
+    assert len(puts) == 2, "the stale one (409), then the one with the version read again"
+
+
+async def test_the_proxy_service_is_read_on_any_port(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """proxy_service names no port (only the addresses are used, each with the route's activator.port); the
+    chart's proxy Service names its port `http`, and a Service may have several: each pod listed once."""
+    port = free_port()
+    seed(kube, 0, 8080)
+    two_ports = proxies(PROXY_ADDRESS, "10.1.0.8")
+    two_ports["ports"].append({"name": "admin", "port": 9090, "protocol": "TCP"})
+    kube.put(PROXY_SLICES, two_ports)
+    async with running_proxy([activator_route(port)], kube=kube_client, activator=activator_settings()):
+        await until(lambda: listed(kube) == [(PROXY_ADDRESS, port, "http"), ("10.1.0.8", port, "http")])
