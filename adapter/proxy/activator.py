@@ -26,6 +26,7 @@ selector (Kubernetes' own controller writes that one's slices).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -210,13 +211,18 @@ class Activator:
     # --- writing ---
 
     async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         delay = _RETRY_START
+        resync_at = loop.time() + self._resync_interval
         while True:
-            try:
-                async with asyncio.timeout(self._resync_interval):
+            # A schedule, not a quiet period: inputs that change more often than resync_interval must not put off
+            # the comparison with what is really there (a slice someone changed) for ever.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(resync_at):
                     await self._dirty.wait()
-            except TimeoutError:
-                self._relist = True  # resync: compare with what is really there
+            if loop.time() >= resync_at:
+                self._relist = True
+                resync_at = loop.time() + self._resync_interval
             self._dirty.clear()
             if not self._leader.leading or not self.inputs_read:
                 continue

@@ -356,3 +356,30 @@ async def test_the_proxy_service_is_read_on_any_port(kube: KubeStandIn, kube_cli
     kube.put(PROXY_SLICES, two_ports)
     async with running_proxy([activator_route(port)], kube=kube_client, activator=activator_settings()):
         await until(lambda: listed(kube) == [(PROXY_ADDRESS, port, "http"), ("10.1.0.8", port, "http")])
+
+
+async def test_a_changed_slice_is_put_back_even_while_the_inputs_keep_changing(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """The resync is a schedule, not a quiet period: inputs that change more often than resync_interval (a busy
+    cluster's pods, the proxy's own pods in a rollout) must not put it off for ever."""
+    port = free_port()
+    seed(kube, 1, 8080, "10.0.0.1")
+    settings = activator_settings(resync_interval=0.5)
+    async with running_proxy([activator_route(port)], kube=kube_client, activator=settings):
+        want = [("10.0.0.1", 8080, "http")]
+        await until(lambda: listed(kube) == want)
+        changed = kube.get(SLICES, "web-zeroscale-0")
+        assert changed is not None
+        kube.put(SLICES, {**changed, "endpoints": [{"addresses": ["10.6.6.6"], "conditions": {}}]})
+
+        async def churn() -> None:
+            for generation in range(1, 1000):
+                kube.put(PROXY_SLICES, proxies(PROXY_ADDRESS, generation=generation))
+                await asyncio.sleep(0.1)
+
+        churning = asyncio.create_task(churn())
+        try:
+            await until(lambda: listed(kube) == want, within=3)
+        finally:
+            churning.cancel()
