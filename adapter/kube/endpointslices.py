@@ -176,6 +176,7 @@ def same_slice(written: dict[str, Any], wanted: dict[str, Any]) -> bool:
     metadata = field(written, "metadata")
     return (
         metadata.get("labels") == wanted["metadata"]["labels"]
+        and metadata.get("ownerReferences") == wanted["metadata"].get("ownerReferences")
         and written.get("addressType") == wanted["addressType"]
         and [(p.get("name", ""), p.get("port")) for p in items_of(written, "ports") if isinstance(p, dict)]
         == [(p["name"], p["port"]) for p in wanted["ports"]]

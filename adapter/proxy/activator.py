@@ -238,10 +238,12 @@ class Activator:
                 self._dirty.set()
 
     async def _reconcile(self) -> None:
-        if self._owner is None and not await self._read_service():
-            return
         written = self._written
         if self._relist:
+            # The Service too, each time: created again it has a new uid, and slices owned by the old one are the
+            # garbage collector's to delete; given a selector since, it is no longer ours to write.
+            if not await self._read_service():
+                return
             self._relist = False
             _, listing = await self._kube.request("GET", owned_slices_path(self.namespace, self.service))
             written = self._written = objects_by_name(listing)
@@ -268,7 +270,7 @@ class Activator:
         self._last_problem = None
 
     async def _read_service(self) -> bool:
-        """Read the Service once for its ownerReference; False (nothing written) when it is not ours to write."""
+        """Read the Service for its ownerReference; False (nothing written) when it is not ours to write."""
         _, service = await self._kube.request("GET", f"/api/v1/namespaces/{self.namespace}/services/{self.service}")
         if field(service, "spec").get("selector"):
             telemetry.SLICE_WRITES.labels(self._route.name, "refused").inc()

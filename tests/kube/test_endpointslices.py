@@ -126,3 +126,5 @@ def test_same_slice_ignores_what_the_server_adds_and_sees_every_change_that_rout
     assert not same_slice(changed(lambda b: b["ports"][0].update(name="web")), wanted)
     assert not same_slice(changed(lambda b: b["metadata"]["labels"].pop("zeroscale.io/route")), wanted)
     assert not same_slice(changed(lambda b: b.update(addressType="IPv6")), wanted)
+    # Owned by a Service of that name deleted since: the garbage collector's to delete.
+    assert not same_slice(changed(lambda b: b["metadata"]["ownerReferences"][0].update(uid="svc-0")), wanted)

@@ -383,3 +383,23 @@ async def test_a_changed_slice_is_put_back_even_while_the_inputs_keep_changing(
             await until(lambda: listed(kube) == want, within=3)
         finally:
             churning.cancel()
+
+
+async def test_a_service_created_again_is_owned_by_the_new_one(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """Deleted and created again, the Service has a new uid: slices naming the old one as their owner are
+    deleted by the garbage collector, so the writer must name the new one (read again at each resync)."""
+    port = free_port()
+    seed(kube, 1, 8080, "10.0.0.1")
+    settings = activator_settings(resync_interval=0.3)
+    async with running_proxy([activator_route(port)], kube=kube_client, activator=settings):
+        await until(lambda: listed(kube) == [("10.0.0.1", 8080, "http")])
+        kube.delete("/api/v1/namespaces/default/services", "web")
+        # The garbage collector will delete the slice (its owner is gone), in its own time: it must be owned by the
+        # new Service before that.
+        kube.put("/api/v1/namespaces/default/services", service(uid="7f00-the-new-web"))
+
+        def owner_uid() -> str | None:
+            body = kube.get(SLICES, "web-zeroscale-0")
+            return body["metadata"]["ownerReferences"][0]["uid"] if body else None
+
+        await until(lambda: owner_uid() == "7f00-the-new-web", within=3)
