@@ -229,6 +229,8 @@ class Activator:
             try:
                 await self._reconcile()
                 delay = _RETRY_START
+            except _NotLeading:
+                self._relist = True  # what we wrote last may not be what is there when we lead again
             except KubeError as err:
                 self._problem(f"cannot write the slices of Service {self.namespace}/{self.service}: {err}")
                 telemetry.SLICE_WRITES.labels(self._route.name, _result(err)).inc()
@@ -254,20 +256,28 @@ class Activator:
         for name, body in wanted.items():
             existing = written.get(name)
             if existing is None:
-                _, written[name] = await self._kube.request("POST", slice_path(self.namespace), body)
+                written[name] = await self._write("POST", slice_path(self.namespace), body)
                 telemetry.SLICE_WRITES.labels(route, "created").inc()
             elif not same_slice(existing, body):
                 version = field(existing, "metadata").get("resourceVersion", "")
                 body = {**body, "metadata": {**body["metadata"], "resourceVersion": version}}
-                _, written[name] = await self._kube.request("PUT", slice_path(self.namespace, name), body)
+                written[name] = await self._write("PUT", slice_path(self.namespace, name), body)
                 telemetry.SLICE_WRITES.labels(route, "updated").inc()
         for name in [name for name in written if name not in wanted]:
-            await self._kube.request("DELETE", slice_path(self.namespace, name))
+            await self._write("DELETE", slice_path(self.namespace, name))
             del written[name]
             telemetry.SLICE_WRITES.labels(route, "deleted").inc()
         if switch:
             telemetry.SWITCH_SECONDS.labels(route, "pods" if warm else "proxy").observe(time.monotonic() - decided_at)
         self._last_problem = None
+
+    async def _write(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One write, only while this replica leads: a write can take up to the API client's timeout, and leading
+        may have stopped during the one before (another replica may be writing by now)."""
+        if not self._leader.leading:
+            raise _NotLeading
+        _, written = await self._kube.request(method, path, body)
+        return written
 
     async def _read_service(self) -> bool:
         """Read the Service for its ownerReference; False (nothing written) when it is not ours to write."""
@@ -294,6 +304,10 @@ class Activator:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+
+
+class _NotLeading(Exception):
+    """Leading stopped in the middle of writing: stop writing."""
 
 
 def _result(err: KubeError) -> str:

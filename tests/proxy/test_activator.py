@@ -9,6 +9,7 @@ says of them is checked here (tests/e2e has them routed by a real kube-proxy).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -403,3 +404,33 @@ async def test_a_service_created_again_is_owned_by_the_new_one(kube: KubeStandIn
             return body["metadata"]["ownerReferences"][0]["uid"] if body else None
 
         await until(lambda: owner_uid() == "7f00-the-new-web", within=3)
+
+
+async def test_a_writer_that_stops_leading_mid_write_writes_no_more(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """Two slices to create; the Lease is lost while the first is on its way: the second is not written (the new
+    leader may be writing by then)."""
+    port = free_port()
+    seed(kube, 1, 8080, "10.0.0.1", "10.0.0.2")
+    release = threading.Event()
+
+    def slow_first_post(method: str, path: str, _body: Any) -> None:
+        if method == "POST" and "/endpointslices" in path:
+            kube.before_write.remove(slow_first_post)
+            release.wait(10)
+
+    def refuse_renewals(request: StandInRequest, _match: Any) -> Reply | None:
+        return Reply(500, status_body(500, "InternalError", "etcd is unwell")) if request.method == "PUT" else None
+
+    kube.before_write.append(slow_first_post)
+    route = activator_route(port, activator={"max_endpoints_per_slice": 1})
+    async with running_proxy([route], kube=kube_client, activator=activator_settings()) as server:
+        leader = server.leader
+        assert leader is not None
+        await until(lambda: len([m for m, p, _ in kube.requests if m == "POST" and "/endpointslices" in p]) == 1)
+        kube.add_route("PUT", LEASES + "/.*", refuse_renewals)
+        await until(lambda: not leader.leading, within=5)
+        release.set()
+        await until(lambda: len(ours(kube)) == 1)
+        await asyncio.sleep(0.5)
+        assert [name for _, name in slice_writes(kube)] == [slices_collection("default")]
+        assert len(ours(kube)) == 1
