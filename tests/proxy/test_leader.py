@@ -1,0 +1,223 @@
+"""Leader election on a Lease (adapter/proxy/leader.py) against the Kubernetes API stand-in, and what it means for
+two proxies with activator routes: one writes the slices, both hold and forward."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from adapter.config.proxy import ActivatorConfig, ProxyConfig
+from adapter.kube.client import KubeClient
+from adapter.kube.leases import lease_path
+from adapter.proxy.leader import LeaderElector
+from adapter.proxy.server import ProxyServer
+from tests.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
+from tests.netutil import free_port
+from tests.proxy.conftest import get, request, until
+from tests.proxy.test_activator import (
+    LEASES,
+    PROXY_ADDRESS,
+    SLICES,
+    activator_route,
+    activator_settings,
+    kube,
+    kube_client,
+    listed,
+    pods,
+    seed,
+    set_replicas,
+)
+from tests.proxy.upstream_app import Upstream
+
+__all__ = ["kube", "kube_client"]  # the fixtures
+TIMING = {"lease_duration": 1.5, "renew_deadline": 1.0, "retry_period": 0.1}
+
+
+def config(identity: str) -> ActivatorConfig:
+    return ActivatorConfig.model_validate(activator_settings(identity, **TIMING))
+
+
+@asynccontextmanager
+async def electors(kube_client: KubeClient, *identities: str) -> AsyncIterator[list[LeaderElector]]:
+    started = [LeaderElector(kube_client, config(identity)) for identity in identities]
+    for elector in started:
+        elector.start()
+    try:
+        yield started
+    finally:
+        for elector in started:
+            await elector.close()
+
+
+async def watch_leaders(electors_: list[LeaderElector], seconds: float) -> set[tuple[str, ...]]:
+    """Who leads, sampled every 10 ms for `seconds`."""
+    seen: set[tuple[str, ...]] = set()
+    ends = time.monotonic() + seconds
+    while time.monotonic() < ends:
+        seen.add(tuple(e.identity for e in electors_ if e.leading))
+        await asyncio.sleep(0.01)
+    return seen
+
+
+async def test_exactly_one_of_two_leads(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    async with electors(kube_client, "proxy-a", "proxy-b") as both:
+        await until(lambda: any(e.leading for e in both))
+        assert len(await watch_leaders(both, 1.0) - {()}) == 1
+        (leader,) = [e for e in both if e.leading]
+        lease = kube.get(lease_path("zeroscale"), "zeroscale-proxy-activator")
+        assert lease is not None
+        assert lease["spec"]["holderIdentity"] == leader.identity
+        assert lease["spec"]["leaseDurationSeconds"] == 2  # 1.5 s, in the API's whole seconds, rounded up
+
+
+async def test_a_leader_that_closes_gives_the_lease_up_and_the_other_leads_within_a_retry_period(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    async with electors(kube_client, "proxy-a", "proxy-b") as both:
+        await until(lambda: any(e.leading for e in both))
+        (leader,) = [e for e in both if e.leading]
+        (other,) = [e for e in both if e is not leader]
+        await leader.close()
+        closed_at = time.monotonic()
+        lease = kube.get(lease_path("zeroscale"), "zeroscale-proxy-activator")
+        assert lease is not None
+        assert lease["spec"]["holderIdentity"] in ("", other.identity)
+        await until(lambda: other.leading, within=5)
+        # A retry_period (0.1 s) and a round trip, not the lease_duration (1.5 s) of a Lease left to expire.
+        assert time.monotonic() - closed_at < 0.8
+
+
+def refuse_writes_of(kube: KubeStandIn, identity: str, how: str) -> Callable[[], None]:
+    """The API refuses (500) or does not answer (hangs past retry_period) `identity`'s Lease writes."""
+
+    def refuse(request: StandInRequest, _match: Any) -> Reply | None:
+        if (request.json() or {}).get("spec", {}).get("holderIdentity") != identity:
+            return None
+        if how == "hang":
+            time.sleep(0.5)
+        return Reply(500, status_body(500, "InternalError", "etcd is unwell"))
+
+    return kube.add_route("PUT", LEASES + "/[^/]+", refuse)
+
+
+@pytest.mark.parametrize("how", ["error", "hang"])
+async def test_a_leader_that_cannot_renew_stops_by_renew_deadline_and_is_replaced_only_after_lease_duration(
+    kube: KubeStandIn, kube_client: KubeClient, how: str
+) -> None:
+    async with electors(kube_client, "proxy-a") as (first,):
+        await until(lambda: first.leading)
+        async with electors(kube_client, "proxy-b") as (second,):
+            await asyncio.sleep(0.3)  # b has seen a's renewals
+            assert first.leading
+            assert not second.leading
+            refuse_writes_of(kube, "proxy-a", how)
+            refused_at = time.monotonic()
+            await until(lambda: not first.leading, within=3)
+            stopped_at = time.monotonic()
+            # renew_deadline (1.0 s) after its last renewal, which was at most a retry_period before.
+            assert 0.8 <= stopped_at - refused_at <= 1.5, stopped_at - refused_at
+            await until(lambda: second.leading, within=5)
+            took_at = time.monotonic()
+            # Not before lease_duration (1.5 s) after b last saw the record change, as b's own clock times it.
+            assert took_at - refused_at >= 1.3, took_at - refused_at
+            assert took_at > stopped_at
+
+
+async def test_a_lease_is_timed_on_our_own_clock_not_by_its_renew_time(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """A holder's renewTime says nothing to another clock: a Lease renewed "long ago" by its time stamp is taken
+    only once it has stood unchanged for its leaseDurationSeconds as timed here."""
+    body = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "zeroscale-proxy-activator", "namespace": "zeroscale"},
+        "spec": {
+            "holderIdentity": "proxy-gone",
+            "leaseDurationSeconds": 1,
+            "renewTime": "2000-01-01T00:00:00.000000Z",
+            "acquireTime": "2000-01-01T00:00:00.000000Z",
+            "leaseTransitions": 3,
+        },
+    }
+    kube.put(lease_path("zeroscale"), body)
+    started = time.monotonic()
+    async with electors(kube_client, "proxy-a") as (elector,):
+        await until(lambda: elector.leading, within=5)
+        assert time.monotonic() - started >= 0.9
+    lease = kube.get(lease_path("zeroscale"), "zeroscale-proxy-activator")
+    assert lease is not None
+    assert lease["spec"]["leaseTransitions"] == 4
+
+
+@asynccontextmanager
+async def proxy(kube_client: KubeClient, identity: str, route: dict[str, Any]) -> AsyncIterator[ProxyServer]:
+    config = ProxyConfig(
+        bind="127.0.0.1",
+        port=0,
+        admin_bind="127.0.0.1",
+        admin_port=0,
+        routes=[route],
+        activator=activator_settings(identity, **TIMING),
+    )
+    server = ProxyServer(config, kube=kube_client)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.shutdown(grace=0)
+
+
+async def test_of_two_proxies_only_the_leader_writes_and_both_hold_and_forward(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """Their routes have different names, and a written slice carries the route's name: were both writing, both
+    names would show up in the writes."""
+    upstream = await Upstream().start()
+    pod_port = upstream.port
+    seed(kube, 0, pod_port)
+    ports = {"a": free_port(), "b": free_port()}
+    route_a = activator_route(ports["a"], name="web-a")
+    route_b = activator_route(ports["b"], name="web-b")
+    try:
+        async with proxy(kube_client, "proxy-a", route_a) as a, proxy(kube_client, "proxy-b", route_b) as b:
+            assert a.leader is not None
+            assert b.leader is not None
+            await until(lambda: a.leader.leading or b.leader.leading)  # type: ignore[union-attr]
+            leader, follower = (a, b) if a.leader.leading else (b, a)
+            leader_port = ports["a"] if leader is a else ports["b"]
+            follower_port = ports["b"] if leader is a else ports["a"]
+            await until(lambda: listed(kube) == [(PROXY_ADDRESS, leader_port, "http")])
+
+            # Cold: the follower holds what reaches it on its activator port, and forwards it once a pod is ready.
+            await upstream.stop()
+            held = asyncio.create_task(request(follower_port, get("/echo?via=follower")))
+            (follower_route,) = follower.routes.values()
+            await until(lambda: follower_route.counts.held == 1)
+            set_replicas(kube, 1)
+            upstream = await Upstream(pod_port).start()
+            kube.put(SLICES, pods(pod_port, "127.0.0.1"))
+            assert (await held).status == 200
+            await until(lambda: listed(kube) == [("127.0.0.1", pod_port, "http")])
+            await asyncio.sleep(0.3)
+            (leader_route,) = leader.routes.values()
+            routes = {
+                body["metadata"]["labels"]["zeroscale.io/route"]
+                for _, path, body in kube.writes
+                if body and "/endpointslices" in path
+            }
+            assert routes == {leader_route.name}
+
+            # The leader goes: the follower takes the Lease (given up) and writes.
+            await leader.shutdown(grace=0)
+            assert follower.leader is not None
+            await until(lambda: follower.leader.leading, within=3)  # type: ignore[union-attr]
+            set_replicas(kube, 0)
+            await until(lambda: listed(kube) == [(PROXY_ADDRESS, follower_port, "http")])
+    finally:
+        await upstream.stop()
