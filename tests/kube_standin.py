@@ -232,7 +232,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.wfile.write(body)
+        except OSError:
+            self.close_connection = True  # the client went away (it gave up waiting): nothing to answer
 
     def _stream(self, watch: WatchReply) -> None:
         store = self.server.standin.store
