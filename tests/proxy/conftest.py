@@ -13,7 +13,9 @@ import pytest
 import uvloop
 
 from adapter.config.proxy import ProxyConfig
+from adapter.kube.client import KubeClient
 from adapter.proxy.server import ProxyServer
+from tests.kube_standin import KubeStandIn
 from tests.proxy.upstream_app import Upstream
 
 
@@ -138,6 +140,14 @@ async def running_proxy(routes: list[dict[str, Any]], **settings: Any) -> AsyncI
         yield server
     finally:
         await server.shutdown(grace=0)
+
+
+@pytest.fixture
+async def kube_client(kube: KubeStandIn) -> AsyncIterator[KubeClient]:
+    """A client of the test module's `kube` stand-in."""
+    client = KubeClient.from_config(kube.client_config())
+    yield client
+    await client.close()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -44,13 +45,6 @@ def kube() -> Iterator[KubeStandIn]:
         ):
             standin.serve_collection(pattern, kind, writable=True)
         yield standin
-
-
-@pytest.fixture
-async def kube_client(kube: KubeStandIn) -> AsyncIterator[KubeClient]:
-    client = KubeClient.from_config(kube.client_config())
-    yield client
-    await client.close()
 
 
 def activator_route(port: int, name: str = "web", **overrides: Any) -> dict[str, Any]:
@@ -313,21 +307,55 @@ async def test_a_service_with_a_selector_is_refused_and_the_log_says_what_to_cha
     assert any("has a selector" in m and "remove its selector" in m for m in messages), messages
 
 
+WARM = [("10.0.0.1", 8080, "http")]
+
+
+@asynccontextmanager
+async def warm_writer(kube: KubeStandIn, kube_client: KubeClient, resync_interval: float) -> AsyncIterator[None]:
+    """A proxy leading and writing the Service warm (one pod), resyncing every `resync_interval`."""
+    seed(kube, 1, 8080, "10.0.0.1")
+    settings = activator_settings(resync_interval=resync_interval)
+    async with running_proxy([activator_route(free_port())], kube=kube_client, activator=settings):
+        await until(lambda: listed(kube) == WARM)
+        yield
+
+
+def tamper(kube: KubeStandIn) -> None:
+    """Someone rewrites our slice to route elsewhere."""
+    changed = kube.get(SLICES, "web-zeroscale-0")
+    assert changed is not None
+    kube.put(SLICES, {**changed, "endpoints": [{"addresses": ["10.6.6.6"], "conditions": {}}]})
+    assert listed(kube) != WARM
+
+
 async def test_a_slice_someone_deleted_or_changed_is_put_back_at_the_next_resync(
     kube: KubeStandIn, kube_client: KubeClient
 ) -> None:
-    port = free_port()
-    seed(kube, 1, 8080, "10.0.0.1")
-    settings = activator_settings(resync_interval=0.3)
-    async with running_proxy([activator_route(port)], kube=kube_client, activator=settings):
-        want = [("10.0.0.1", 8080, "http")]
-        await until(lambda: listed(kube) == want)
+    async with warm_writer(kube, kube_client, resync_interval=0.3):
         kube.delete(SLICES, "web-zeroscale-0")
-        await until(lambda: listed(kube) == want, within=3)
-        changed = kube.get(SLICES, "web-zeroscale-0")
-        assert changed is not None
-        kube.put(SLICES, {**changed, "endpoints": [{"addresses": ["10.6.6.6"], "conditions": {}}]})
-        await until(lambda: listed(kube) == want, within=3)
+        await until(lambda: listed(kube) == WARM, within=3)
+        tamper(kube)
+        await until(lambda: listed(kube) == WARM, within=3)
+
+
+async def test_a_changed_slice_is_put_back_even_while_the_inputs_keep_changing(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """The resync is a schedule, not a quiet period: inputs that change more often than resync_interval (a busy
+    cluster's pods, the proxy's own pods in a rollout) must not put it off for ever."""
+
+    async def churn() -> None:
+        for generation in range(1, 1000):
+            kube.put(PROXY_SLICES, proxies(PROXY_ADDRESS, generation=generation))
+            await asyncio.sleep(0.1)
+
+    async with warm_writer(kube, kube_client, resync_interval=0.5):
+        tamper(kube)
+        churning = asyncio.create_task(churn())
+        try:
+            await until(lambda: listed(kube) == WARM, within=3)
+        finally:
+            churning.cancel()
 
 
 async def test_a_conflict_on_update_is_read_again_and_written(kube: KubeStandIn, kube_client: KubeClient) -> None:
@@ -357,33 +385,6 @@ async def test_the_proxy_service_is_read_on_any_port(kube: KubeStandIn, kube_cli
     kube.put(PROXY_SLICES, two_ports)
     async with running_proxy([activator_route(port)], kube=kube_client, activator=activator_settings()):
         await until(lambda: listed(kube) == [(PROXY_ADDRESS, port, "http"), ("10.1.0.8", port, "http")])
-
-
-async def test_a_changed_slice_is_put_back_even_while_the_inputs_keep_changing(
-    kube: KubeStandIn, kube_client: KubeClient
-) -> None:
-    """The resync is a schedule, not a quiet period: inputs that change more often than resync_interval (a busy
-    cluster's pods, the proxy's own pods in a rollout) must not put it off for ever."""
-    port = free_port()
-    seed(kube, 1, 8080, "10.0.0.1")
-    settings = activator_settings(resync_interval=0.5)
-    async with running_proxy([activator_route(port)], kube=kube_client, activator=settings):
-        want = [("10.0.0.1", 8080, "http")]
-        await until(lambda: listed(kube) == want)
-        changed = kube.get(SLICES, "web-zeroscale-0")
-        assert changed is not None
-        kube.put(SLICES, {**changed, "endpoints": [{"addresses": ["10.6.6.6"], "conditions": {}}]})
-
-        async def churn() -> None:
-            for generation in range(1, 1000):
-                kube.put(PROXY_SLICES, proxies(PROXY_ADDRESS, generation=generation))
-                await asyncio.sleep(0.1)
-
-        churning = asyncio.create_task(churn())
-        try:
-            await until(lambda: listed(kube) == want, within=3)
-        finally:
-            churning.cancel()
 
 
 async def test_a_service_created_again_is_owned_by_the_new_one(kube: KubeStandIn, kube_client: KubeClient) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,13 +32,6 @@ def kube() -> Iterator[KubeStandIn]:
         standin.serve_collection(SLICES_V1, "EndpointSliceList")
         standin.serve_collection(HPAS, "HorizontalPodAutoscalerList")
         yield standin
-
-
-@pytest.fixture
-async def kube_client(kube: KubeStandIn) -> AsyncIterator[KubeClient]:
-    client = KubeClient.from_config(kube.client_config())
-    yield client
-    await client.close()
 
 
 def service_route(name: str, **overrides: Any) -> dict[str, Any]:

@@ -11,14 +11,13 @@ from typing import Any
 
 import pytest
 
-from adapter.config.proxy import ActivatorConfig, ProxyConfig
+from adapter.config.proxy import ActivatorConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.leases import lease_path
 from adapter.proxy.leader import LeaderElector
-from adapter.proxy.server import ProxyServer
 from tests.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
 from tests.netutil import free_port
-from tests.proxy.conftest import get, request, until
+from tests.proxy.conftest import get, request, running_proxy, until
 from tests.proxy.test_activator import (
     LEASES,
     PROXY_ADDRESS,
@@ -26,7 +25,6 @@ from tests.proxy.test_activator import (
     activator_route,
     activator_settings,
     kube,
-    kube_client,
     listed,
     pods,
     seed,
@@ -34,7 +32,7 @@ from tests.proxy.test_activator import (
 )
 from tests.proxy.upstream_app import Upstream
 
-__all__ = ["kube", "kube_client"]  # the fixtures
+__all__ = ["kube"]  # the fixture
 TIMING = {"lease_duration": 1.5, "renew_deadline": 1.0, "retry_period": 0.1}
 
 
@@ -155,24 +153,6 @@ async def test_a_lease_is_timed_on_our_own_clock_not_by_its_renew_time(
     assert lease["spec"]["leaseTransitions"] == 4
 
 
-@asynccontextmanager
-async def proxy(kube_client: KubeClient, identity: str, route: dict[str, Any]) -> AsyncIterator[ProxyServer]:
-    config = ProxyConfig(
-        bind="127.0.0.1",
-        port=0,
-        admin_bind="127.0.0.1",
-        admin_port=0,
-        routes=[route],
-        activator=activator_settings(identity, **TIMING),
-    )
-    server = ProxyServer(config, kube=kube_client)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.shutdown(grace=0)
-
-
 async def test_of_two_proxies_only_the_leader_writes_and_both_hold_and_forward(
     kube: KubeStandIn, kube_client: KubeClient
 ) -> None:
@@ -185,7 +165,10 @@ async def test_of_two_proxies_only_the_leader_writes_and_both_hold_and_forward(
     route_a = activator_route(ports["a"], name="web-a")
     route_b = activator_route(ports["b"], name="web-b")
     try:
-        async with proxy(kube_client, "proxy-a", route_a) as a, proxy(kube_client, "proxy-b", route_b) as b:
+        async with (
+            running_proxy([route_a], kube=kube_client, activator=activator_settings("proxy-a", **TIMING)) as a,
+            running_proxy([route_b], kube=kube_client, activator=activator_settings("proxy-b", **TIMING)) as b,
+        ):
             assert a.leader is not None
             assert b.leader is not None
             await until(lambda: a.leader.leading or b.leader.leading)  # type: ignore[union-attr]
