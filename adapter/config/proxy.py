@@ -50,11 +50,16 @@ class RouteLimits(Strict):
     tunnel_idle_timeout: Duration = Field(default=300.0, gt=0)
 
 
-class ServiceUpstream(Strict):
-    """A Kubernetes Service: endpoints come from its EndpointSlices; `address` is used by the probe fallback."""
+class ServiceRef(Strict):
+    """A Kubernetes Service by name: its pods' addresses are read from its EndpointSlices."""
 
     service: str = Field(pattern=_DNS_LABEL)
     namespace: str = Field(pattern=_DNS_LABEL)
+
+
+class ServiceUpstream(ServiceRef):
+    """A Kubernetes Service: endpoints come from its EndpointSlices; `address` is used by the probe fallback."""
+
     # The Service port's name (matched against EndpointSlice `ports[].name`) or its number.
     port: str | int = ""
     # Where the connect probe dials without API access, e.g. `web.default.svc:80`.
@@ -228,7 +233,7 @@ class ActivatorConfig(Strict):
 
     # The Service selecting the proxy's own pods: its EndpointSlices list them (any port of it; only the
     # addresses are used, with each route's activator.port).
-    proxy_service: ServiceUpstream
+    proxy_service: ServiceRef
     lease_namespace: str = Field(pattern=_DNS_LABEL)
     lease_name: str = Field(default="zeroscale-proxy-activator", pattern=_DNS_LABEL)
     # This replica's name in the Lease; empty: the host name (a pod's name). Set it from the downward API.

@@ -8,8 +8,8 @@ connections go straight to the pods; while it is cold they list the proxy's own 
 
 When to switch, decided on every change of what it depends on:
 
-    cold -> warm  the target's spec.replicas > 0, no HPA of it has decided on 0, a pod is ready (ready and not
-                  terminating), and this replica holds no request (the ones it held were sent to the pods first)
+    cold -> warm  the target's spec.replicas > 0, a pod is ready (ready and not terminating), and this replica
+                  holds no request (the ones it held were sent to the pods first)
     warm -> cold  the target's spec.replicas is 0 (before the last pod goes: connections made during the
                   scale-down must still find a listener), or no pod is ready
 
@@ -18,9 +18,13 @@ new writer never flips a warm Service to the proxy while it looks. The HPA's sta
 signal: the HPA controller writes the scale subresource first and its status after, so spec.replicas is the
 earlier of the two, and after a wake desiredReplicas would still read 0 for up to one HPA sync.
 
+Cold with no proxy pod to list (none ready or serving), the slices keep listing the pods the upstream has: a
+listener that may still answer is better than a Service that refuses every connection.
+
 Only the replica holding the Lease (leader.py) writes; every replica decides, serves and holds alike. The writer
 touches only slices that carry our managed-by label and the Service's name, and refuses a Service with a
-selector (Kubernetes' own controller writes that one's slices).
+selector (Kubernetes' own controller writes that one's slices): the slices it wrote before the selector came are
+deleted, so the two writers' endpoints are not merged.
 """
 
 from __future__ import annotations
@@ -194,10 +198,8 @@ class Activator:
 
     def wanted(self) -> dict[str, dict[str, Any]]:
         """The slices the Service should have now."""
-        if self.warm:
-            groups = endpoints_by_port((self._pods or {}).values(), self._upstream.port)
-        else:
-            groups = {self._settings.port: list(self._proxies.endpoints)} if self._proxies.endpoints else {}
+        pods = endpoints_by_port((self._pods or {}).values(), self._upstream.port)
+        groups = pods if self.warm or not self._proxies.endpoints else {self._settings.port: self._proxies.endpoints}
         return build_slices(
             self.namespace,
             self.service,
@@ -229,15 +231,20 @@ class Activator:
             try:
                 await self._reconcile()
                 delay = _RETRY_START
+                continue
             except _NotLeading:
                 self._relist = True  # what we wrote last may not be what is there when we lead again
+                continue
             except KubeError as err:
                 self._problem(f"cannot write the slices of Service {self.namespace}/{self.service}: {err}")
                 telemetry.SLICE_WRITES.labels(self._route.name, _result(err)).inc()
-                self._relist = True
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _RETRY_MAX)
-                self._dirty.set()
+            except Exception:  # a bug or a shape nobody foresaw: the writer must outlive it, as watches do
+                log.exception("route %s: the slice writer failed; trying again in %gs", self._route.name, delay)
+                telemetry.SLICE_WRITES.labels(self._route.name, "error").inc()
+            self._relist = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RETRY_MAX)
+            self._dirty.set()
 
     async def _reconcile(self) -> None:
         written = self._written
@@ -250,7 +257,6 @@ class Activator:
             _, listing = await self._kube.request("GET", owned_slices_path(self.namespace, self.service))
             written = self._written = objects_by_name(listing)
         switch, decided_at, warm = self._unwritten_switch, self._decided_at, self.warm
-        self._unwritten_switch = False
         route = self._route.name
         wanted = self.wanted()
         for name, body in wanted.items():
@@ -267,7 +273,10 @@ class Activator:
             await self._write("DELETE", slice_path(self.namespace, name))
             del written[name]
             telemetry.SLICE_WRITES.labels(route, "deleted").inc()
-        if switch:
+        # Observed once the writes succeeded (a failed write keeps the switch to time on the next try), unless
+        # another switch was decided meanwhile: that one is timed from its own decision.
+        if switch and decided_at == self._decided_at:
+            self._unwritten_switch = False
             telemetry.SWITCH_SECONDS.labels(route, "pods" if warm else "proxy").observe(time.monotonic() - decided_at)
         self._last_problem = None
 
@@ -281,18 +290,36 @@ class Activator:
 
     async def _read_service(self) -> bool:
         """Read the Service for its ownerReference; False (nothing written) when it is not ours to write."""
-        _, service = await self._kube.request("GET", f"/api/v1/namespaces/{self.namespace}/services/{self.service}")
+        try:
+            _, service = await self._kube.request("GET", f"/api/v1/namespaces/{self.namespace}/services/{self.service}")
+        except KubeAPIError as err:
+            if err.status != 404:
+                raise
+            telemetry.SLICE_WRITES.labels(self._route.name, "refused").inc()
+            self._problem(
+                f"Service {self.namespace}/{self.service} does not exist: create it without a selector (clients "
+                "call it; Zeroscale writes its EndpointSlices), or correct the route's activator.service"
+            )
+            return False
         if field(service, "spec").get("selector"):
             telemetry.SLICE_WRITES.labels(self._route.name, "refused").inc()
             self._problem(
                 f"Service {self.namespace}/{self.service} has a selector, so Kubernetes writes its EndpointSlices; "
                 "remove its selector (the route's upstream Service selects the pods) for the activator to route it"
             )
-            await asyncio.sleep(self._resync_interval)
+            await self._delete_ours()
             return False
         metadata = field(service, "metadata")
         self._owner = {"apiVersion": "v1", "kind": "Service", "name": self.service, "uid": metadata.get("uid", "")}
         return True
+
+    async def _delete_ours(self) -> None:
+        """Delete the slices we wrote (a Service given a selector since: its controller's slices are the truth)."""
+        _, listing = await self._kube.request("GET", owned_slices_path(self.namespace, self.service))
+        for name in objects_by_name(listing):
+            await self._write("DELETE", slice_path(self.namespace, name))
+            telemetry.SLICE_WRITES.labels(self._route.name, "deleted").inc()
+        self._written = {}
 
     def _problem(self, message: str) -> None:
         if message != self._last_problem:  # once per distinct problem, not every retry

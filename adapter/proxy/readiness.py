@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from adapter.config.proxy import AddressUpstream, ServiceUpstream
+from adapter.config.proxy import AddressUpstream, ServiceRef, ServiceUpstream
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import list_slices, ready_addresses
 from adapter.kube.errors import KubeAPIError, KubeError
@@ -60,7 +60,7 @@ def endpoint_slice_watcher(
     return ListWatch(kube, slice_lister(kube, upstream), f"EndpointSlice watch of route {route.name}", changed, failed)
 
 
-def slice_lister(kube: KubeClient, upstream: ServiceUpstream) -> Lister:
+def slice_lister(kube: KubeClient, upstream: ServiceRef) -> Lister:
     """Lists a Service's slices (discovery.k8s.io/v1, else v1beta1)."""
     return functools.partial(list_slices, kube, upstream.namespace, upstream.service)
 

@@ -435,3 +435,64 @@ async def test_a_writer_that_stops_leading_mid_write_writes_no_more(kube: KubeSt
         await asyncio.sleep(0.5)
         assert [name for _, name in slice_writes(kube)] == [slices_collection("default")]
         assert len(ours(kube)) == 1
+
+
+async def test_cold_with_no_proxy_pod_to_list_the_slices_keep_the_pods(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """No proxy pod ready or serving (a rollout gone wrong): refusing every connection is worse than the pods."""
+    seed(kube, 1, 8080, "10.0.0.1")
+    kube.put(PROXY_SLICES, proxies())  # the proxy's Service lists no pod
+    async with running_proxy([activator_route(free_port())], kube=kube_client, activator=activator_settings()):
+        await until(lambda: listed(kube) == WARM)
+        set_replicas(kube, 0)  # cold: the proxy should be listed, but there is none
+        await asyncio.sleep(0.5)
+        assert listed(kube) == WARM
+
+
+async def test_a_selector_given_to_the_service_later_removes_our_slices(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """Kubernetes' controller writes a Service's slices once it has a selector: ours, merged with its own by
+    kube-proxy, would send part of the traffic elsewhere."""
+    async with warm_writer(kube, kube_client, resync_interval=0.3):
+        kube.put("/api/v1/namespaces/default/services", service(selector={"app": "web"}))
+        await until(lambda: ours(kube) == [], within=3)
+
+
+async def test_a_missing_service_is_named_with_what_to_do(
+    kube: KubeStandIn, kube_client: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    seed(kube, 1, 8080, "10.0.0.1")
+    kube.delete("/api/v1/namespaces/default/services", "web")
+    refused = writes_total("web", "refused")
+    async with running_proxy([activator_route(free_port())], kube=kube_client, activator=activator_settings()):
+        await until(lambda: writes_total("web", "refused") > refused)
+    assert slice_writes(kube) == []
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("does not exist: create it without a selector" in m for m in messages), messages
+
+
+def switches_timed(route: str, to: str) -> float:
+    labels = {"route": route, "to": to}
+    return REGISTRY.get_sample_value("zeroscale_proxy_activator_switch_seconds_count", labels) or 0.0
+
+
+async def test_a_switch_whose_first_write_failed_is_timed_when_it_is_written(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    failures = [1]
+
+    def fail_once(request: StandInRequest, _match: Any) -> Reply | None:
+        if failures and request.method == "PUT":
+            failures.pop()
+            return Reply(500, status_body(500, "InternalError", "etcd is unwell"))
+        return None
+
+    async with warm_writer(kube, kube_client, resync_interval=30):
+        timed = switches_timed("web", "proxy")
+        kube.add_route("PUT", SLICES_V1 + "/.*", fail_once)
+        set_replicas(kube, 0)
+        await until(lambda: [address for address, _, _ in listed(kube)] == [PROXY_ADDRESS])
+        assert not failures, "the first write was refused"
+        await until(lambda: switches_timed("web", "proxy") == timed + 1)
