@@ -66,56 +66,44 @@ def _spawn(name: str, command: str, config: dict[str, Any], directory: Path, por
     return Process(name, process, log, ports)
 
 
-def start_proxy(name: str, directory: Path, **counts: Any) -> Process:
-    ports = {"http": free_port(), "admin": free_port(), "counts": free_port()}
+def _proxy_ports(*extra: str) -> dict[str, int]:
+    return {name: free_port() for name in ("http", "admin", "counts", *extra)}
+
+
+def _spawn_proxy(name: str, directory: Path, ports: dict[str, int], counts: dict[str, Any], **proxy: Any) -> Process:
+    """`zeroscale proxy` on loopback (`ports`: http, admin, counts), with the `proxy:` settings given."""
+    listeners = {"bind": "127.0.0.1", "port": ports["http"], "admin_bind": "127.0.0.1", "admin_port": ports["admin"]}
     config = {
-        "proxy": {
-            "bind": "127.0.0.1",
-            "port": ports["http"],
-            "admin_bind": "127.0.0.1",
-            "admin_port": ports["admin"],
-            "grace_period": 1,
-            "routes": [
-                {
-                    "name": "web",
-                    "upstream": {"address": f"127.0.0.1:{free_port()}"},  # nobody listens: requests are held
-                    "wake": "none",
-                    "readiness": "probe",
-                    "probe_interval": 1,
-                }
-            ],
-        },
+        "proxy": {**listeners, "grace_period": 1, **proxy},
         "grpc": {"counts": {"enabled": True, "bind": "127.0.0.1", "port": ports["counts"], **counts}},
     }
     return _spawn(name, "proxy", config, directory, ports)
 
 
-def _counts_server(port: int) -> dict[str, Any]:
-    return {"counts": {"enabled": True, "bind": "127.0.0.1", "port": port, "heartbeat_interval": 0.2}}
+def start_proxy(name: str, directory: Path, **counts: Any) -> Process:
+    web = {
+        "name": "web",
+        "upstream": {"address": f"127.0.0.1:{free_port()}"},  # nobody listens: requests are held
+        "wake": "none",
+        "readiness": "probe",
+        "probe_interval": 1,
+    }
+    return _spawn_proxy(name, directory, _proxy_ports(), counts, routes=[web])
+
+
+_HEARTBEAT = {"heartbeat_interval": 0.2}
 
 
 def start_sidecar(name: str, directory: Path, app: str, route: str) -> Process:
     """`zeroscale proxy` in sidecar mode: every request to it goes to `app` (host:port), counted under `route`."""
-    ports = {"http": free_port(), "admin": free_port(), "counts": free_port()}
-    config = {
-        "proxy": {
-            "bind": "127.0.0.1",
-            "port": ports["http"],
-            "admin_bind": "127.0.0.1",
-            "admin_port": ports["admin"],
-            "grace_period": 1,
-            "sidecar": {"upstream": app, "route": route},
-        },
-        "grpc": _counts_server(ports["counts"]),
-    }
-    return _spawn(name, "proxy", config, directory, ports)
+    return _spawn_proxy(name, directory, _proxy_ports(), _HEARTBEAT, sidecar={"upstream": app, "route": route})
 
 
 def start_activator_proxy(name: str, directory: Path, kube: dict[str, Any], routes: list[Any]) -> Process:
     """A cluster proxy with route `web` in mode activator (its pods: the slices of Service shop/web-pods, port
     `http`; its target: Deployment shop/web) beside `routes`; `kube` is the stand-in's `kubernetes` settings.
     Its `activator` port is ports["web"]."""
-    ports = {"http": free_port(), "admin": free_port(), "counts": free_port(), "web": free_port()}
+    ports = _proxy_ports("web")
     web = {
         "name": "web",
         "hosts": ["web.shop.test"],
@@ -126,23 +114,11 @@ def start_activator_proxy(name: str, directory: Path, kube: dict[str, Any], rout
         "wake": "none",
         "readiness": "endpointslice",
     }
-    config = {
-        "proxy": {
-            "bind": "127.0.0.1",
-            "port": ports["http"],
-            "admin_bind": "127.0.0.1",
-            "admin_port": ports["admin"],
-            "grace_period": 1,
-            "kubernetes": kube,
-            "routes": [web, *routes],
-            "activator": {
-                "proxy_service": {"service": "zeroscale-proxy", "namespace": "zeroscale", "port": "http"},
-                "lease_namespace": "zeroscale",
-            },
-        },
-        "grpc": _counts_server(ports["counts"]),
+    activator = {
+        "proxy_service": {"service": "zeroscale-proxy", "namespace": "zeroscale", "port": "http"},
+        "lease_namespace": "zeroscale",
     }
-    return _spawn(name, "proxy", config, directory, ports)
+    return _spawn_proxy(name, directory, ports, _HEARTBEAT, kubernetes=kube, routes=[web, *routes], activator=activator)
 
 
 def start_adapter(
