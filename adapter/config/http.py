@@ -1,7 +1,7 @@
 """The `http` source: requests held or in flight in the buffering proxies, summed over every proxy replica.
 
 The adapter subscribes to each proxy's pending-count stream (grpc.counts on the proxy). Replicas are
-found by DNS (every address of a headless Service, re-resolved periodically) or listed statically.
+found by DNS (every address of one or more headless Services, re-resolved periodically) or listed statically.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from adapter.config.base import Duration, MetricBase, SelectorLabel, SourceBase,
 class HTTPSource(SourceBase):
     type: Literal["http"]
     # host:port of a headless Service (every A/AAAA record is one proxy replica), e.g.
-    # `zeroscale-proxy-counts.zeroscale.svc.cluster.local:9091`.
-    dns: str | None = None
+    # `zeroscale-proxy-counts.zeroscale.svc.cluster.local:9091`; or a list of them, e.g. the cluster proxies' and
+    # the headless Service of an app's sidecars (route mode activator): every address of every name is one replica.
+    dns: str | list[str] | None = None
     # Or fixed host:port addresses, one per replica.
     proxies: list[str] = Field(default_factory=list)
     resolve_interval: Duration = Field(default=5.0, gt=0)
@@ -55,13 +56,21 @@ class HTTPSource(SourceBase):
 
     @model_validator(mode="after")
     def _one_discovery(self) -> HTTPSource:
-        if (self.dns is None) == (not self.proxies):
-            raise ValueError("set exactly one of dns (a headless Service host:port) and proxies (host:port list)")
-        if self.dns is not None:
-            split_address(self.dns)
+        if (not self.dns_names()) == (not self.proxies):
+            raise ValueError(
+                "set exactly one of dns (headless Service host:port, or a list of them) and proxies (host:port list)"
+            )
+        for name in self.dns_names():
+            split_address(name)
         if self.tls is not None and not self.tls.verify_hostname:
             raise ValueError("gRPC always checks the proxies' certificate name: set tls_server_name instead")
         return self
+
+    def dns_names(self) -> list[str]:
+        """The headless Services' host:port names discovery resolves (none with a fixed `proxies` list)."""
+        if self.dns is None:
+            return []
+        return [self.dns] if isinstance(self.dns, str) else list(self.dns)
 
 
 def _route_label() -> dict[str, SelectorLabel]:

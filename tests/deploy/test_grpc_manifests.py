@@ -107,7 +107,7 @@ def test_every_http_source_of_the_examples_uses_mutual_tls(tmp_path: Path) -> No
     for fragment in EXAMPLE_CONFIGS:
         config = ZeroscaleConfig(**(base | yaml.safe_load(fragment.read_text())))
         sources += [source for source in config.sources if isinstance(source, HTTPSource)]
-    assert len(sources) == 2
+    assert len(sources) == 3
     for source in sources:
         assert source.tls is not None
         assert source.tls.cert_file is not None

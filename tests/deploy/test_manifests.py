@@ -16,7 +16,9 @@ import yaml
 from cryptography import x509
 
 from adapter.config import ZeroscaleConfig
+from adapter.config.http import HTTPSource
 from adapter.config.loader import load_config
+from adapter.config.proxy import ScaleTarget, ServiceUpstream
 from tests.deploy.conftest import DEPLOY, EXAMPLE_CONFIGS, EXAMPLES, OVERLAYS, Objects, find, kustomize
 
 K8S_VERSION = "1.37.0"
@@ -101,7 +103,7 @@ def test_every_example_hpa_metric_is_served_by_its_config() -> None:
         metric["name"] for fragment in EXAMPLE_CONFIGS for metric in yaml.safe_load(fragment.read_text())["metrics"]
     }
     hpas = [obj for path in EXAMPLES for obj in example_objects(path) if obj["kind"] == "HorizontalPodAutoscaler"]
-    assert len(hpas) == 4
+    assert len(hpas) == 5
     for hpa in hpas:
         for metric in hpa["spec"]["metrics"]:
             assert metric["external"]["metric"]["name"] in served
@@ -334,3 +336,67 @@ def test_the_sidecar_is_configured_by_its_environment(monkeypatch: pytest.Monkey
     assert config.grpc.counts.enabled
     assert port_numbers(gateway)["counts"] == config.grpc.counts.port
     assert port_numbers(gateway)["admin"] == config.proxy.admin_port
+
+
+def test_the_activator_example_fits_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy/examples/activator.yaml and its config: the sidecar counts under the cluster route's name, the
+    route's Services are the example's (the one clients call without a selector, the one selecting the pods on
+    the sidecar's port), the adapter discovers the cluster proxies and the sidecars, and the pod's shutdown
+    outlasts the data plane's propagation as the comments say."""
+    objects = example_objects(DEPLOY / "examples" / "activator.yaml")
+    fragment = yaml.safe_load((DEPLOY / "examples" / "activator.zeroscale.yaml").read_text())
+    path = tmp_path / "activator.yaml"
+    path.write_text(yaml.safe_dump(yaml.safe_load((DEPLOY / "base" / "zeroscale.yaml").read_text()) | fragment))
+    config = load_config(path)
+    (route,) = config.proxy.routes
+    assert route.mode == "activator"
+    assert route.activator is not None
+    assert config.proxy.activator is not None
+    assert config.proxy.activator.lease_namespace == NAMESPACE
+    web = find(objects, "Deployment", "web")
+    pod = web["spec"]["template"]["spec"]
+    sidecar, app = pod["containers"]
+    monkeypatch.delenv("ZEROSCALE_CONFIG", raising=False)
+    for variable in sidecar["env"]:
+        monkeypatch.setenv(variable["name"], variable["value"])
+    sidecar_config = load_config(None)
+    assert sidecar_config.proxy.sidecar is not None
+    assert [r.name for r in sidecar_config.proxy.effective_routes()] == [route.name]
+    assert sidecar_config.proxy.sidecar.upstream == f"127.0.0.1:{port_numbers(web)['app']}"
+    assert sidecar_config.grpc.counts.enabled
+    assert sidecar_config.grpc.counts.verifies_clients
+    ports = port_numbers(web)
+    assert (ports["http"], ports["counts"]) == (sidecar_config.proxy.port, sidecar_config.grpc.counts.port)
+    # Shutdown: the app serves past the sidecar's stop_delay, and the pod's grace covers the sidecar's drain.
+    stop_delay = sidecar_config.proxy.stop_delay
+    assert stop_delay >= 5
+    assert app["lifecycle"]["preStop"]["sleep"]["seconds"] > stop_delay
+    assert pod["terminationGracePeriodSeconds"] >= stop_delay + sidecar_config.proxy.grace_period
+    # The Service clients call: no selector (the proxy writes its slices), its port named as the slices' port.
+    called = find(objects, "Service", route.activator.service)
+    assert "selector" not in called["spec"]
+    assert [p["name"] for p in called["spec"]["ports"]] == [route.slice_port_name()]
+    # The Service the route reads the pods from selects them on the sidecar's port.
+    assert isinstance(route.upstream, ServiceUpstream)
+    pods = find(objects, "Service", route.upstream.service)
+    assert isinstance(route.target, ScaleTarget)
+    assert pods["metadata"]["namespace"] == route.upstream.namespace == route.target.namespace
+    assert pods["spec"]["selector"].items() <= web["spec"]["template"]["metadata"]["labels"].items()
+    (pods_port,) = [p for p in pods["spec"]["ports"] if p["name"] == route.upstream.port]
+    assert pods_port["targetPort"] == "http"
+    # The adapter: both headless Services, the sidecars' one selecting the pods on their counts port.
+    (source,) = config.sources
+    assert isinstance(source, HTTPSource)
+    names = [name.split(".")[0] for name in source.dns_names()]
+    assert names == ["zeroscale-proxy-counts", "web-sidecars"]
+    sidecars = find(objects, "Service", "web-sidecars")
+    assert sidecars["spec"]["clusterIP"] == "None"
+    assert sidecars["spec"]["selector"].items() <= web["spec"]["template"]["metadata"]["labels"].items()
+    assert [p["targetPort"] for p in sidecars["spec"]["ports"]] == ["counts"]
+    hpa = find(objects, "HorizontalPodAutoscaler", "web")
+    metric = hpa["spec"]["metrics"][0]["external"]["metric"]
+    assert metric["name"] == config.metrics[0].name
+    assert metric["selector"] == {"matchLabels": {"route": route.name}}
+    # The proxy's pods admit the route's own listener.
+    policy = find(objects, "NetworkPolicy", "zeroscale-proxy-activator")
+    assert {"port": route.activator.port, "protocol": "TCP"} in policy["spec"]["ingress"][0]["ports"]

@@ -33,9 +33,29 @@ CALLS: dict[tuple[str, str], set[Call]] = {
     ("adapter/api/trust.py", "GET"): {("get", "", "configmaps")},
     ("adapter/api/trust.py", "watch"): {("watch", "", "configmaps")},
     ("adapter/kube/endpointslices.py", "GET"): {("list", "discovery.k8s.io", "endpointslices")},
-    ("adapter/kube/endpointslices.py", "watch"): {("watch", "discovery.k8s.io", "endpointslices")},
-    ("adapter/kube/hpas.py", "GET"): {("list", "autoscaling", "horizontalpodautoscalers")},
-    ("adapter/kube/hpas.py", "watch"): {("watch", "autoscaling", "horizontalpodautoscalers")},
+    # Every list-then-watch loop (ListWatch) and the collections it lists by path (collection_lister): the HPAs
+    # of wake: scale, an activator route's target workload; its watches are of those and of EndpointSlices.
+    ("adapter/kube/watching.py", "GET"): {
+        ("list", "autoscaling", "horizontalpodautoscalers"),
+        ("list", "apps", "deployments"),
+        ("list", "apps", "statefulsets"),
+        ("list", "apps", "replicasets"),
+    },
+    ("adapter/kube/watching.py", "watch"): {
+        ("watch", "discovery.k8s.io", "endpointslices"),
+        ("watch", "autoscaling", "horizontalpodautoscalers"),
+        ("watch", "apps", "deployments"),
+        ("watch", "apps", "statefulsets"),
+        ("watch", "apps", "replicasets"),
+    },
+    # Mode activator: the Service clients call, and its slices (listed, written, removed).
+    ("adapter/proxy/activator.py", "GET"): {("get", "", "services"), ("list", "discovery.k8s.io", "endpointslices")},
+    ("adapter/proxy/activator.py", "POST"): {("create", "discovery.k8s.io", "endpointslices")},
+    ("adapter/proxy/activator.py", "PUT"): {("update", "discovery.k8s.io", "endpointslices")},
+    ("adapter/proxy/activator.py", "DELETE"): {("delete", "discovery.k8s.io", "endpointslices")},
+    ("adapter/kube/leases.py", "GET"): {("get", "coordination.k8s.io", "leases")},
+    ("adapter/kube/leases.py", "POST"): {("create", "coordination.k8s.io", "leases")},
+    ("adapter/kube/leases.py", "PUT"): {("update", "coordination.k8s.io", "leases")},
     # ReplicaSet is accepted by the scale code but not granted: a Deployment owns its ReplicaSets and would
     # undo a patch of their scale. Someone scaling a bare ReplicaSet adds replicasets/scale to the ClusterRole.
     ("adapter/kube/scale.py", "GET"): {("get", "apps", "deployments/scale"), ("get", "apps", "statefulsets/scale")},
@@ -46,6 +66,14 @@ CALLS: dict[tuple[str, str], set[Call]] = {
     # To the external metrics delegate (KEDA's metrics server), as Zeroscale: it authorizes a list of the metric.
     ("adapter/api/delegate.py", "GET"): {("list", "external.metrics.k8s.io", "*")},
 }
+# Modules whose calls take paths built elsewhere: the API paths and resource names are in these modules.
+PATHS_FROM = {
+    "adapter/kube/watching.py": ("adapter/kube/endpointslices.py", "adapter/kube/hpas.py", "adapter/kube/scale.py"),
+    "adapter/proxy/activator.py": ("adapter/kube/endpointslices.py",),
+}
+# A generic module calls on behalf of the modules that give it paths: a process makes its calls only when it
+# imports one of those (the adapter imports watching.py for a helper and lists nothing through it).
+CALLERS = {"adapter/kube/watching.py": {"adapter.proxy.readiness", "adapter.proxy.intent", "adapter.proxy.activator"}}
 # Made only when `delegate:` is configured: granted by deploy/overlays/beside-keda alone.
 DELEGATE_SITES = {("adapter/api/delegate.py", "GET")}
 
@@ -134,7 +162,12 @@ def _strings(path: Path) -> str:
 def needed_by(service_account: str, delegate: bool = False) -> set[Call]:
     modules = reachable(ENTRY_POINTS[service_account])
     sites = {site: module for site, module in kube_call_sites().items() if delegate or site not in DELEGATE_SITES}
-    return {call for site, module in sites.items() if module in modules for call in CALLS[site]}
+    return {
+        call
+        for site, module in sites.items()
+        if module in modules and modules & CALLERS.get(site[0], {module})
+        for call in CALLS[site]
+    }
 
 
 def granted(objects: Objects, service_account: str) -> set[Call]:
@@ -171,12 +204,13 @@ def installation(request: pytest.FixtureRequest) -> Objects:
 def test_every_call_site_is_listed() -> None:
     sites = kube_call_sites()
     assert set(sites) == set(CALLS), "a Kubernetes API call was added or removed: update CALLS and the RBAC"
+    assert set().union(*CALLERS.values()) <= set(_modules()), "CALLERS names a module that does not exist"
 
 
 def test_each_listed_call_matches_its_module() -> None:
     """The module names the group's API path and the resource, so a CALLS entry cannot drift from the code."""
     for (module, _method), calls in CALLS.items():
-        text = _strings(ROOT / module)
+        text = "\n".join(_strings(ROOT / path) for path in (module, *PATHS_FROM.get(module, ())))
         for _verb, group, resource in calls:
             assert ("/api/v1" if group == "" else f"/apis/{group}") in text or f"{group}/" in text, (module, group)
             assert resource.split("/")[0] in text or resource.split("/")[0][:-1] in text, (module, resource)
@@ -208,7 +242,20 @@ def test_the_chart_with_a_delegate_grants_exactly_the_delegate_call(helm: Path) 
 def test_the_proxy_is_granted_exactly_its_calls(installation: Objects) -> None:
     needed = needed_by("zeroscale-proxy")
     assert ("patch", "apps", "deployments/scale") in needed
+    assert ("create", "discovery.k8s.io", "endpointslices") in needed  # mode activator
     assert granted(installation, "zeroscale-proxy") == needed
+
+
+def test_the_proxy_takes_leases_in_its_own_namespace_only(installation: Objects) -> None:
+    """Mode activator's Lease: granted by a Role in the proxy's namespace, never cluster-wide."""
+    lease_rules = [
+        (obj["kind"], obj["metadata"].get("namespace"))
+        for obj in installation
+        if obj["kind"] in ("Role", "ClusterRole")
+        for rule in obj["rules"]
+        if "coordination.k8s.io" in rule["apiGroups"]
+    ]
+    assert lease_rules == [("Role", "zeroscale")]
 
 
 def test_the_hpa_controller_may_get_and_list_external_metrics(installation: Objects) -> None:
@@ -240,4 +287,5 @@ def test_nothing_else_is_bound(rendered: dict[str, Objects], chart_default: Obje
         "zeroscale-delegate-external-metrics",
         "zeroscale-hpa-external-metrics",
         "zeroscale-proxy",
+        "zeroscale-proxy-leases",
     }

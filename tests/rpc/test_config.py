@@ -82,6 +82,9 @@ def test_plaintext_is_allowed_on_loopback_or_when_said() -> None:
         ({}, "set exactly one of dns"),
         ({"dns": "proxy:9091", "proxies": ["a:1"]}, "set exactly one of dns"),
         ({"dns": "no-port"}, "is not host:port"),
+        ({"dns": []}, "set exactly one of dns"),
+        ({"dns": ["proxy:9091", "no-port"]}, "is not host:port"),
+        ({"dns": ["proxy:9091"], "proxies": ["a:1"]}, "set exactly one of dns"),
         ({"proxies": ["a:1", "b"]}, "is not host:port"),
         ({"proxies": ["a:1"], "tls": {"verify_hostname": False}}, "set tls_server_name instead"),
         ({"proxies": ["a:1"], "stale_after": 0}, "greater than 0"),
@@ -90,6 +93,18 @@ def test_plaintext_is_allowed_on_loopback_or_when_said() -> None:
 def test_http_source_mistakes_are_refused(source: dict[str, Any], words: str) -> None:
     with pytest.raises(ValidationError, match=re.escape(words)):
         ZeroscaleConfig(sources=[{"name": "p", "type": "http", **source}])
+
+
+def test_http_source_dns_is_one_name_or_several() -> None:
+    """An old config's one name and a list of names (cluster proxies and sidecars) load alike."""
+    one, several = (
+        ZeroscaleConfig(sources=[{"name": "p", "type": "http", "dns": dns}]).sources[0]
+        for dns in ("proxies:9091", ["proxies:9091", "web-sidecars.shop.svc:9091"])
+    )
+    assert isinstance(one, HTTPSource)
+    assert isinstance(several, HTTPSource)
+    assert one.dns_names() == ["proxies:9091"]
+    assert several.dns_names() == ["proxies:9091", "web-sidecars.shop.svc:9091"]
 
 
 def test_http_metric_has_exactly_the_route_label() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -11,6 +12,7 @@ from prometheus_client import REGISTRY
 from adapter.config.http import HTTPMetric, HTTPSource
 from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import MetricUnavailable
+from adapter.sources.proxy_counts.discovery import Discovery
 from adapter.sources.proxy_counts.source import ProxyCounts
 from tests.netutil import free_port
 from tests.rpc.conftest import MakeCache, Routes, StartCounts, eventually, value
@@ -121,6 +123,46 @@ async def test_replicas_found_by_dns(make_cache: MakeCache, start_counts: StartC
     routes.add("web", inflight=7)
     cache = await make_cache("dns", dns=f"localhost:{server.port}", resolve_interval=0.2)
     await eventually(cache, 7)
+
+
+async def test_replicas_found_under_several_names(make_cache: MakeCache, start_counts: StartCounts) -> None:
+    """The cluster proxies' headless Service and the sidecars' each list replicas: the sum covers every address
+    of every name. `localhost` and `127.0.0.1` stand for two Services; a name with no address (NXDOMAIN, what
+    Kubernetes DNS answers for a headless Service without a ready pod: an app at zero) lists nothing, and does
+    not fail the read."""
+    proxies, sidecars = Routes("web"), Routes("web")
+    a, b = await start_counts(proxies), await start_counts(sidecars)
+    proxies.add("web", held=3)
+    sidecars.add("web", inflight=4)
+    names = [f"localhost:{a.port}", f"127.0.0.1:{b.port}", f"no-ready-pod.invalid:{free_port()}"]
+    cache = await make_cache("names", dns=names, resolve_interval=0.2)
+    await eventually(cache, 7)
+    # The same address under two names is one replica: counted once.
+    doubled = await make_cache("doubled", dns=[f"localhost:{a.port}", f"127.0.0.1:{a.port}"], resolve_interval=0.2)
+    await eventually(doubled, 3)
+
+
+def test_each_name_answers_for_its_own_replicas() -> None:
+    """A pod that went away leaves with its name's next answer; a failed lookup of one name keeps that name's
+    replicas (they may well be there) and changes nothing of the others; a name that never answered is unknown."""
+    config = HTTPSource(name="rule", type="http", dns=["proxies:9091", "sidecars:9091"])
+    discovery = Discovery(config)
+    assert discovery.unresolved == ["proxies:9091", "sidecars:9091"]
+    discovery.record("proxies:9091", ["10.0.0.1:9091"])
+    assert discovery.unresolved == ["sidecars:9091"]
+    discovery.record("sidecars:9091", ["10.1.0.1:9091", "10.1.0.2:9091"])
+    assert discovery.addresses() == ["10.0.0.1:9091", "10.1.0.1:9091", "10.1.0.2:9091"]
+    discovery.record("sidecars:9091", ["10.1.0.2:9091", "10.1.0.3:9091"])  # a pod went, a new one came
+    assert discovery.addresses() == ["10.0.0.1:9091", "10.1.0.2:9091", "10.1.0.3:9091"]
+    discovery.record("proxies:9091", socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution"))
+    assert discovery.addresses() == ["10.0.0.1:9091", "10.1.0.2:9091", "10.1.0.3:9091"]
+    discovery.record("sidecars:9091", socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+    assert discovery.addresses() == ["10.0.0.1:9091"]  # scaled to zero: no sidecar left
+    assert discovery.unresolved == []
+    never = Discovery(config)
+    never.record("proxies:9091", ["10.0.0.1:9091"])
+    never.record("sidecars:9091", socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution"))
+    assert never.unresolved == ["sidecars:9091"]
 
 
 async def test_lag_histogram_is_observed(make_cache: MakeCache, start_counts: StartCounts) -> None:

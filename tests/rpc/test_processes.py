@@ -12,8 +12,15 @@ import grpc
 import pytest
 
 from adapter.rpc.generated import externalscaler_pb2 as pb
-from tests.api.httpclient import fetch
-from tests.rpc.cluster import METRIC_PATH, Process, start_adapter, start_proxy, stop_all, wait_until_listening
+from tests.rpc.cluster import (
+    Process,
+    api_value,
+    send_requests,
+    start_adapter,
+    start_proxy,
+    stop_all,
+    wait_until_listening,
+)
 from tests.rpc.conftest import ref, scaler_stub
 
 
@@ -26,23 +33,6 @@ def replicas(tmp_path: Path) -> Iterator[tuple[list[Process], list[Process]]]:
         yield proxies, adapters
     finally:
         stop_all(adapters + proxies)
-
-
-async def hold(proxy: Process, count: int) -> list[asyncio.StreamWriter]:
-    """Open `count` connections, one request each; the proxy holds them (its upstream never answers)."""
-    writers = []
-    for _ in range(count):
-        _, writer = await asyncio.open_connection("127.0.0.1", proxy.ports["http"])
-        writer.write(b"GET / HTTP/1.1\r\nHost: web.test\r\n\r\n")
-        writers.append(writer)
-    return writers
-
-
-async def api_value(adapter: Process) -> int:
-    """The value the HPA would read from this adapter; any non-200 answer fails the test."""
-    answer = await fetch(adapter.ports["https"], METRIC_PATH)
-    assert answer.status == 200, f"{adapter.name} answered {answer.status}: {answer.body!r}"
-    return int(answer.json()["items"][0]["value"])
 
 
 async def keda_value(adapter: Process) -> float:
@@ -69,7 +59,7 @@ async def all_report(adapters: list[Process], expected: int, within: float) -> N
 async def test_every_adapter_sums_every_proxy(replicas: tuple[list[Process], list[Process]]) -> None:
     proxies, adapters = replicas
     await all_report(adapters, 0, within=10)
-    held = [await hold(proxy, count) for proxy, count in zip(proxies, (1, 2, 3), strict=True)]
+    held = [await send_requests(proxy.ports["http"], count) for proxy, count in zip(proxies, (1, 2, 3), strict=True)]
     await all_report(adapters, 6, within=5)
     assert [await keda_value(adapter) for adapter in adapters] == [6.0, 6.0]
 

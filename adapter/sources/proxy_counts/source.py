@@ -1,7 +1,8 @@
 """The `http` source: a route's held and in-flight requests, summed over every proxy replica.
 
 Counts arrive pushed (adapter/sources/proxy_counts/stream.py); `query` only adds up what is in memory.
-A sum is served only when it covers every replica discovery lists now. A replica stays in the sum
+A sum is served only when it covers every replica discovery lists now (adapter/sources/proxy_counts/discovery.py:
+every address of every name; a name that never answered fails the read). A replica stays in the sum
 while it was heard from within `stale_after`, even with its stream broken. A replica still listed
 that has been silent for longer (or never spoke within `stale_after` of being found) fails the read:
 it may hold requests nobody else counts, and leaving it out would be a made-up smaller sum. It
@@ -21,7 +22,7 @@ from decimal import Decimal
 
 from adapter.config.http import HTTPMetric, HTTPSource
 from adapter.sources.base import Sample, Source, SourceError, SourceQuery
-from adapter.sources.proxy_counts.discovery import replica_addresses
+from adapter.sources.proxy_counts.discovery import Discovery
 from adapter.sources.proxy_counts.stream import Replica, Subscription
 from adapter.telemetry import rpc as telemetry
 
@@ -36,6 +37,7 @@ class ProxyCounts(Source):
     def __init__(self, config: HTTPSource) -> None:
         super().__init__()
         self._config = config
+        self._discovery = Discovery(config)
         self._replicas: dict[str, Replica] = {}
         self._subscriptions: dict[str, Subscription] = {}
         self._watched: dict[SourceQuery, None] = {}
@@ -65,17 +67,14 @@ class ProxyCounts(Source):
         self._subscriptions.clear()
 
     async def _discover(self) -> None:
-        config = self._config
+        discovery = self._discovery
         while True:
-            try:
-                self._follow(await replica_addresses(config))
-            except OSError as err:  # keep the replicas we know; DNS may be back next time
-                log.warning("http source %s: cannot resolve %s: %s", config.name, config.dns, err)
+            self._follow(await discovery.refresh())
             self._discovered = True
             self._progressed()
-            if config.dns is None:
+            if discovery.fixed:
                 return  # a fixed list never changes
-            await asyncio.sleep(config.resolve_interval)
+            await asyncio.sleep(self._config.resolve_interval)
 
     def _follow(self, addresses: list[str]) -> None:
         """Subscribe to new replicas, stop following gone ones (their counts expire like a silent replica's)."""
@@ -181,6 +180,9 @@ class ProxyCounts(Source):
         """Why no sum can be served now though replicas answer: one fails, or one has not answered yet."""
         if self._too_many is not None:
             return self._too_many
+        unresolved = self._discovery.unresolved
+        if unresolved and self._discovered:
+            return f"cannot resolve {', '.join(unresolved)} yet (no sum while the replicas a name lists are unknown)"
         now = time.monotonic()
         stale_after = self._config.stale_after
         listed = [s.replica for s in self._subscriptions.values()]
