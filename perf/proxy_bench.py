@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.netutil import free_port, wait_for_port  # noqa: E402
+from tests.fixtures.netutil import free_port, wait_for_port  # noqa: E402
 
 ROUNDS = 3
 SECONDS = int(os.environ.get("PROXY_BENCH_SECONDS", "5"))

@@ -17,7 +17,7 @@ from cryptography import x509
 
 from adapter.config import ZeroscaleConfig
 from adapter.config.loader import load_config
-from tests.deploy.conftest import DEPLOY, EXAMPLE_CONFIGS, EXAMPLES, OVERLAYS, Objects, find, kustomize
+from tests.fixtures.manifests import DEPLOY, EXAMPLE_CONFIGS, EXAMPLES, OVERLAYS, Objects, find, kustomize
 
 K8S_VERSION = "1.37.0"
 # Custom resources and why each has no 1.37 schema to validate against.
