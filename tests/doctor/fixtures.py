@@ -17,32 +17,14 @@ import yaml
 from tests.fixtures.kube_standin import KubeStandIn, Reply, status_body
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
 NS = "zeroscale"
-
-
 APISERVICES = "/apis/apiregistration.k8s.io/v1/apiservices"
-
-
 SERVICES = f"/api/v1/namespaces/{NS}/services"
-
-
 SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
-
-
 SECRETS = f"/api/v1/namespaces/{NS}/secrets"
-
-
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
-
-
 CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
-
-
 APISERVICE_NAME = "v1beta1.external.metrics.k8s.io"
-
-
 ADAPTER_SA = f"system:serviceaccount:{NS}:zeroscale-adapter"
 
 

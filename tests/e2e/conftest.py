@@ -23,8 +23,6 @@ from tests.fixtures.netutil import free_port
 from tests.fixtures.redis_servers import RedisProcess
 
 HERE = Path(__file__).parent
-
-
 ENABLED = os.environ.get("ZEROSCALE_E2E") == "1"
 
 
