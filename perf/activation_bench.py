@@ -3,7 +3,7 @@ and (b) a StreamIsActive message at a subscribed KEDA-like client.
 
     python perf/activation_bench.py [--rounds 100] [--proxies 3] [--adapters 2]
 
-Starts the proxy and adapter replicas as processes on loopback (tests/rpc/cluster.py: each proxy's
+Starts the proxy and adapter replicas as processes on loopback (tests/fixtures/replicas.py: each proxy's
 upstream never answers, so every request is held). Each round opens a connection to one proxy (round
 robin), then sends one request at t0 and waits until every adapter's API reads 1 (keep-alive HTTPS
 polls, back to back) and the stream says active; the round's latency is the slowest of those. The
@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 from adapter.rpc.generated import externalscaler_pb2 as pb  # noqa: E402
 from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc  # noqa: E402
-from tests.api.httpclient import read_answer, request_bytes  # noqa: E402
-from tests.rpc.cluster import (  # noqa: E402
+from tests.fixtures.httpclient import read_answer, request_bytes  # noqa: E402
+from tests.fixtures.replicas import (  # noqa: E402
     METRIC_PATH,
     Process,
     start_adapter,

@@ -222,7 +222,7 @@ def run(
     if not built():
         return None
     from tests.e2e.test_04_proxy_wake import pod_address
-    from tests.netutil import free_port, wait_for_port
+    from tests.fixtures.netutil import free_port, wait_for_port
 
     address = pod_address()
     proxy_port, admin, route_port = free_port(), free_port(), free_port()

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from adapter.api.tls import self_signed  # noqa: E402
-from tests.netutil import free_port, wait_for_port  # noqa: E402
+from tests.fixtures.netutil import free_port, wait_for_port  # noqa: E402
 
 PATH = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/bench-queue-depth"
 CONFIG = """\

@@ -41,7 +41,7 @@ from adapter.config.server import CacheConfig
 from adapter.metrics.cache import MetricCache, Reading
 from adapter.metrics.catalogue import Catalogue
 from adapter.sources.kafka.source import KafkaLag
-from tests.kafka.broker import KafkaBroker, commit, describe_groups
+from tests.fixtures.kafka_broker import KafkaBroker, commit, describe_groups
 
 ROUNDS = 30
 FRESH_ROUNDS = 60  # the docstring says it too; --fresh-rounds changes it

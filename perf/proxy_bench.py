@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 import activator  # noqa: E402  (perf/activator.py: this directory is on sys.path)
 
-from tests.netutil import free_port, wait_for_port  # noqa: E402
+from tests.fixtures.netutil import free_port, wait_for_port  # noqa: E402
 
 ROUNDS = 3
 SECONDS = int(os.environ.get("PROXY_BENCH_SECONDS", "5"))

@@ -33,8 +33,8 @@ from adapter.metrics.catalogue import Catalogue
 from adapter.sources.base import SourceQuery
 from adapter.sources.redis.source import RedisQueues
 from adapter.telemetry import redis as telemetry
-from tests.redis.conftest import redis_metric
-from tests.redis.servers import RedisProcess
+from tests.fixtures.redis_servers import RedisProcess
+from tests.sources.redis.fixtures import redis_metric
 
 ROUNDS = 30
 KEYS = 1000

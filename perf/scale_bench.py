@@ -60,9 +60,9 @@ sys.path.insert(0, str(ROOT))
 
 from adapter.telemetry.probe import ENV as PROBE_ENV  # noqa: E402
 from adapter.telemetry.probe import Probe  # noqa: E402
-from tests.kafka.broker import KafkaBroker, commit  # noqa: E402
-from tests.netutil import free_port, wait_for_port  # noqa: E402
-from tests.redis.servers import RedisProcess  # noqa: E402
+from tests.fixtures.kafka_broker import KafkaBroker, commit  # noqa: E402
+from tests.fixtures.netutil import free_port, wait_for_port  # noqa: E402
+from tests.fixtures.redis_servers import RedisProcess  # noqa: E402
 
 KEYS = 10_000
 CONNECTIONS = 32

@@ -262,15 +262,15 @@ class Activator:
         for name, body in wanted.items():
             existing = written.get(name)
             if existing is None:
-                written[name] = await self._write("POST", slice_path(self.namespace), body)
+                written[name] = await self._create(body)
                 telemetry.SLICE_WRITES.labels(route, "created").inc()
             elif not same_slice(existing, body):
                 version = field(existing, "metadata").get("resourceVersion", "")
                 body = {**body, "metadata": {**body["metadata"], "resourceVersion": version}}
-                written[name] = await self._write("PUT", slice_path(self.namespace, name), body)
+                written[name] = await self._replace(name, body)
                 telemetry.SLICE_WRITES.labels(route, "updated").inc()
         for name in [name for name in written if name not in wanted]:
-            await self._write("DELETE", slice_path(self.namespace, name))
+            await self._delete(name)
             del written[name]
             telemetry.SLICE_WRITES.labels(route, "deleted").inc()
         # Observed once the writes succeeded (a failed write keeps the switch to time on the next try), unless
@@ -280,13 +280,26 @@ class Activator:
             telemetry.SWITCH_SECONDS.labels(route, "pods" if warm else "proxy").observe(time.monotonic() - decided_at)
         self._last_problem = None
 
-    async def _write(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One write, only while this replica leads: a write can take up to the API client's timeout, and leading
-        may have stopped during the one before (another replica may be writing by now)."""
+    # The writes, each only while this replica leads: a write can take up to the API client's timeout, and leading
+    # may have stopped during the one before (another replica may be writing by now).
+
+    async def _create(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._check_leading()
+        _, created = await self._kube.request("POST", slice_path(self.namespace), body)
+        return created
+
+    async def _replace(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._check_leading()
+        _, replaced = await self._kube.request("PUT", slice_path(self.namespace, name), body)
+        return replaced
+
+    async def _delete(self, name: str) -> None:
+        self._check_leading()
+        await self._kube.request("DELETE", slice_path(self.namespace, name))
+
+    def _check_leading(self) -> None:
         if not self._leader.leading:
             raise _NotLeading
-        _, written = await self._kube.request(method, path, body)
-        return written
 
     async def _read_service(self) -> bool:
         """Read the Service for its ownerReference; False (nothing written) when it is not ours to write."""
@@ -317,7 +330,7 @@ class Activator:
         """Delete the slices we wrote (a Service given a selector since: its controller's slices are the truth)."""
         _, listing = await self._kube.request("GET", owned_slices_path(self.namespace, self.service))
         for name in objects_by_name(listing):
-            await self._write("DELETE", slice_path(self.namespace, name))
+            await self._delete(name)
             telemetry.SLICE_WRITES.labels(self._route.name, "deleted").inc()
         self._written = {}
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -13,24 +12,15 @@ import uvloop
 
 from adapter.config import ZeroscaleConfig
 from adapter.serve import serve
-from tests.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
-from tests.kube_standin import KubeStandIn
-from tests.netutil import free_port
+from tests.api.fixtures import RunningServer, StartServer
+from tests.fixtures.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
+from tests.fixtures.kube_standin import KubeStandIn
+from tests.fixtures.netutil import free_port
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], Any]]:
     """The server runs on uvloop in production; its TLS and transports differ from asyncio's, so test on it."""
     return {"uvloop": uvloop.new_event_loop}
-
-
-@dataclass
-class RunningServer:
-    port: int
-    metrics_port: int
-    config: ZeroscaleConfig
-
-
-StartServer = Callable[[dict[str, Any]], Awaitable[RunningServer]]
 
 
 @pytest.fixture
@@ -56,7 +46,7 @@ async def start_server() -> AsyncIterator[StartServer]:
 
 @pytest.fixture
 def kube() -> Iterator[KubeStandIn]:
-    """The stand-in for the Kubernetes API (tests/kube_standin.py), on a free loopback port."""
+    """The stand-in for the Kubernetes API (tests/fixtures/kube_standin.py), on a free loopback port."""
     with KubeStandIn() as standin:
         yield standin
 

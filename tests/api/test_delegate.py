@@ -26,10 +26,10 @@ from adapter.api.delegate import Delegate, DiscoveryError, _list_problem
 from adapter.config import ZeroscaleConfig
 from adapter.config.delegate import DelegateConfig
 from adapter.serve import serve
-from tests.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
-from tests.api.httpclient import Answer, fetch
-from tests.kube_standin import KubeStandIn
-from tests.netutil import free_port
+from tests.fixtures.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
+from tests.fixtures.httpclient import Answer, fetch
+from tests.fixtures.kube_standin import KubeStandIn
+from tests.fixtures.netutil import free_port
 
 VERSION = "/apis/external.metrics.k8s.io/v1beta1"
 OURS = f"{VERSION}/namespaces/team-a/demo-queue-depth"

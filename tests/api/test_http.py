@@ -16,7 +16,7 @@ from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
 from adapter.sources.base import Sample, Source, SourceError, SourceQuery
 from adapter.telemetry import api as telemetry
-from tests.api.httpclient import Answer, read_answer, request_bytes
+from tests.fixtures.httpclient import Answer, read_answer, request_bytes
 from tests.security.api_serving import api_limits
 
 LIST = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/jobs"

@@ -1,4 +1,4 @@
-"""The minimal Kubernetes client against the Kubernetes stand-in (tests/kube_standin.py)."""
+"""The minimal Kubernetes client against the Kubernetes stand-in (tests/fixtures/kube_standin.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from adapter.config.kube import KubeAPIConfig
 from adapter.kube import kubeconfig
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError, KubeConfigError, KubeConnectionError
-from tests.kube_standin import AUTH_CONFIGMAP, KubeStandIn
+from tests.fixtures.kube_standin import AUTH_CONFIGMAP, KubeStandIn
 
 CONFIGMAPS = f"/api/v1/namespaces/{AUTH_CONFIGMAP[0]}/configmaps"
 

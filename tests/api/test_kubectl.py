@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.netutil import free_port, wait_for_port
+from tests.fixtures.netutil import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "local" / "zeroscale.yaml"

@@ -13,9 +13,9 @@ import trustme
 
 from adapter.config import ZeroscaleConfig
 from adapter.serve import unsafe_without_auth
-from tests.api.conftest import RunningServer, StartServer
-from tests.api.httpclient import Answer, fetch, tls_client
-from tests.kube_standin import KubeStandIn, Reply
+from tests.api.fixtures import RunningServer, StartServer
+from tests.fixtures.httpclient import Answer, fetch, tls_client
+from tests.fixtures.kube_standin import KubeStandIn, Reply
 
 LIST = "/apis/external.metrics.k8s.io/v1beta1/namespaces/team-a/DEMO-Queue-Depth"
 HPA = "system:serviceaccount:kube-system:horizontal-pod-autoscaler"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.demo.conftest import processes_mentioning, require_redis
+from tests.demo.fixtures import processes_mentioning, require_redis
 
 pytestmark = pytest.mark.redis
 

@@ -22,7 +22,7 @@ from adapter.demo.workloads import LocalWorkload
 from adapter.proxy.route import Route
 from adapter.proxy.server import ProxyServer
 from adapter.proxy.wake import Waker
-from tests.demo.conftest import until
+from tests.demo.fixtures import until
 
 
 def test_route_accepts_a_local_target_on_loopback_only() -> None:

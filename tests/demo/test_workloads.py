@@ -6,7 +6,7 @@ import sys
 
 from adapter.demo.processes import Supervisor
 from adapter.demo.workloads import LocalWorkload
-from tests.demo.conftest import processes_mentioning, until
+from tests.demo.fixtures import processes_mentioning, until
 
 
 async def test_scale_up_counts_ready_replicas_then_down_to_zero(sleeper: LocalWorkload, tag: str) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from adapter import __version__
 from adapter.cli import build_parser
-from tests.deploy.conftest import ROOT
+from tests.fixtures.manifests import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
 HADOLINT = Path(sys.executable).parent / "hadolint"

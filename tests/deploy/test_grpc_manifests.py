@@ -14,7 +14,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from adapter.config import ZeroscaleConfig
 from adapter.config.http import HTTPSource
 from adapter.config.loader import load_config
-from tests.deploy.conftest import DEPLOY, EXAMPLE_CONFIGS, Objects, find
+from tests.fixtures.manifests import DEPLOY, EXAMPLE_CONFIGS, Objects, find
 
 ADAPTER, PROXY = "zeroscale-adapter", "zeroscale-proxy"
 

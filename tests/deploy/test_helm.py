@@ -23,7 +23,8 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from adapter.config.loader import load_config
-from tests.deploy.conftest import (
+from tests.deploy.test_manifests import port_numbers, validate
+from tests.fixtures.manifests import (
     CHART,
     DEPLOY,
     EXAMPLE_CONFIGS,
@@ -35,7 +36,6 @@ from tests.deploy.conftest import (
     helm_render,
     helm_template,
 )
-from tests.deploy.test_manifests import port_numbers, validate
 
 ADAPTER, PROXY, APISERVICE = "zeroscale-adapter", "zeroscale-proxy", "v1beta1.external.metrics.k8s.io"
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "APIService"}

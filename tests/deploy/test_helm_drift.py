@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.conftest import Objects, helm_render
+from tests.fixtures.manifests import Objects, helm_render
 
 # Labels only Helm adds (kustomize's deploy/base has part-of on every object, and the name label on components).
 HELM_LABELS = {

@@ -19,7 +19,7 @@ from adapter.config import ZeroscaleConfig
 from adapter.config.http import HTTPSource
 from adapter.config.loader import load_config
 from adapter.config.proxy import ScaleTarget, ServiceUpstream
-from tests.deploy.conftest import DEPLOY, EXAMPLE_CONFIGS, EXAMPLES, OVERLAYS, Objects, find, kustomize
+from tests.fixtures.manifests import DEPLOY, EXAMPLE_CONFIGS, EXAMPLES, OVERLAYS, Objects, find, kustomize
 
 K8S_VERSION = "1.37.0"
 # Custom resources and why each has no 1.37 schema to validate against.

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.conftest import ROOT, Objects, helm_render
+from tests.fixtures.manifests import ROOT, Objects, helm_render
 
 ADAPTER_DIR = ROOT / "adapter"
 USER_KUBECONFIG_ONLY = ("adapter/hpa/", "adapter/doctor/")

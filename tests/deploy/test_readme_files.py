@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tests.deploy.conftest import ROOT
+from tests.fixtures.manifests import ROOT
 
 README = ROOT / "README.md"
 _BLOCK = re.compile(r"<!-- file: (\S+) -->\n```[a-z]*\n(.*?)```\n", re.DOTALL)

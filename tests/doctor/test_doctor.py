@@ -23,7 +23,7 @@ from adapter.doctor.checks import HPA_USER, Doctor, Installation
 from adapter.doctor.findings import Finding
 from adapter.doctor.run import diagnose
 from adapter.kube.client import KubeClient
-from tests.doctor.conftest import (
+from tests.doctor.fixtures import (
     ADAPTER_SA,
     APISERVICE_NAME,
     APISERVICES,

@@ -9,23 +9,21 @@ happens; each scenario prints its timeline in the summary at the end.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.e2e import install
 from tests.e2e.cluster import HPA_API, ControlPlane, Kube
+from tests.e2e.fixtures import _TIMELINES, Adapter, BrokerStart, Installed, Timeline, kube_api
 from tests.e2e.processes import Zeroscale
-from tests.kafka.broker import KafkaBroker
-from tests.netutil import free_port
-from tests.redis.servers import RedisProcess
+from tests.fixtures.kafka_broker import KafkaBroker
+from tests.fixtures.netutil import free_port
+from tests.fixtures.redis_servers import RedisProcess
 
 HERE = Path(__file__).parent
 ENABLED = os.environ.get("ZEROSCALE_E2E") == "1"
-_TIMELINES: list[str] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -57,50 +55,9 @@ def timeline() -> Timeline:
     return Timeline()
 
 
-class Timeline:
-    def record(self, line: str) -> None:
-        _TIMELINES.append(line)
-        print(line)
-
-
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("e2e")
-
-
-class BrokerStart:
-    """The broker starts (a JVM: the slowest part) in the background while the control plane comes up.
-
-    The thread that starts it stays alive until stop(): the broker gets SIGTERM when its starting thread
-    ends (PR_SET_PDEATHSIG follows the thread, not the process).
-    """
-
-    def __init__(self, workdir: Path) -> None:
-        self.broker = KafkaBroker(workdir / "kafka")
-        self._failure: BaseException | None = None
-        self._started = threading.Event()
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kafka", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.broker.start()
-        except BaseException as err:  # reported by wait(), in the test that needs the broker
-            self._failure = err
-        self._started.set()
-        self._stopping.wait()
-        self.broker.stop()
-
-    def wait(self) -> KafkaBroker:
-        if not self._started.wait(timeout=180) or self._failure is not None:
-            raise RuntimeError(f"the Kafka broker did not start ({self._failure}):\n{self.broker.log_tail()}")
-        return self.broker
-
-    def stop(self) -> None:
-        self._started.wait(timeout=180)
-        self._stopping.set()
-        self._thread.join(timeout=60)
 
 
 @pytest.fixture(scope="session")
@@ -150,13 +107,6 @@ def redis_server(workdir: Path) -> Iterator[RedisProcess]:
     server.stop()
 
 
-@dataclass(frozen=True)
-class Installed:
-    certs: Path
-    adapter_token: Path
-    proxy_token: Path
-
-
 @pytest.fixture(scope="session")
 def installed(kube: Kube, workdir: Path) -> Installed:
     install.install_rbac(kube)
@@ -172,19 +122,6 @@ def installed(kube: Kube, workdir: Path) -> Installed:
 def counts_port() -> int:
     """Where the proxy serves its pending counts and the adapter's http source subscribes."""
     return free_port()
-
-
-def kube_api(plane: ControlPlane, token: Path) -> dict[str, str]:
-    return {"url": plane.url, "ca_file": str(plane.pki / "ca.crt"), "token_file": str(token)}
-
-
-@dataclass(frozen=True)
-class Adapter:
-    process: Zeroscale
-    port: int
-    metrics_port: int
-    # Seconds from registration to the aggregator's Available=True.
-    available_after: float
 
 
 @pytest.fixture(scope="session")

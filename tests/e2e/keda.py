@@ -19,7 +19,7 @@ import trustme
 
 from tests.e2e.cluster import ControlPlane, Kube, wait_for
 from tests.e2e.processes import Managed
-from tests.netutil import free_port
+from tests.fixtures.netutil import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "scripts" / "keda" / "build"

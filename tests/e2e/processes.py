@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tests.netutil import wait_for_port
+from tests.fixtures.netutil import wait_for_port
 
 
 class Managed:

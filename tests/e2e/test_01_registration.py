@@ -10,9 +10,9 @@ import pytest
 
 from tests.e2e import install
 from tests.e2e.cluster import ControlPlane, Kube, KubeError, wait_for
-from tests.e2e.conftest import Adapter, Installed, Timeline
 from tests.e2e.direct import call, client_certificate, counter, counter_after
-from tests.redis.servers import RedisProcess
+from tests.e2e.fixtures import Adapter, Installed, Timeline
+from tests.fixtures.redis_servers import RedisProcess
 
 NAMESPACE = "e2e-auth"
 METRIC_PATH = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NAMESPACE}/redis-jobs"

@@ -20,8 +20,8 @@ from tests.e2e.cluster import (
     wait_replicas,
     wait_scaled_to_zero,
 )
-from tests.e2e.conftest import Adapter, Timeline
-from tests.redis.servers import RedisProcess
+from tests.e2e.fixtures import Adapter, Timeline
+from tests.fixtures.redis_servers import RedisProcess
 
 NAMESPACE, NAME, KEY = "e2e-redis", "worker", "e2e-jobs"
 HELD_SYNCS = 3

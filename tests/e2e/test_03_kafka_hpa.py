@@ -16,8 +16,8 @@ from tests.e2e.cluster import (
     wait_replicas,
     wait_scaled_to_zero,
 )
-from tests.e2e.conftest import Adapter, Timeline
-from tests.kafka.broker import KafkaBroker
+from tests.e2e.fixtures import Adapter, Timeline
+from tests.fixtures.kafka_broker import KafkaBroker
 
 NAMESPACE, NAME = "e2e-kafka", "consumer"
 TOPIC, GROUP, PARTITIONS = "e2e-orders", "e2e-order-workers", 3

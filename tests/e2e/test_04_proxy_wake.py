@@ -28,11 +28,11 @@ from tests.e2e.cluster import (
     wait_hpa_total,
     wait_replicas,
 )
-from tests.e2e.conftest import Adapter, Installed, Timeline, kube_api
+from tests.e2e.fixtures import Adapter, Installed, Timeline, kube_api
 from tests.e2e.install import endpoint_slice
 from tests.e2e.processes import Zeroscale
-from tests.netutil import free_port
-from tests.redis.servers import RedisProcess
+from tests.fixtures.netutil import free_port
+from tests.fixtures.redis_servers import RedisProcess
 
 NAMESPACE, NAME, HOST = "e2e-proxy", "web", "web.e2e-proxy"
 # A second workload, which a person stops: its HPA reads a Redis list.

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 
 from tests.e2e.cluster import Kube, deployment, external_hpa, hpa_condition, hpa_reads_metric, wait_for, wait_replicas
-from tests.e2e.conftest import Adapter, Timeline
+from tests.e2e.fixtures import Adapter, Timeline
 from tests.e2e.install import wait_available
-from tests.redis.servers import RedisProcess
+from tests.fixtures.redis_servers import RedisProcess
 
 NAMESPACE, NAME, KEY = "e2e-failure", "worker", "failure-jobs"
 # Several of the controller's 2 s syncs.

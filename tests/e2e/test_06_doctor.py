@@ -12,8 +12,8 @@ from typing import Any
 
 from tests.e2e import install
 from tests.e2e.cluster import ControlPlane, Kube
-from tests.e2e.conftest import Adapter, Installed, Timeline
-from tests.netutil import free_port
+from tests.e2e.fixtures import Adapter, Installed, Timeline
+from tests.fixtures.netutil import free_port
 
 HPA_NAMESPACE = "e2e-doctor"
 MERGE_PATCH = "application/merge-patch+json"

@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 from tests.e2e.cluster import Kube
-from tests.e2e.conftest import Adapter, Timeline
+from tests.e2e.fixtures import Adapter, Timeline
 
 GROUP_VERSION = "/apis/external.metrics.k8s.io/v1beta1"
 AGGREGATED = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"

@@ -23,8 +23,8 @@ import pytest
 from adapter.hpa.controller import HorizontalController, MetricFailure, MetricReading
 from adapter.hpa.manifest import parse_manifests
 from tests.e2e.cluster import HPA_API, Kube, KubeError, deployment, wait_for
-from tests.e2e.conftest import Adapter, Timeline
-from tests.redis.servers import RedisProcess
+from tests.e2e.fixtures import Adapter, Timeline
+from tests.fixtures.redis_servers import RedisProcess
 
 RECORDED_WITH = "v1.37.2"
 NAMESPACE = "e2e-table"

@@ -29,7 +29,6 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.conftest import CHART, build_helm
 from tests.e2e import install
 from tests.e2e.cluster import (
     HPA_API,
@@ -42,11 +41,12 @@ from tests.e2e.cluster import (
     wait_for,
     wait_replicas,
 )
-from tests.e2e.conftest import Timeline, kube_api
+from tests.e2e.fixtures import Timeline, kube_api
 from tests.e2e.processes import Zeroscale
 from tests.e2e.service_proxy import ServiceProxy
-from tests.netutil import free_port
-from tests.redis.servers import RedisProcess
+from tests.fixtures.manifests import CHART, build_helm
+from tests.fixtures.netutil import free_port
+from tests.fixtures.redis_servers import RedisProcess
 
 RELEASE = NAMESPACE = "zeroscale-e2e"
 ADAPTER = f"{RELEASE}-adapter"

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from tests.e2e.cluster import ControlPlane, Kube, wait_for
-from tests.e2e.conftest import Timeline
 from tests.e2e.dataplane import ClientRun, DataPlane
+from tests.e2e.fixtures import Timeline
 from tests.e2e.test_04_proxy_wake import pod_address
 
 NAMESPACE, SERVICE = "e2e-dataplane", "dp-web"

@@ -32,10 +32,10 @@ from tests.e2e.cluster import (
     start_at_zero,
     wait_for,
 )
-from tests.e2e.conftest import Installed, Timeline, kube_api
+from tests.e2e.fixtures import Installed, Timeline, kube_api
 from tests.e2e.processes import Zeroscale
-from tests.netutil import free_port
-from tests.redis.servers import RedisProcess
+from tests.fixtures.netutil import free_port
+from tests.fixtures.redis_servers import RedisProcess
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "examples"

@@ -25,9 +25,9 @@ import pytest
 import redis
 
 from grafana import generate
-from tests.grafana.conftest import Stack
-from tests.kube_standin import KubeStandIn
-from tests.proxy.kube_routes import ScaleStandIn, endpoint_slice, slices_collection
+from tests.fixtures.kube_routes import ScaleStandIn, endpoint_slice, slices_collection
+from tests.fixtures.kube_standin import KubeStandIn
+from tests.fixtures.prometheus import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 # What Grafana puts for its built-in variables; the windows fit the few seconds this test runs.

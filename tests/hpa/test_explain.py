@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from adapter.cli import main
+from tests.fixtures.kube_standin import Reply, StandInRequest, status_body
 from tests.hpa.builders import hpa_document
-from tests.hpa.conftest import MetricsStandIn
-from tests.kube_standin import Reply, StandInRequest, status_body
+from tests.hpa.fixtures import MetricsStandIn
 
 WORKER = hpa_document(
     name="worker",

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from adapter.cli import main
+from tests.fixtures.netutil import free_port, wait_for_port
 from tests.hpa.builders import hpa_document
-from tests.netutil import free_port, wait_for_port
 
 LOCAL_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "local" / "zeroscale.yaml"
 

@@ -19,11 +19,11 @@ from prometheus_client import REGISTRY
 
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import MANAGED_BY, build_slices
-from tests.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
-from tests.netutil import free_port
-from tests.proxy.conftest import get, request, running_proxy, until
-from tests.proxy.kube_routes import SLICES_V1, endpoint_slice, slices_collection
-from tests.proxy.upstream_app import Upstream
+from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
+from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
+from tests.fixtures.netutil import free_port
+from tests.fixtures.proxy import get, request, running_proxy, until
+from tests.fixtures.upstream_app import Upstream
 
 DEPLOYMENTS = r"/apis/apps/v1/namespaces/[^/]+/deployments"
 SERVICES = r"/api/v1/namespaces/[^/]+/services"

@@ -8,9 +8,9 @@ import contextlib
 from prometheus_client import REGISTRY
 
 from adapter.proxy.server import ProxyServer
-from tests.netutil import free_port
-from tests.proxy.conftest import get, post, read_response, request, route, running_proxy, until
-from tests.proxy.upstream_app import Upstream
+from tests.fixtures.netutil import free_port
+from tests.fixtures.proxy import get, post, read_response, request, route, running_proxy, until
+from tests.fixtures.upstream_app import Upstream
 
 
 def errors(route_name: str, code: str) -> float:

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from adapter.proxy.routing import Router, normalise_host
 from adapter.proxy.server import ProxyServer
-from tests.netutil import send_until_answered
-from tests.proxy.conftest import get, post, read_response, request, route, running_proxy
-from tests.proxy.upstream_app import Upstream
+from tests.fixtures.netutil import send_until_answered
+from tests.fixtures.proxy import get, post, read_response, request, route, running_proxy
+from tests.fixtures.upstream_app import Upstream
 
 SMUGGLING = [
     # Content-Length and Transfer-Encoding together: the classic CL.TE / TE.CL desync.

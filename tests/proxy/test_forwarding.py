@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from adapter.proxy.server import ProxyServer
-from tests.proxy.conftest import get, post, read_response, request
-from tests.proxy.upstream_app import Upstream
+from tests.fixtures.proxy import get, post, read_response, request
+from tests.fixtures.upstream_app import Upstream
 
 
 async def test_get_is_forwarded_with_forwarding_headers(proxy: ProxyServer, upstream: Upstream) -> None:
@@ -105,7 +105,7 @@ async def test_expect_continue_is_answered_by_the_proxy(proxy: ProxyServer) -> N
 
 
 async def test_unknown_host_gets_404_from_the_proxy(upstream: Upstream) -> None:
-    from tests.proxy.conftest import route, running_proxy
+    from tests.fixtures.proxy import route, running_proxy
 
     async with running_proxy([route("only", upstream.address, hosts=["app.example", "*.apps.example"])]) as server:
         assert (await request(server.port, get(host="other.example"))).status == 404
@@ -115,7 +115,7 @@ async def test_unknown_host_gets_404_from_the_proxy(upstream: Upstream) -> None:
 
 
 async def test_longest_path_prefix_wins(upstream: Upstream) -> None:
-    from tests.proxy.conftest import route, running_proxy
+    from tests.fixtures.proxy import route, running_proxy
 
     other = await Upstream().start()
     try:

@@ -12,10 +12,7 @@ from prometheus_client import REGISTRY
 from adapter.config.proxy import ScaleTarget
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import ready_addresses
-from tests.kube_standin import KubeStandIn, Reply, status_body
-from tests.netutil import free_port
-from tests.proxy.conftest import get, request, running_proxy, until
-from tests.proxy.kube_routes import (
+from tests.fixtures.kube_routes import (
     HPAS,
     SLICES_V1,
     SLICES_V1BETA1,
@@ -23,7 +20,10 @@ from tests.proxy.kube_routes import (
     endpoint_slice,
     slices_collection,
 )
-from tests.proxy.upstream_app import Upstream
+from tests.fixtures.kube_standin import KubeStandIn, Reply, status_body
+from tests.fixtures.netutil import free_port
+from tests.fixtures.proxy import get, request, running_proxy, until
+from tests.fixtures.upstream_app import Upstream
 
 
 @pytest.fixture

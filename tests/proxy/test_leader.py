@@ -15,9 +15,10 @@ from adapter.config.proxy import ActivatorConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.leases import lease_path
 from adapter.proxy.leader import LeaderElector
-from tests.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
-from tests.netutil import free_port
-from tests.proxy.conftest import get, request, running_proxy, until
+from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
+from tests.fixtures.netutil import free_port
+from tests.fixtures.proxy import get, request, running_proxy, until
+from tests.fixtures.upstream_app import Upstream
 from tests.proxy.test_activator import (
     LEASES,
     PROXY_ADDRESS,
@@ -30,7 +31,6 @@ from tests.proxy.test_activator import (
     seed,
     set_replicas,
 )
-from tests.proxy.upstream_app import Upstream
 
 __all__ = ["kube"]  # the fixture
 TIMING = {"lease_duration": 1.5, "renew_deadline": 1.0, "retry_period": 0.1}

@@ -10,9 +10,9 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tests.netutil import free_port, wait_for_port
-from tests.proxy.conftest import get, read_response, request
-from tests.proxy.upstream_app import Upstream
+from tests.fixtures.netutil import free_port, wait_for_port
+from tests.fixtures.proxy import get, read_response, request
+from tests.fixtures.upstream_app import Upstream
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from typing import Any
 
 import adapter.proxy.server
 from adapter.proxy.server import ProxyServer
-from tests.proxy.conftest import get, request
+from tests.fixtures.proxy import get, request
 
 _PROXY = str(Path(adapter.proxy.server.__file__).parent)
 

@@ -13,7 +13,16 @@ import trustme
 from adapter.config.grpc import GRPCServerTLS
 from adapter.metrics.errors import MetricUnavailable
 from adapter.rpc.tls import ReloadingServerCredentials, TLSFilesError
-from tests.rpc.conftest import MakeCache, Routes, StartAdapter, StartCounts, eventually, ref, scaler_stub, value
+from tests.fixtures.grpc_servers import (
+    MakeCache,
+    Routes,
+    StartAdapter,
+    StartCounts,
+    eventually,
+    ref,
+    scaler_stub,
+    value,
+)
 
 NAME = "proxy.zeroscale.test"
 

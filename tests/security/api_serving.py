@@ -21,8 +21,8 @@ from adapter.api.listeners import listener_limits
 from adapter.config import ZeroscaleConfig
 from adapter.config.server import ServerConfig
 from adapter.serve import serve
-from tests.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
-from tests.netutil import free_port
+from tests.fixtures.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
+from tests.fixtures.netutil import free_port
 
 
 def api_limits(**overrides: Any) -> Limits:

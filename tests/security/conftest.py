@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from adapter.proxy.server import ProxyServer
-from tests.proxy.conftest import no_loop_errors, proxy, pytest_asyncio_loop_factories, route, running_proxy, upstream
+from tests.fixtures.proxy import no_loop_errors, proxy, pytest_asyncio_loop_factories, route, running_proxy, upstream
 from tests.security.h11_upstream import H11Upstream
 
 __all__ = ["h11_proxy", "h11_upstream", "no_loop_errors", "proxy", "pytest_asyncio_loop_factories", "upstream"]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trustme
 
-from tests.kube_standin import KubeStandIn, Reply, StandInRequest
+from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest
 from tests.security.api_serving import connect, insecure_client, read_all, run, serving
 
 LIST = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/demo-queue-depth"

@@ -21,7 +21,7 @@ import pytest
 from adapter.api.http import HTTPServer, Limits, Request, Response
 from adapter.api.listeners import MetricsPage
 from adapter.telemetry import api as telemetry
-from tests.netutil import free_port, wait_for_port
+from tests.fixtures.netutil import free_port, wait_for_port
 from tests.security.api_serving import Ports, api_limits, connect, read_all, run, serving
 
 ROOT = Path(__file__).resolve().parents[2]

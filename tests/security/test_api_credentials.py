@@ -15,7 +15,7 @@ from adapter.config.kube import KubeAPIConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError, KubeConfigError
 from adapter.redact import redact
-from tests.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
+from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
 from tests.security.api_serving import connect, read_all, run, serving
 
 TOKEN = "sekrit-bearer-0123456789"

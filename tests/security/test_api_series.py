@@ -27,10 +27,10 @@ from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.serve import serve
 from adapter.sources.base import Source
 from adapter.telemetry import cache as telemetry
-from tests.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
-from tests.core.test_cache import Clock, ScriptedSource
-from tests.netutil import free_port
-from tests.rpc.conftest import adapter_config, ref, scaler_stub
+from tests.fixtures.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
+from tests.fixtures.grpc_servers import adapter_config, ref, scaler_stub
+from tests.fixtures.netutil import free_port
+from tests.metrics.test_cache import Clock, ScriptedSource
 from tests.security.api_serving import connect, read_all, run, serving
 
 LIST = "/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/demo-queue-depth"

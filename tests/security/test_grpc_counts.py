@@ -18,8 +18,8 @@ from adapter.rpc.generated import proxycounts_pb2 as pb
 from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
 from adapter.sources.base import SourceError, SourceQuery
 from adapter.sources.proxy_counts.source import ProxyCounts
-from tests.netutil import free_port
-from tests.rpc.conftest import MakeCache, Routes, StartCounts, eventually, make_cache, start_counts, value
+from tests.fixtures.grpc_servers import MakeCache, Routes, StartCounts, eventually, make_cache, start_counts, value
+from tests.fixtures.netutil import free_port
 from tests.rpc.test_tls import NAME, mutual_tls, write_ca
 from tests.security.grpc_standins import Sender, start_garbage_replica, start_scripted_replica
 

@@ -25,8 +25,7 @@ from adapter.rpc.generated import externalscaler_pb2 as scaler_pb
 from adapter.rpc.generated import proxycounts_pb2 as pb
 from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
 from adapter.rpc.server import peer_address
-from tests.rpc.cluster import ROOT
-from tests.rpc.conftest import (
+from tests.fixtures.grpc_servers import (
     MakeCache,
     Routes,
     StartAdapter,
@@ -38,6 +37,7 @@ from tests.rpc.conftest import (
     start_adapter,
     start_counts,
 )
+from tests.fixtures.replicas import ROOT
 from tests.rpc.test_tls import NAME, mutual_tls, write_ca, write_pair
 
 __all__ = ["make_cache", "start_adapter", "start_counts"]  # fixtures used here

@@ -17,8 +17,8 @@ from prometheus_client import REGISTRY
 
 from adapter.config.grpc import GRPCServerTLS
 from adapter.rpc.tls import ReloadingServerCredentials, TLSFilesError
-from tests.rpc.cluster import ROOT
-from tests.rpc.conftest import Routes, StartCounts, start_counts
+from tests.fixtures.grpc_servers import Routes, StartCounts, start_counts
+from tests.fixtures.replicas import ROOT
 from tests.rpc.test_tls import NAME, mutual_tls, write_pair
 
 __all__ = ["start_counts"]  # fixture used here

@@ -10,9 +10,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from adapter.config.proxy import RouteLimits
-from tests.netutil import free_port
-from tests.proxy.conftest import get, post, read_response, request, route, running_proxy, until
-from tests.proxy.upstream_app import Upstream
+from tests.fixtures.netutil import free_port
+from tests.fixtures.proxy import get, post, read_response, request, route, running_proxy, until
+from tests.fixtures.upstream_app import Upstream
 from tests.security.h11_upstream import H11Upstream
 
 UPGRADE = b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"

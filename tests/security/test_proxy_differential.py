@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adapter.proxy.server import ProxyServer
-from tests.proxy.conftest import route, running_proxy
+from tests.fixtures.proxy import route, running_proxy
 from tests.security.h11_upstream import H11Upstream
 
 END = b"GET /end HTTP/1.1\r\nHost: app.example\r\nConnection: close\r\n\r\n"

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from adapter.proxy.server import ProxyServer
-from tests.proxy.conftest import get, post, read_response, request, route, running_proxy
-from tests.proxy.upstream_app import Upstream
+from tests.fixtures.proxy import get, post, read_response, request, route, running_proxy
+from tests.fixtures.upstream_app import Upstream
 from tests.security.h11_upstream import H11Upstream
 
 SMUGGLED = b"GET /admin HTTP/1.1\r\nHost: app.example\r\nX-Smuggled: 1\r\n\r\n"

@@ -12,9 +12,9 @@ import sys
 import pytest
 from prometheus_client import REGISTRY
 
-from tests.netutil import free_port, send_until_answered
-from tests.proxy.conftest import Responses, get, read_response, request, route, running_proxy, until
-from tests.proxy.upstream_app import Upstream
+from tests.fixtures.netutil import free_port, send_until_answered
+from tests.fixtures.proxy import Responses, get, read_response, request, route, running_proxy, until
+from tests.fixtures.upstream_app import Upstream
 from tests.security.h11_upstream import H11Upstream
 
 

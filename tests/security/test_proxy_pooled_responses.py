@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from prometheus_client import REGISTRY
 
-from tests.proxy.conftest import Responses, get, read_response, request, route, running_proxy, until
+from tests.fixtures.proxy import Responses, get, read_response, request, route, running_proxy, until
 
 Answer = Callable[[bytes], bytes | list[bytes]]
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from adapter.proxy.server import ProxyServer
-from tests.proxy.conftest import request, route, running_proxy
-from tests.proxy.upstream_app import Upstream
+from tests.fixtures.proxy import request, route, running_proxy
+from tests.fixtures.upstream_app import Upstream
 from tests.security.h11_upstream import H11Upstream
 
 H2C = b"Connection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"

@@ -4,7 +4,7 @@ Why: docs/architecture.md#hot-redis-pack (one write per batch, at a fraction of 
 cost). What it relies on, none of it documented: `ConnectionPool.get_connection()` without arguments and
 `ConnectionPool.release()` (both coroutines), a connection's `retry.call_with_retry`, `disconnect`,
 `send_packed_command` and `read_response`, and the client's `response_callbacks` table (command name ->
-the callable that shapes a raw reply, possibly returning an awaitable). tests/redis/test_internals.py
+the callable that shapes a raw reply, possibly returning an awaitable). tests/sources/redis/test_internals.py
 checks each of these and compares the result with redis-py's own pipeline, so an upgrade that changes
 them fails there, loudly, rather than in production. pyproject.toml pins the range.
 """

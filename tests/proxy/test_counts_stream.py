@@ -1,0 +1,106 @@
+"""The proxy's pending-count stream: whole snapshots, sent at once, coalesced under bursts, heartbeats when idle."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from adapter.rpc.generated import proxycounts_pb2 as pb
+from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
+from tests.fixtures.grpc_servers import Routes, StartCounts
+
+
+@pytest.fixture
+async def watch() -> AsyncIterator[Any]:
+    """Open a Watch stream on a port; every stream is closed after the test."""
+    channels: list[grpc.aio.Channel] = []
+
+    async def open_stream(port: int) -> Any:
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        channels.append(channel)
+        stub = pb_grpc.PendingCountsStub(channel)  # type: ignore[no-untyped-call]
+        return stub.Watch(pb.WatchRequest())
+
+    yield open_stream
+    for channel in channels:
+        await channel.close(None)
+
+
+def counts(message: pb.CountsUpdate) -> dict[str, tuple[int, int]]:
+    return {route.route: (route.held, route.inflight) for route in message.routes}
+
+
+async def test_snapshot_then_changes_then_heartbeats(start_counts: StartCounts, watch: Any) -> None:
+    routes = Routes("web", "api")
+    routes.add("api", inflight=4)
+    server = await start_counts(routes, heartbeat_interval=0.2)
+    stream = await watch(server.port)
+    first = await asyncio.wait_for(stream.read(), 5)
+    assert counts(first) == {"web": (0, 0), "api": (0, 4)}  # every route, at once
+    assert (first.sequence, first.heartbeat) == (0, False)
+    assert abs(first.sent_unix_nanos - time.time_ns()) < 5e9
+    routes.add("web", held=1)
+    change = await asyncio.wait_for(stream.read(), 1)
+    assert counts(change) == {"web": (1, 0), "api": (0, 4)}
+    assert (change.sequence, change.heartbeat) == (1, False)
+    started = time.monotonic()
+    idle = await asyncio.wait_for(stream.read(), 2)
+    assert idle.heartbeat
+    assert idle.sequence == 2
+    assert counts(idle) == counts(change)
+    assert time.monotonic() - started > 0.1
+
+
+async def test_bursts_are_coalesced(start_counts: StartCounts, watch: Any) -> None:
+    routes = Routes("web")
+    server = await start_counts(routes, coalesce=0.05, heartbeat_interval=10)
+    stream = await watch(server.port)
+    await asyncio.wait_for(stream.read(), 5)
+    for _ in range(20):  # 40 changes over about 100 ms
+        routes.add("web", held=1)
+        routes.add("web", inflight=1)
+        await asyncio.sleep(0.005)
+    messages: list[pb.CountsUpdate] = []
+    while not messages or counts(messages[-1]) != {"web": (20, 20)}:
+        messages.append(await asyncio.wait_for(stream.read(), 2))
+    assert len(messages) <= 6, f"{len(messages)} messages for 40 changes in ~100 ms with coalesce 50 ms"
+
+
+async def test_a_change_after_a_quiet_spell_goes_out_at_once(start_counts: StartCounts, watch: Any) -> None:
+    routes = Routes("web")
+    server = await start_counts(routes, coalesce=1.0, heartbeat_interval=10)
+    stream = await watch(server.port)
+    await asyncio.wait_for(stream.read(), 5)
+    await asyncio.sleep(1.0)  # longer than the coalescing window since the last send
+    routes.add("web", held=1)
+    started = time.monotonic()
+    message = await asyncio.wait_for(stream.read(), 2)
+    assert counts(message) == {"web": (1, 0)}
+    assert time.monotonic() - started < 0.5  # not held back for the 1 s window
+
+
+async def test_health_service(start_counts: StartCounts) -> None:
+    server = await start_counts(Routes("web"))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        answer = await health.Check(health_pb2.HealthCheckRequest(service="zeroscale.proxy.v1.PendingCounts"))
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await health.Check(health_pb2.HealthCheckRequest(service="nothing.Here"))
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_stop_ends_streams_cleanly(start_counts: StartCounts, watch: Any) -> None:
+    server = await start_counts(Routes("web"), heartbeat_interval=10)
+    stream = await watch(server.port)
+    await asyncio.wait_for(stream.read(), 5)
+    started = time.monotonic()
+    await server.stop()
+    assert time.monotonic() - started < 0.5  # no waiting out a grace period for streams that never end
+    assert await asyncio.wait_for(stream.read(), 2) is grpc.aio.EOF  # type: ignore[attr-defined]

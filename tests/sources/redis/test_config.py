@@ -1,0 +1,83 @@
+"""The `redis` source's configuration: the README's example loads, and mistakes are refused with a reason."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapter.config import ConfigError, load_config
+from adapter.config.redis import RedisMetric, RedisSource
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+def readme_example() -> str:
+    section = README.read_text(encoding="utf-8").split("### The `redis` source", 1)[1]
+    match = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
+    assert match is not None, "the README's redis section has no yaml example"
+    return match.group(1)
+
+
+def test_the_readme_example_loads(tmp_path: Path) -> None:
+    path = tmp_path / "zeroscale.yaml"
+    path.write_text(readme_example(), encoding="utf-8")
+    config = load_config(path)
+    source = config.source_named("jobs")
+    assert isinstance(source, RedisSource)
+    assert source.mode == "standalone"
+    assert source.notifications is True
+    metrics = {m.name: m for m in config.metrics}
+    assert isinstance(metrics["rq-queue"], RedisMetric)
+    assert metrics["rq-queue"].redis_key == "rq:queue:${queue}"
+    assert metrics["order-events-backlog"].activation_threshold == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({}, "set exactly one of url"),
+        ({"url": "redis://a:6379", "cluster_nodes": ["b:6379"]}, r"given: url, cluster_nodes"),
+        ({"url": "http://a:6379"}, "must start with redis:// or rediss://"),
+        ({"url": "redis://user:hunter2@a:6379"}, "url must not hold a password"),
+        ({"cluster_nodes": ["no-port"]}, "'no-port' is not host:port"),
+        ({"cluster_nodes": ["a:6379"], "db": 2}, "only database 0"),
+        ({"sentinel": {"addresses": [], "master_name": "m"}}, "needs at least one host:port"),
+    ],
+)
+def test_source_mistakes_are_refused(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RedisSource(type="redis", name="q", **fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"query": "stream_lag"}, "query stream_lag needs group"),
+        ({"query": "length", "group": "g"}, "query length reads no consumer group"),
+        ({"query": "length", "redis_key": "q:${queue}"}, "declares no selector label 'queue'"),
+        (
+            {"query": "length", "redis_key": "q:${queue}", "labels": {"queue": {"pattern": "[a-z]+"}}},
+            "mark the label 'queue' required: true",
+        ),
+        ({"query": "length", "redis_key": "cost$"}, r"write \$\$ for a literal \$"),
+        ({"query": "queue_depth"}, "Input should be 'length'"),
+    ],
+)
+def test_metric_mistakes_are_refused(fields: dict[str, Any], message: str) -> None:
+    fields.setdefault("labels", {})
+    with pytest.raises(ValueError, match=message):
+        RedisMetric(type="redis", name="m", source="q", **fields)
+
+
+def test_a_metric_on_a_source_of_another_type_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "zeroscale.yaml"
+    path.write_text(
+        "sources: [{name: demo, type: static}]\n"
+        "metrics: [{name: m, type: redis, source: demo, query: length, redis_key: jobs}]\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError, match="is of type 'static' but the metric is of type 'redis'"):
+        load_config(path)
