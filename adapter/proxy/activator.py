@@ -241,21 +241,27 @@ class Activator:
         self._unwritten_switch = False
         route = self._route.name
         wanted = self.wanted()
+        wrote = False
         for name, body in wanted.items():
             existing = written.get(name)
             if existing is None:
                 _, written[name] = await self._kube.request("POST", slice_path(self.namespace), body)
                 telemetry.SLICE_WRITES.labels(route, "created").inc()
+                wrote = True
             elif not same_slice(existing, body):
                 version = field(existing, "metadata").get("resourceVersion", "")
                 body = {**body, "metadata": {**body["metadata"], "resourceVersion": version}}
                 _, written[name] = await self._kube.request("PUT", slice_path(self.namespace, name), body)
                 telemetry.SLICE_WRITES.labels(route, "updated").inc()
+                wrote = True
         for name in [name for name in written if name not in wanted]:
             await self._kube.request("DELETE", slice_path(self.namespace, name))
             del written[name]
             telemetry.SLICE_WRITES.labels(route, "deleted").inc()
-        if switch:
+            wrote = True
+        # Timed only when this write made the switch: a replica that decided it while another one held the Lease
+        # finds it written already when it takes over, long after its decision.
+        if switch and wrote:
             telemetry.SWITCH_SECONDS.labels(route, "pods" if warm else "proxy").observe(time.monotonic() - decided_at)
         self._last_problem = None
 
