@@ -259,25 +259,34 @@ class Activator:
         switch, decided_at, warm = self._unwritten_switch, self._decided_at, self.warm
         route = self._route.name
         wanted = self.wanted()
+        wrote = False
         for name, body in wanted.items():
             existing = written.get(name)
             if existing is None:
                 written[name] = await self._create(body)
                 telemetry.SLICE_WRITES.labels(route, "created").inc()
+                wrote = True
             elif not same_slice(existing, body):
                 version = field(existing, "metadata").get("resourceVersion", "")
                 body = {**body, "metadata": {**body["metadata"], "resourceVersion": version}}
                 written[name] = await self._replace(name, body)
                 telemetry.SLICE_WRITES.labels(route, "updated").inc()
+                wrote = True
         for name in [name for name in written if name not in wanted]:
             await self._delete(name)
             del written[name]
             telemetry.SLICE_WRITES.labels(route, "deleted").inc()
+            wrote = True
         # Observed once the writes succeeded (a failed write keeps the switch to time on the next try), unless
-        # another switch was decided meanwhile: that one is timed from its own decision.
+        # another switch was decided meanwhile (that one is timed from its own decision), and only when this write
+        # made the switch: a replica that decided it while another one held the Lease finds it written already
+        # when it takes over, long after its decision.
         if switch and decided_at == self._decided_at:
             self._unwritten_switch = False
-            telemetry.SWITCH_SECONDS.labels(route, "pods" if warm else "proxy").observe(time.monotonic() - decided_at)
+            if wrote:
+                telemetry.SWITCH_SECONDS.labels(route, "pods" if warm else "proxy").observe(
+                    time.monotonic() - decided_at
+                )
         self._last_problem = None
 
     # The writes, each only while this replica leads: a write can take up to the API client's timeout, and leading

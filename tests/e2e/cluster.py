@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from http.client import HTTPSConnection
 from pathlib import Path
 from typing import Any, TypeVar
@@ -102,7 +105,7 @@ class Kube:
         content_type: str = "application/json",
         headers: dict[str, str] | None = None,
     ) -> Any:
-        connection = HTTPSConnection("127.0.0.1", API_PORT, context=self._tls, timeout=15)
+        connection = self.connection()
         try:
             data = None if body is None else json.dumps(body).encode()
             sent = {"Content-Type": content_type, "Accept": "application/json", **(headers or {})}
@@ -118,6 +121,10 @@ class Kube:
         if response.status >= 400:
             raise KubeError(response.status, decoded if isinstance(decoded, dict) else {"message": raw.decode()})
         return decoded
+
+    def connection(self, timeout: float | None = 15) -> HTTPSConnection:
+        """A connection to the API server as the admin (`timeout` None: a watch, which may be silent for long)."""
+        return HTTPSConnection("127.0.0.1", API_PORT, context=self._tls, timeout=timeout)
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
@@ -161,6 +168,58 @@ class Kube:
         """v1.37+: the HPA records ScaledToZero and wakes only what it scaled to zero; before, with the alpha
         gate on, it computes from zero whenever minReplicas is 0 (`make e2e K8S_VERSION=1.3x.y`)."""
         return self.server_minor() >= SCALED_TO_ZERO_MINOR
+
+
+class Watch:
+    """A collection listed, then watched from the list's resourceVersion by a thread of its own, as a controller
+    follows it: `on_event(type, object, at)` for every listed object (ADDED) and every event after, `at` being the
+    wall-clock time it arrived. A watch the server ends is resumed from the last version seen. close() stops it
+    and raises what `on_event` raised, if anything, so a broken observer fails its test rather than going quiet.
+    """
+
+    def __init__(self, kube: Kube, path: str, on_event: Callable[[str, dict[str, Any], float], None]) -> None:
+        self._kube = kube
+        self._path = path
+        self._on_event = on_event
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._connection: HTTPSConnection | None = None
+        listing = kube.get(path)
+        for obj in listing["items"]:
+            on_event("ADDED", obj, time.time())
+        self._version = str(listing["metadata"]["resourceVersion"])
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"watch {path}")
+        self._thread.start()
+
+    def _run(self) -> None:
+        separator = "&" if "?" in self._path else "?"
+        try:
+            while not self._closed:
+                self._connection = connection = self._kube.connection(timeout=None)
+                connection.request("GET", f"{self._path}{separator}watch=1&resourceVersion={self._version}")
+                response = connection.getresponse()
+                if response.status != 200:
+                    raise KubeError(response.status, {"message": response.read().decode(errors="replace")})
+                while line := response.readline():
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":
+                        raise KubeError(int(event["object"].get("code", 0)), event["object"])
+                    self._version = str(event["object"]["metadata"]["resourceVersion"])
+                    self._on_event(event["type"], event["object"], time.time())
+                connection.close()
+        except BaseException as err:
+            if not self._closed:
+                self._failure = err
+
+    def close(self) -> None:
+        self._closed = True
+        connection = self._connection
+        if connection is not None and connection.sock is not None:
+            with suppress(OSError):
+                connection.sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=10)
+        if self._failure is not None:
+            raise RuntimeError(f"the watch of {self._path} failed") from self._failure
 
 
 def wait_for(condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:

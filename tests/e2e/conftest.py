@@ -16,6 +16,7 @@ import pytest
 
 from tests.e2e import install
 from tests.e2e.cluster import HPA_API, ControlPlane, Kube
+from tests.e2e.dataplane import DataPlane
 from tests.e2e.fixtures import _TIMELINES, Adapter, BrokerStart, Installed, Timeline, kube_api
 from tests.e2e.processes import Zeroscale
 from tests.fixtures.kafka_broker import KafkaBroker
@@ -85,6 +86,16 @@ def plane(kafka_starting: BrokerStart) -> Iterator[ControlPlane]:
 @pytest.fixture(scope="session")
 def kube(plane: ControlPlane) -> Kube:
     return Kube(plane)
+
+
+@pytest.fixture(scope="session")
+def dataplane(plane: ControlPlane, kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataPlane]:
+    """kube-proxy in a network namespace of the session's own (tests/e2e/dataplane.py), or the test is skipped."""
+    why = DataPlane.unavailable()
+    if why is not None:
+        pytest.skip(f"no real data plane here: {why}")
+    with DataPlane(plane, kube, tmp_path_factory.mktemp("dataplane")) as dataplane:
+        yield dataplane
 
 
 @pytest.fixture(autouse=True)

@@ -91,7 +91,7 @@ class DataPlane:
         tag = os.getpid() % 100_000
         self.namespace = f"zsdp{tag}"
         self.node = f"zs-dataplane-{tag}"
-        third = tag % 250
+        self._third = third = tag % 250
         self.host_address = f"10.251.{third}.1"  # this machine's end of the veth pair
         self.address = f"10.251.{third}.2"  # the namespace's end
         self._veth = (f"zsdp{tag}a", f"zsdp{tag}b")
@@ -179,6 +179,13 @@ class DataPlane:
             cluster["cluster"]["tls-server-name"] = "127.0.0.1"  # the serving certificate's address
         return config
 
+    def host_alias(self, number: int) -> str:
+        """One more address of this machine that the namespace routes to (through its default route), as a pod
+        has an IP of its own: on this side's veth, so it goes with the namespace."""
+        address = f"10.252.{self._third}.{number}"
+        self._ip("addr", "add", f"{address}/32", "dev", self._veth[0])
+        return address
+
     def synced_since(self, offset: int) -> bool:
         """kube-proxy logged a sync after byte `offset` of its log."""
         with self._log.open("rb") as log:
@@ -189,9 +196,10 @@ class DataPlane:
         return self._log.stat().st_size
 
     @contextmanager
-    def client(self, target: str, *, connections: int, label: str = "c") -> Iterator[ClientRun]:
-        """Continuous HTTP traffic to `target` (ClusterIP:port) from inside the namespace until the block ends."""
-        run = ClientRun(self.namespace, target, connections, label, self._workdir)
+    def client(self, target: str, *, connections: int, label: str = "c", pause: float = 0.0) -> Iterator[ClientRun]:
+        """Continuous HTTP traffic to `target` (ClusterIP:port) from inside the namespace until the block ends;
+        each connection waits `pause` seconds between its requests."""
+        run = ClientRun(self.namespace, target, connections, label, self._workdir, pause)
         try:
             yield run
         finally:
@@ -213,12 +221,12 @@ class DataPlane:
 class ClientRun:
     """A netns_client.py process sending requests with unique ids on `connections` connections."""
 
-    def __init__(self, namespace: str, target: str, connections: int, label: str, workdir: Path) -> None:
+    def __init__(self, namespace: str, target: str, connections: int, label: str, workdir: Path, pause: float) -> None:
         self.output = workdir / f"client-{label}-{time.monotonic_ns()}.jsonl"
         self._stop = workdir / f"{self.output.name}.stop"
         command = [
             "ip", "netns", "exec", namespace, sys.executable, str(CLIENT), "loop", target,
-            str(connections), label, str(self._stop),
+            str(connections), label, str(self._stop), str(pause),
         ]  # fmt: skip
         self._file = self.output.open("wb")
         self._process = subprocess.Popen(command, stdout=self._file, cwd=ROOT)

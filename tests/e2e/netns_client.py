@@ -2,9 +2,10 @@
 
 netns_client.py once URL TIMEOUT
     one GET; prints {"status", "body"} or {"status": 0, "error"} as one JSON line.
-netns_client.py loop HOST:PORT CONNECTIONS LABEL STOPFILE
+netns_client.py loop HOST:PORT CONNECTIONS LABEL STOPFILE PAUSE
     CONNECTIONS threads, each sending GET /req/<id> on a new connection per request (as a client whose
-    connections a Service's rules route one by one), until STOPFILE exists; one JSON line per request:
+    connections a Service's rules route one by one), PAUSE seconds apart, until STOPFILE exists;
+    one JSON line per request:
     {"id", "status", "body" | "error", "started", "ended"} (wall-clock seconds). No retries: a refused or
     reset connection is an outcome, not something to hide.
 """
@@ -47,7 +48,7 @@ def once(url: str, timeout: float) -> None:
     _emit(_get(parts.hostname or "", parts.port or 80, parts.path or "/", timeout))
 
 
-def loop(target: str, connections: int, label: str, stop_file: str) -> None:
+def loop(target: str, connections: int, label: str, stop_file: str, pause: float) -> None:
     host, port = target.rsplit(":", 1)
 
     def sender(number: int) -> None:
@@ -58,6 +59,7 @@ def loop(target: str, connections: int, label: str, stop_file: str) -> None:
             started = time.time()
             outcome = _get(host, int(port), f"/req/{request_id}", _REQUEST_TIMEOUT)
             _emit({"id": request_id, **outcome, "started": started, "ended": time.time()})
+            time.sleep(pause)
 
     threads = [threading.Thread(target=sender, args=(n,)) for n in range(connections)]
     for thread in threads:
@@ -70,4 +72,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "once":
         once(sys.argv[2], float(sys.argv[3]))
     else:
-        loop(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5])
+        loop(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], float(sys.argv[6]))

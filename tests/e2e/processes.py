@@ -61,12 +61,21 @@ class Managed:
 class Zeroscale(Managed):
     """One `zeroscale COMMAND --config FILE` process; kill() and start() again keep its config and ports."""
 
-    def __init__(self, command: str, workdir: Path, config: dict[str, Any], port: int, log_level: str = "INFO") -> None:
+    def __init__(
+        self,
+        command: str,
+        workdir: Path,
+        config: dict[str, Any],
+        port: int,
+        log_level: str = "INFO",
+        host: str = "127.0.0.1",
+    ) -> None:
         super().__init__(workdir / f"{command}.log")
         self.command = command
         self.log_level = log_level
         self.workdir = workdir
         self.port = port
+        self.host = host  # where start() waits for `port` to listen
         self.config_file = workdir / f"{command}.yaml"
         self.config_file.write_text(yaml.safe_dump(config), encoding="utf-8")
 
@@ -74,7 +83,7 @@ class Zeroscale(Managed):
         command = [sys.executable, "-m", "adapter", "--log-level", self.log_level, self.command]
         self.launch([*command, "--config", str(self.config_file)])
         try:
-            wait_for_port(self.port, timeout=timeout)
+            wait_for_port(self.port, self.host, timeout=timeout)
         except TimeoutError:
             self.stop()
             raise RuntimeError(f"zeroscale {self.command} did not listen:\n{self.log_tail()}") from None

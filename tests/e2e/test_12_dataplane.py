@@ -5,56 +5,17 @@ slice reaches new connections within milliseconds: the propagation the activator
 from __future__ import annotations
 
 import statistics
-import threading
 import time
-from collections.abc import Iterator
 from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import pytest
-
-from tests.e2e.cluster import ControlPlane, Kube, wait_for
+from tests.e2e.cluster import Kube, wait_for
 from tests.e2e.dataplane import ClientRun, DataPlane
 from tests.e2e.fixtures import Timeline
-from tests.e2e.test_04_proxy_wake import pod_address
+from tests.e2e.pods import Pod, answer_of
 
 NAMESPACE, SERVICE = "e2e-dataplane", "dp-web"
 FLIPS = 10
-
-
-class Pod(ThreadingHTTPServer):
-    """A "pod" on this machine's own address (reachable from the data plane's namespace): answers its name."""
-
-    daemon_threads = True
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        super().__init__((pod_address(), 0), _Handler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    def server_bind(self) -> None:  # HTTPServer's would look its own name up in DNS (slow without DNS)
-        self.socket.bind(self.server_address)
-        self.server_address = self.socket.getsockname()
-
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Pod
-
-    def do_GET(self) -> None:
-        body = self.server.name.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 def _slice(pod: Pod) -> dict[str, Any]:
@@ -71,17 +32,8 @@ def _slice(pod: Pod) -> dict[str, Any]:
         },
         "addressType": "IPv4",
         "ports": [{"name": "http", "port": pod.port, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [pod.server_address[0]], "conditions": {"ready": True}}],
+        "endpoints": [{"addresses": [pod.address], "conditions": {"ready": True}}],
     }
-
-
-@pytest.fixture(scope="module")
-def dataplane(plane: ControlPlane, kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataPlane]:
-    why = DataPlane.unavailable()
-    if why is not None:
-        pytest.skip(f"no real data plane here: {why}")
-    with DataPlane(plane, kube, tmp_path_factory.mktemp("dataplane")) as dataplane:
-        yield dataplane
 
 
 def test_a_slice_written_by_hand_routes_new_connections_within_milliseconds(
@@ -97,7 +49,7 @@ def test_a_slice_written_by_hand_routes_new_connections_within_milliseconds(
     }
     kube.apply([service, _slice(pods[0])])
     cluster_ip = kube.get(f"/api/v1/namespaces/{NAMESPACE}/services/{SERVICE}")["spec"]["clusterIP"]
-    wait_for(lambda: dataplane.get(f"http://{cluster_ip}/") == (200, "A") or None, 30, "the ClusterIP reaching A")
+    wait_for(lambda: _answered_by(dataplane, f"http://{cluster_ip}/") == "A" or None, 30, "the ClusterIP reaching A")
     delays: list[float] = []
     with dataplane.client(f"{cluster_ip}:80", connections=4, label="flip") as run:
         time.sleep(0.5)
@@ -119,11 +71,15 @@ def test_a_slice_written_by_hand_routes_new_connections_within_milliseconds(
     assert not failed, failed[:5]  # both pods serve throughout: a changed slice loses nothing
     assert max(delays) < 5000
     for pod in pods:
-        pod.shutdown()
-        pod.server_close()
+        pod.stop()
+
+
+def _answered_by(dataplane: DataPlane, url: str) -> str | None:
+    status, body = dataplane.get(url)
+    return str(answer_of({"body": body}).get("pod")) if status == 200 else None
 
 
 def _first_answer_from(run: ClientRun, pod: str, after: float) -> float | None:
     """When the first request started after `after` was answered by `pod`."""
-    times = [o["ended"] for o in run.outcomes() if o["started"] >= after and o.get("body") == pod]
+    times = [o["ended"] for o in run.outcomes() if o["started"] >= after and answer_of(o).get("pod") == pod]
     return min(times) if times else None
