@@ -322,8 +322,9 @@ def main() -> None:
         print(
             f"warm, app straight with the activator running: c=1 p50 {figures['p50_us_1']:.0f} us (direct in (a): "
             f"{median[('direct', 1)][1]:.0f} us), c=64 {figures['rps_64']:.0f} req/s (direct in (a): "
-            f"{median[('direct', 64)][0]:.0f}); the proxy, off the path, spent {figures['cpu_ms_per_second']:.1f} ms CPU "
-            f"per second on its own (the Lease, watches): {figures['cpu_us_per_request']:.3f} us per request served"
+            f"{median[('direct', 64)][0]:.0f}); the proxy, off the path, spent "
+            f"{figures['cpu_ms_per_second']:.1f} ms CPU per second on its own (the Lease, watches): "
+            f"{figures['cpu_us_per_request']:.3f} us per request served"
         )
         for to, event in (("pods", "a pod ready"), ("proxy", "spec.replicas 0")):
             print(
