@@ -63,7 +63,9 @@ async def test_series_no_longer_read_leave_metrics(kafka: KafkaDriver, broker: K
     await kafka.commit(name, {(name, 0): 1})
     source = KafkaLag(source_config(broker.bootstrap, **DEFAULT_AGES))
     metric = lag_metric(source.name)
-    cache = MetricCache(Catalogue([metric]), {source.name: source}, CacheConfig(interval=0.1, idle_ttl=0.3))
+    # unwatch_after: the cache looks at an idle series again only once it has passed (30 s by default).
+    config = CacheConfig(interval=0.1, idle_ttl=0.3, unwatch_after=0.2)
+    cache = MetricCache(Catalogue([metric]), {source.name: source}, config)
     try:
         assert (await cache.read(metric.name, "default", f"group={name}")).value == 1
         assert exported(source, name) == {"committed", "start", "end", "lag"}
