@@ -12,7 +12,8 @@ a composition root at this level that builds and tears down everything they run:
   `doctor` (doctor/): kube/. `demo` (demo/): hpa/, kube/ and the `serve` and `proxy` processes.
 
 Under all of them: config/ (every config model), telemetry/ (every Prometheus metric), and k8s_wire/
-(label selectors and quantities) at the bottom. tests/core/test_layering.py keeps the package graph acyclic.
+(label selectors and quantities) at the bottom; argtypes.py holds the argparse types the commands share.
+tests/core/test_layering.py keeps the package graph acyclic.
 """
 
 import os

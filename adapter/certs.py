@@ -51,8 +51,34 @@ def service_names(service: str, namespace: str) -> list[str]:
     return [f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local", f"{service}.{namespace}", service]
 
 
-def _name(common_name: str) -> x509.Name:
+def x509_name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    not_before: datetime.datetime,
+    not_after: datetime.datetime,
+) -> x509.CertificateBuilder:
+    """What every certificate made here starts with (a random serial); extensions and signing follow."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+    )
+
+
+def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """The private key as unencrypted PKCS#8 PEM."""
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _leaf(
@@ -66,13 +92,7 @@ def _leaf(
     """A certificate for `names` (the first is its subject) with these extended usages, signed by the CA."""
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(names[0]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(until)
+        builder(x509_name(names[0]), ca_name, key, now, until)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(name) for name in names]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
@@ -82,10 +102,7 @@ def _leaf(
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return Pair(cert.public_bytes(serialization.Encoding.PEM), key_pem)
+    return Pair(cert.public_bytes(serialization.Encoding.PEM), key_pem(key))
 
 
 def issue(service: str, namespace: str, days: int, extra_names: list[str] | None = None) -> Issued:
@@ -93,15 +110,9 @@ def issue(service: str, namespace: str, days: int, extra_names: list[str] | None
     now = datetime.datetime.now(datetime.UTC) - _BACKDATE
     until = now + datetime.timedelta(days=days)
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name(f"zeroscale-ca {service}.{namespace}")
+    ca_name = x509_name(f"zeroscale-ca {service}.{namespace}")
     ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(until)
+        builder(ca_name, ca_name, ca_key, now, until)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True

@@ -19,8 +19,8 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
+from adapter.certs import builder, key_pem, x509_name
 from adapter.config.server import ServingTLSConfig
 from adapter.telemetry import api as telemetry
 
@@ -42,25 +42,16 @@ def self_signed(sans: list[str]) -> tuple[bytes, bytes]:
             names.append(x509.IPAddress(ipaddress.ip_address(san)))
         except ValueError:
             names.append(x509.DNSName(san))
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, sans[0] if sans else "zeroscale")])
+    subject = x509_name(sans[0] if sans else "zeroscale")
     now = datetime.datetime.now(datetime.UTC)
     certificate = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=365))
+        builder(subject, subject, key, now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=365))
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(key, hashes.SHA256())
     )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return certificate.public_bytes(serialization.Encoding.PEM), key_pem
+    return certificate.public_bytes(serialization.Encoding.PEM), key_pem(key)
 
 
 def file_state(path: Path) -> tuple[int, int, int] | None:

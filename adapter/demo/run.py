@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from adapter.argtypes import whole_number
 from adapter.demo.autoscaler import LocalHPA, Reading, Timing, hpa_manifests, load_hpas, run_hpas
 from adapter.demo.observe import sample_forever
 from adapter.demo.processes import Supervisor
@@ -51,7 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="directory for config, logs and report (default: a new temp dir)")
     parser.add_argument("--sync-period", type=_positive, default=1.0, help="HPA sync period in seconds (cluster: 15)")
     parser.add_argument(
-        "--scale-down-window", type=_seconds, default=5, help="scale-down stabilization in seconds (cluster: 300)"
+        "--scale-down-window",
+        type=whole_number("a whole number of seconds >= 0"),
+        default=5,
+        help="scale-down stabilization in seconds (cluster: 300)",
     )
 
 
@@ -59,13 +63,6 @@ def _positive(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
-    return value
-
-
-def _seconds(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a whole number of seconds >= 0")
     return value
 
 

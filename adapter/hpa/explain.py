@@ -19,6 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
+from adapter.argtypes import whole_number
 from adapter.config.kube import KubeAPIConfig
 from adapter.hpa.controller import (
     DEFAULT_DOWNSCALE_STABILIZATION,
@@ -41,11 +42,7 @@ class UsageError(Exception):
     """Something the user must give or fix; printed without a traceback, exit code 2."""
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a replica count")
-    return value
+_count = whole_number("a replica count")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -386,41 +386,34 @@ class ClientConnection(asyncio.Protocol):
             if refused.args[1]:
                 self._refuse_framing(refused.args[1], refused.args[0])
             self._reject(refused.code, refused.args[0])
-        route = self._router.match(request.host or b"", request.url)
+        # A plain tuple, unpacked: docs/architecture.md#hot-head-tuples.
+        _, host, url, http10, chunked, content_length, expect_continue, keep_alive, upgrade, _, _ = request
+        route = self._router.match(host or b"", url)
         if route is None:
             telemetry.ERRORS.labels("", "404").inc()
             self._reject(404, "no route for this host and path")
-        is_upgrade = request.upgrade_asked and bool(request.upgrade)
-        if is_upgrade and route.tunnels >= route.limits.max_tunnels:
+        if upgrade and route.tunnels >= route.limits.max_tunnels:
             telemetry.LIMIT_HITS.labels(route.name, "max_tunnels").inc()
             self._reject(
                 503,
                 f"route {route.name} has {route.limits.max_tunnels} open tunnels (raise its limits.max_tunnels)",
             )
         head = forwarded_request_head(
-            request,
-            peer=self._peer,
-            forwarded_default=self._forwarded,
-            forwarded_node=self._forwarded_node,
-            default_host=route.default_host,
-            via=self.server.via,
-            version=version,
-            tunnel=is_upgrade,
+            request, self._peer, self._forwarded, self._forwarded_node, route.default_host, self.server.via, version
         )
-        chunked, content_length = request.chunked, request.content_length
         return Exchange(
             self,
             route,
             head,
             chunked,
             content_length,
-            request.keep_alive,
-            is_upgrade,
-            request.expect_continue,
-            request.http10,
+            keep_alive,
+            bool(upgrade),
+            expect_continue,
+            http10,
             method == b"HEAD",
             method in IDEMPOTENT,
-            pool_upstream=not (chunked or content_length) or method not in CONTENT_UNDEFINED,
+            not (chunked or content_length) or method not in CONTENT_UNDEFINED,
         )
 
     def _refuse_framing(self, reason: str, message: str) -> NoReturn:
@@ -454,7 +447,7 @@ class ClientConnection(asyncio.Protocol):
         self.transport.write(error_response(code, message, retry_after=retry_after))
         self._close()
 
-    def exchange_finished(self, exchange: Exchange, *, reusable: bool) -> None:
+    def exchange_finished(self, exchange: Exchange, reusable: bool) -> None:
         if exchange is not self._active:
             return
         self._active = None

@@ -86,8 +86,7 @@ class Exchange:
         http10: bool,
         is_head: bool,
         idempotent: bool,
-        *,
-        pool_upstream: bool = True,
+        pool_upstream: bool,
     ) -> None:
         self.client = client
         self.flow = client.flow
@@ -216,7 +215,7 @@ class Exchange:
         waited = None
         if self.state == QUEUED:
             waited = self.waited = monotonic() - self.held_at
-        else:
+        elif self.body_size:  # no call for an empty body: docs/architecture.md#hot-skipped-calls
             self._hold_bytes(self.body_size)
         self.state = ASSIGNED
         self.endpoint = endpoint
@@ -284,7 +283,8 @@ class Exchange:
         if self.state == DONE:
             return
         self._end()
-        self.client.exchange_finished(self, reusable=self.body_done and self.keep_alive)
+        # reusable; positional on the hot path (docs/architecture.md#hot-head-tuples)
+        self.client.exchange_finished(self, self.body_done and self.keep_alive)
 
     def tunnel_opened(self) -> None:
         """The upgrade succeeded: the connection now belongs to the tunnel, and the request has ended."""
@@ -330,10 +330,11 @@ class Exchange:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        if self.state in (QUEUED, ASSIGNED):
+        if self.body_size and self.state in (QUEUED, ASSIGNED):  # docs/architecture.md#hot-skipped-calls
             self._release_bytes(self.body_size)
         self.route.leave(self)
         self.endpoint = None
         self.state = DONE
-        self.body = []
+        if self.body:  # what was buffered is dropped (nothing is added once DONE)
+            self.body = []
         self.replay = None

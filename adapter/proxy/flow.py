@@ -61,7 +61,10 @@ class Flow:
         """The response's last bytes (maybe none): written, and `upstream` no longer serves this client."""
         if data:
             self.client.transport.write(data)
-        self.unpair(upstream)
+        if self.upstream is upstream and not self.upstream_paused:
+            self.upstream = None  # unpair's common case, inlined: docs/architecture.md#hot-skipped-calls
+        else:
+            self.unpair(upstream)
 
     def relay_to_client(self, data: bytes) -> None:
         self.reads += 1

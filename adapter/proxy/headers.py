@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from adapter.proxy.http1 import status_line, transfer_codings, trim, tunnel_protocols
+from adapter.proxy.http1 import STATUS_LINES, status_line, transfer_codings, trim, tunnel_protocols
 
 # RFC 9110 7.6.1: headers that describe one connection and never pass through a proxy. Transfer-Encoding is
 # re-added for the next hop when the body is chunked; Upgrade and Connection are re-added for a tunnel.
@@ -90,63 +90,37 @@ def without_named(parts: list[bytes], first: int, names: frozenset[bytes] | set[
 
 
 def drop_connection_named(parts: list[bytes], first: int, tokens: frozenset[bytes] | set[bytes]) -> None:
-    """RFC 9110 7.6.1: headers named in Connection are hop-by-hop too; naming a framing header is refused."""
-    if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:
-        named = tokens & FRAMING
-        if named:
-            raise Refused(
-                f"Connection names {b', '.join(sorted(named)).decode()}: framing and routing headers are never dropped",
-                "connection_names_framing",
-            )
-        without_named(parts, first, tokens)
+    """RFC 9110 7.6.1: headers named in Connection are hop-by-hop too; naming a framing header is refused.
+
+    Called only when `tokens` name more than close, keep-alive and upgrade: the caller checks, so the warm
+    path makes no call (docs/architecture.md#hot-skipped-calls).
+    """
+    named = tokens & FRAMING
+    if named:
+        raise Refused(
+            f"Connection names {b', '.join(sorted(named)).decode()}: framing and routing headers are never dropped",
+            "connection_names_framing",
+        )
+    without_named(parts, first, tokens)
 
 
-class RequestHead:
-    """What the policy read from a request head; `parts` is the forwarded head so far (no framing, no Host)."""
-
-    __slots__ = (
-        "chunked",
-        "content_length",
-        "expect_continue",
-        "forwarded",
-        "forwarded_for",
-        "host",
-        "http10",
-        "keep_alive",
-        "parts",
-        "upgrade",
-        "upgrade_asked",
-        "url",
-    )
-
-    def __init__(
-        self,
-        parts: list[bytes],
-        host: bytes | None,
-        url: bytes,
-        http10: bool,
-        chunked: bool,
-        content_length: int | None,
-        expect_continue: bool,
-        forwarded: bytes,
-        forwarded_for: bytes,
-        keep_alive: bool,
-        upgrade_asked: bool,
-        upgrade: bytes,
-    ) -> None:
-        self.parts = parts
-        self.host = host
-        self.url = url
-        self.http10 = http10
-        self.chunked = chunked
-        self.content_length = content_length
-        self.expect_continue = expect_continue
-        self.forwarded = forwarded
-        self.forwarded_for = forwarded_for
-        self.keep_alive = keep_alive
-        # Asked with Connection: upgrade (the parser then only passes bytes through), and the protocols kept.
-        self.upgrade_asked = upgrade_asked
-        self.upgrade = upgrade
+# What `read_request_head` read, a plain tuple in this order (not an object, and unpacked where it is used:
+# docs/architecture.md#hot-head-tuples). `parts` is the forwarded head so far (no framing, no Host); `upgrade`
+# the protocols kept from an upgrade asked with Connection: upgrade (b"": none asked, or none left to relay).
+REQUEST_FIELDS = (
+    "parts",
+    "host",
+    "url",
+    "http10",
+    "chunked",
+    "content_length",
+    "expect_continue",
+    "keep_alive",
+    "upgrade",
+    "forwarded_for",
+    "forwarded",
+)
+RequestHead = tuple[list[bytes], bytes | None, bytes, bool, bool, int | None, bool, bool, bytes, bytes, bytes]
 
 
 def read_request_head(
@@ -179,7 +153,7 @@ def read_request_head(
         elif kind == _HOST:
             if host is not None:
                 raise Refused("the request has more than one Host header")
-            host = trim(value)
+            host = value.strip(_OWS)  # trim, written out: docs/architecture.md#hot-skipped-calls
         elif kind == _LENGTH:
             content_length = int(value)  # llhttp accepted only digits (and whitespace), and only one value
         elif kind == _TE:
@@ -199,7 +173,8 @@ def read_request_head(
         elif kind == _XFF:
             forwarded_for = trim(value) if not forwarded_for else forwarded_for + b", " + trim(value)
     chunked = codings is not None and _check_codings(codings, http10, content_length)
-    drop_connection_named(parts, 4, tokens)
+    if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:  # docs/architecture.md#hot-skipped-calls
+        drop_connection_named(parts, 4, tokens)
     if host is None and not http10:
         raise Refused("an HTTP/1.1 request needs a Host header")
     if url[:8].lower().startswith((b"http://", b"https://")):
@@ -213,7 +188,7 @@ def read_request_head(
     # this request even when the upgrade is not relayed.
     upgrade_asked = bool(upgrade) and b"upgrade" in tokens
     keep_alive = ((b"keep-alive" in tokens) if http10 else (b"close" not in tokens)) and not upgrade_asked
-    return RequestHead(
+    return (
         parts,
         host,
         url,
@@ -221,11 +196,10 @@ def read_request_head(
         chunked,
         content_length,
         expect_continue,
-        forwarded,
-        forwarded_for,
         keep_alive,
-        upgrade_asked,
         tunnel_protocols(upgrade) if upgrade_asked else b"",
+        forwarded_for,
+        forwarded,
     )
 
 
@@ -260,60 +234,50 @@ def _split_absolute(url: bytes) -> tuple[bytes, bytes]:
 
 def forwarded_request_head(
     request: RequestHead,
-    *,
     peer: bytes,
     forwarded_default: bytes,
     forwarded_node: bytes,
     default_host: bytes,
     via: bool,
     version: str,
-    tunnel: bool,
 ) -> bytes:
     """The head sent upstream: the client's end-to-end headers, then the proxy's own.
 
     `forwarded_default` is the X-Forwarded-For/-Proto lines for a request without X-Forwarded-For (built once
-    per connection); `forwarded_node` the peer as an RFC 7239 node; `tunnel`: the upgrade is relayed.
+    per connection); `forwarded_node` the peer as an RFC 7239 node. An upgrade left in `request` is relayed
+    (the caller refuses the request when its route has no room for one more tunnel). Positional arguments
+    only, from the hot path: docs/architecture.md#hot-head-tuples.
     """
-    parts = request.parts
-    parts[2] = request.url
-    if request.forwarded_for:
-        parts.append(b"X-Forwarded-For: %b, %b\r\nX-Forwarded-Proto: http\r\n" % (request.forwarded_for, peer))
+    parts, host, url, _, chunked, content_length, _, _, upgrade, forwarded_for, forwarded = request
+    parts[2] = url
+    if forwarded_for:
+        parts.append(b"X-Forwarded-For: %b, %b\r\nX-Forwarded-Proto: http\r\n" % (forwarded_for, peer))
     else:
         parts.append(forwarded_default)
-    if request.forwarded:
-        parts.append(b"Forwarded: %b, for=%b;proto=http\r\n" % (request.forwarded, forwarded_node))
-    host = request.host
+    if forwarded:
+        parts.append(b"Forwarded: %b, for=%b;proto=http\r\n" % (forwarded, forwarded_node))
     if host is not None:
         parts += (b"Host: ", host, b"\r\nX-Forwarded-Host: ", host, b"\r\n")
     else:
         parts.append(b"Host: %b\r\n" % default_host)
     if via:
         parts.append(b"Via: %b zeroscale\r\n" % version.encode())
-    if request.chunked:
+    if chunked:
         parts.append(b"Transfer-Encoding: chunked\r\n")
-    elif request.content_length is not None:
-        parts.append(b"Content-Length: %d\r\n" % request.content_length)
-    if tunnel:
-        parts.append(b"Connection: Upgrade\r\nUpgrade: %b\r\n" % request.upgrade)
+    elif content_length is not None:
+        parts.append(b"Content-Length: %d\r\n" % content_length)
+    if upgrade:
+        parts.append(b"Connection: Upgrade\r\nUpgrade: %b\r\n" % upgrade)
     parts.append(b"\r\n")
     return b"".join(parts)
 
 
-class ResponseHead:
-    """The head for the client and how its body is framed; see `forwarded_response_head`."""
-
-    __slots__ = ("client_chunked", "close", "head", "until_close", "upstream_close")
-
-    def __init__(self, head: bytes, upstream_close: bool, client_chunked: bool, until_close: bool, close: bool):
-        self.head = head
-        # The upstream said Connection: close.
-        self.upstream_close = upstream_close
-        # The body is chunked by the proxy (a close-delimited or unframed one for an HTTP/1.1 client).
-        self.client_chunked = client_chunked
-        # The body ends when the upstream closes the connection.
-        self.until_close = until_close
-        # The client's connection closes after this response.
-        self.close = close
+# What `forwarded_response_head` returns, a plain tuple in this order (docs/architecture.md#hot-head-tuples):
+# the head for the client; whether the upstream said Connection: close; whether the proxy chunks the body (a
+# close-delimited or unframed one for an HTTP/1.1 client); whether the body ends when the upstream closes;
+# whether the client's connection closes after this response.
+RESPONSE_FIELDS = ("head", "upstream_close", "client_chunked", "until_close", "close")
+ResponseHead = tuple[bytes, bool, bool, bool, bool]
 
 
 def forwarded_response_head(
@@ -321,7 +285,6 @@ def forwarded_response_head(
     parts: list[bytes],
     hop: list[tuple[bytes, bytes]],
     has_length: bool,
-    *,
     is_head: bool,
     keep_alive: bool,
     body_done: bool,
@@ -331,8 +294,9 @@ def forwarded_response_head(
     via: bool,
 ) -> ResponseHead:
     """The head for the client from the pieces the parser kept: `parts` (a slot for the status line, then
-    end-to-end lines, modified in place), `hop` (lower-cased hop-by-hop name, value); raises `Refused`."""
-    parts[0] = status_line(status)
+    end-to-end lines, modified in place), `hop` (lower-cased hop-by-hop name, value); raises `Refused`.
+    Positional arguments only, from the hot path: docs/architecture.md#hot-head-tuples."""
+    parts[0] = STATUS_LINES.get(status) or status_line(status)  # docs/architecture.md#hot-skipped-calls
     codings: list[bytes] = []
     tokens: frozenset[bytes] | set[bytes] = NO_TOKENS
     upgrade = b""
@@ -347,11 +311,12 @@ def forwarded_response_head(
     if codings and codings != [b"chunked"]:
         raise Refused("sent a Transfer-Encoding other than chunked", "transfer_coding")
     chunked = bool(codings)
-    if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS and not tokens.isdisjoint(FRAMING):
-        raise Refused(
-            "named a framing header in Connection (it would be forwarded unframed)", "connection_names_framing"
-        )
-    drop_connection_named(parts, 1, tokens)
+    if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:  # docs/architecture.md#hot-skipped-calls
+        if not tokens.isdisjoint(FRAMING):
+            raise Refused(
+                "named a framing header in Connection (it would be forwarded unframed)", "connection_names_framing"
+            )
+        drop_connection_named(parts, 1, tokens)
     if status == 204 and has_length:
         # RFC 9110 8.6: never in a 204 (the parser reads none there); a client that believed it would take
         # the next response on its connection for this one's body.
@@ -378,4 +343,4 @@ def forwarded_response_head(
     if via:
         parts.append(b"Via: 1.1 zeroscale\r\n")
     parts.append(b"\r\n")
-    return ResponseHead(b"".join(parts), b"close" in tokens, client_chunked, until_close, close)
+    return b"".join(parts), b"close" in tokens, client_chunked, until_close, close

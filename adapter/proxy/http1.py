@@ -8,18 +8,20 @@ from http import HTTPStatus
 CHUNK_END = b"0\r\n\r\n"
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
-_STATUS_LINES: dict[int, bytes] = {}
+# status_line's cache: the hot path reads it first, so a known code costs no call
+# (docs/architecture.md#hot-skipped-calls).
+STATUS_LINES: dict[int, bytes] = {}
 
 
 def status_line(code: int) -> bytes:
     """`HTTP/1.1 <code> <reason>\\r\\n`, cached: the proxy answers with few codes and upstreams with few more."""
-    line = _STATUS_LINES.get(code)
+    line = STATUS_LINES.get(code)
     if line is None:
         try:
             reason = HTTPStatus(code).phrase
         except ValueError:
             reason = "Status"
-        line = _STATUS_LINES[code] = f"HTTP/1.1 {code} {reason}\r\n".encode("ascii")
+        line = STATUS_LINES[code] = f"HTTP/1.1 {code} {reason}\r\n".encode("ascii")
     return line
 
 

@@ -211,23 +211,22 @@ class UpstreamConnection(asyncio.Protocol):
         if status == 101 and not exchange.upgrade:
             self._lost("switched protocols unasked")
             return
-        response = forwarded_response_head(
+        server = exchange.client.server
+        # Positional arguments, a plain tuple back: docs/architecture.md#hot-head-tuples.
+        head, upstream_close, self._client_chunked, self._until_close, close = forwarded_response_head(
             status,
             lines,
             hop,
             has_length,
-            is_head=exchange.is_head,
-            keep_alive=exchange.keep_alive,
-            body_done=exchange.body_done,
-            draining=exchange.client.server.draining,
-            http10=exchange.http10,
-            cold_wait=exchange.waited if exchange.cold else None,
-            via=exchange.client.server.via,
+            exchange.is_head,
+            exchange.keep_alive,
+            exchange.body_done,
+            server.draining,
+            exchange.http10,
+            exchange.waited if exchange.cold else None,
+            server.via,
         )
-        head, upstream_close = response.head, response.upstream_close
-        self._client_chunked = response.client_chunked
-        self._until_close = response.until_close
-        if response.close:
+        if close:
             exchange.keep_alive = False
         exchange.response_started = True
         self._sink = True
@@ -302,7 +301,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.exchange = None
         self._sink = False
         self.deadline = 0.0
-        self._unpair()
+        if self.flow is not None:  # unpaired already after a response: docs/architecture.md#hot-skipped-calls
+            self._unpair()
         self.endpoint.release(self)
 
     def abandon(self) -> None:
@@ -325,7 +325,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     # --- internals ---
 
-    def _flush(self, *, last: bool = False) -> None:
+    def _flush(self, last: bool = False) -> None:
         """What this read produced goes to the client in one write; `last`: the response ends with it."""
         self._unsent_head = False
         out = self._out
@@ -361,7 +361,7 @@ class UpstreamConnection(asyncio.Protocol):
         if exchange is not None and exchange.is_head:
             # A fresh parser reads the next response on this connection.
             self._parser = httptools.HttpResponseParser(self)
-        self._flush(last=exchange is not None)
+        self._flush(exchange is not None)  # last; positional on the hot path: docs/architecture.md#hot-head-tuples
         if exchange is not None:
             # Pooled or closed first: the exchange's end may send a held request on this very connection.
             self.exchange = None
