@@ -203,6 +203,19 @@ def test_the_ports_come_from_the_config(helm: Path) -> None:
     assert grpc["port"] == 7444
 
 
+def test_the_network_policy_admits_each_activator_routes_listener(helm: Path, tmp_path: Path) -> None:
+    """While its workload is cold, an activator route's Service sends new connections to the proxy on the route's
+    own port: a policy admitting only `http` would refuse every one of them."""
+    example = yaml.safe_load((DEPLOY / "examples" / "activator.zeroscale.yaml").read_text())
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"config": {"proxy": example["proxy"]}}), encoding="utf-8")
+    policy = find(helm_render(helm, "--values", str(values)), "NetworkPolicy", PROXY)
+    admitted = {port["port"] for rule in policy["spec"]["ingress"] if "from" not in rule for port in rule["ports"]}
+    listeners = {route["activator"]["port"] for route in example["proxy"]["routes"] if "activator" in route}
+    assert listeners
+    assert listeners <= admitted
+
+
 def test_a_config_change_rolls_both_deployments(helm: Path, chart_default: Objects) -> None:
     changed = helm_render(helm, "--set", "config.cache.interval=2s")
     for name in (ADAPTER, PROXY):
