@@ -5,8 +5,9 @@ Every `retry_period` each replica reads the Lease. A replica that does not hold 
 (no holder) or when its record (holder and resourceVersion) has not changed for `lease_duration` as timed on this
 replica's own clock: no two clocks are compared. The holder renews every `retry_period`; one that has not
 renewed within `renew_deadline` stops leading at once, before anyone may take over, so the routes' slices have
-at most one writer. On shutdown the holder gives the Lease up, so another replica takes over within a
-`retry_period` instead of a `lease_duration`.
+at most one writer. The Lease is ours only when it names our
+identity and this process (leases.INSTANCE_ANNOTATION): two replicas may share an identity. On shutdown the holder
+gives the Lease up, so another replica takes over within a `retry_period` instead of a `lease_duration`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import secrets
 import socket
 from collections.abc import Callable
 
@@ -32,6 +34,7 @@ class LeaderElector(WatchTask):
         self._kube = kube
         self._config = config
         self.identity = config.identity or socket.gethostname()
+        self.instance = secrets.token_hex(8)  # this process, whatever its identity
         self.watch_name = f"activator lease {config.lease_namespace}/{config.lease_name}"
         self.leading = False
         self._listeners: list[Callable[[bool], None]] = []
@@ -68,14 +71,15 @@ class LeaderElector(WatchTask):
                 if lease is not None:
                     if lease.record() != self._seen:
                         self._seen, self._seen_at = lease.record(), now
-                    held_by_other = lease.holder not in ("", self.identity)
-                    if held_by_other and now - self._seen_at < lease.duration_seconds:
+                    ours = lease.holder == self.identity and lease.instance == self.instance
+                    if lease.holder and not ours and now - self._seen_at < lease.duration_seconds:
                         return False
                 self._lease = await write_lease(
                     self._kube,
                     config.lease_namespace,
                     config.lease_name,
                     self.identity,
+                    self.instance,
                     math.ceil(config.lease_duration),
                     lease,
                 )
@@ -111,6 +115,8 @@ class LeaderElector(WatchTask):
         config = self._config
         try:
             async with asyncio.timeout(config.retry_period):
-                await write_lease(self._kube, config.lease_namespace, config.lease_name, "", 1, self._lease)
+                await write_lease(
+                    self._kube, config.lease_namespace, config.lease_name, "", self.instance, 1, self._lease
+                )
         except (KubeError, TimeoutError) as err:
             log.warning("%s: could not give the Lease up (it expires by itself): %s", self.watch_name, err)

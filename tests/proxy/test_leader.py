@@ -204,3 +204,12 @@ async def test_of_two_proxies_only_the_leader_writes_and_both_hold_and_forward(
             await until(lambda: listed(kube) == [(PROXY_ADDRESS, follower_port, "http")])
     finally:
         await upstream.stop()
+
+
+async def test_two_replicas_with_the_same_identity_never_both_lead(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """identity defaults to the host name, which two pods share with hostNetwork (the node's) or spec.hostname,
+    and a configured one can be copied: each would take the other's renewals for its own and both would write."""
+    async with electors(kube_client, "proxy-a", "proxy-a") as both:
+        await until(lambda: any(e.leading for e in both))
+        leaders = await watch_leaders(both, 1.5)
+        assert all(len(sample) <= 1 for sample in leaders), leaders
