@@ -5,7 +5,8 @@ Every `retry_period` each replica reads the Lease. A replica that does not hold 
 (no holder) or when its record (holder and resourceVersion) has not changed for `lease_duration` as timed on this
 replica's own clock: no two clocks are compared. The holder renews every `retry_period`; one that has not
 renewed within `renew_deadline` stops leading at once, before anyone may take over, so the routes' slices have
-at most one writer. The Lease is ours only when it names our
+at most one writer; and one that reads the Lease held by someone else (taken, or deleted and created again by
+another replica) stops at once rather than at its renew_deadline. The Lease is ours only when it names our
 identity and this process (leases.INSTANCE_ANNOTATION): two replicas may share an identity. On shutdown the holder
 gives the Lease up, so another replica takes over within a `retry_period` instead of a `lease_duration`.
 """
@@ -72,8 +73,10 @@ class LeaderElector(WatchTask):
                     if lease.record() != self._seen:
                         self._seen, self._seen_at = lease.record(), now
                     ours = lease.holder == self.identity and lease.instance == self.instance
-                    if lease.holder and not ours and now - self._seen_at < lease.duration_seconds:
-                        return False
+                    if lease.holder and not ours:
+                        self._set_leading(False)  # someone else holds it: it may be writing now
+                        if now - self._seen_at < lease.duration_seconds:
+                            return False
                 self._lease = await write_lease(
                     self._kube,
                     config.lease_namespace,
@@ -84,7 +87,9 @@ class LeaderElector(WatchTask):
                     lease,
                 )
         except KubeAPIError as err:
-            if err.status != 409:  # 409: someone else wrote first; we read again next time
+            if err.status == 409:  # someone else wrote it since we read it: they may hold it now
+                self._set_leading(False)
+            else:
                 self._log_failure(str(err))
             return False
         except (KubeError, TimeoutError) as err:

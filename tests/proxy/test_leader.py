@@ -206,6 +206,29 @@ async def test_of_two_proxies_only_the_leader_writes_and_both_hold_and_forward(
         await upstream.stop()
 
 
+async def test_a_leader_that_reads_another_holder_stops_at_once(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """The Lease deleted (by hand, a namespace clean-up) and created again by the other replica: the old holder
+    must not keep writing beside the new one until its renew_deadline."""
+    async with electors(kube_client, "proxy-a") as (first,):
+        await until(lambda: first.leading)
+        async with electors(kube_client, "proxy-b") as (second,):
+            # a cannot create the Lease again (its POST fails): b does, and leads at once.
+            kube.add_route("POST", LEASES, lambda request, _m: refused_for(request, "proxy-a"))
+            kube.delete(lease_path("zeroscale"), "zeroscale-proxy-activator")
+            await until(lambda: second.leading, within=3)
+            # a reads the Lease at its next retry_period (0.1 s) and stops there, not at its renew_deadline (1 s).
+            both_since = time.monotonic()
+            await until(lambda: not first.leading, within=3)
+            assert time.monotonic() - both_since < 0.5
+            assert second.leading
+
+
+def refused_for(request: StandInRequest, identity: str) -> Reply | None:
+    if (request.json() or {}).get("spec", {}).get("holderIdentity") == identity:
+        return Reply(500, status_body(500, "InternalError", "etcd is unwell"))
+    return None
+
+
 async def test_two_replicas_with_the_same_identity_never_both_lead(kube: KubeStandIn, kube_client: KubeClient) -> None:
     """identity defaults to the host name, which two pods share with hostNetwork (the node's) or spec.hostname,
     and a configured one can be copied: each would take the other's renewals for its own and both would write."""
