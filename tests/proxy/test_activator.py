@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
+from pydantic import ValidationError
 
+from adapter.config.proxy import ProxyConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import MANAGED_BY, build_slices
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
@@ -524,3 +526,12 @@ async def test_a_slice_whose_address_family_changes_is_replaced_not_updated(
         await until(lambda: listed(kube) == [(PROXY_ADDRESS, port, "http"), ("fd00::7", port, "http")], within=3)
     by_name = {body["metadata"]["name"]: body["addressType"] for body in ours(kube)}
     assert by_name == {"web-zeroscale-0": "IPv4", "web-zeroscale-1": "IPv6"}
+
+
+def test_two_routes_may_not_write_one_service() -> None:
+    """Each would write the Service's slices from its own decision (one warm, one cold): rewritten at every event."""
+    routes = [activator_route(9001, name="web"), activator_route(9002, name="web-api", hosts=["api.example"])]
+    with pytest.raises(ValidationError, match="default/web"):
+        ProxyConfig.model_validate({"routes": routes, "activator": activator_settings()})
+    routes[1]["upstream"] = {**routes[1]["upstream"], "namespace": "other"}
+    ProxyConfig.model_validate({"routes": routes, "activator": activator_settings()})  # another namespace's web
