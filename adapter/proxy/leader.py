@@ -4,7 +4,8 @@
 Every `retry_period` each replica reads the Lease. A replica that does not hold it takes it only when it is free
 (no holder) or when its record (holder and resourceVersion) has not changed for `lease_duration` as timed on this
 replica's own clock: no two clocks are compared. The holder renews every `retry_period`; one that has not
-renewed within `renew_deadline` stops leading at once, before anyone may take over, so the routes' slices have
+renewed within `renew_deadline` of its last renewal's start stops leading then (`leading` is read against the
+clock, not left to the next try, which a slow API may put off), before anyone may take over, so the routes' slices have
 at most one writer; and one that reads the Lease held by someone else (taken, or deleted and created again by
 another replica) stops at once rather than at its renew_deadline. The Lease is ours only when it names our
 identity and this process (leases.INSTANCE_ANNOTATION): two replicas may share an identity. On shutdown the holder
@@ -18,6 +19,7 @@ import logging
 import math
 import secrets
 import socket
+import time
 from collections.abc import Callable
 
 from adapter.config.proxy import ActivatorConfig
@@ -37,7 +39,7 @@ class LeaderElector(WatchTask):
         self.identity = config.identity or socket.gethostname()
         self.instance = secrets.token_hex(8)  # this process, whatever its identity
         self.watch_name = f"activator lease {config.lease_namespace}/{config.lease_name}"
-        self.leading = False
+        self._leading = False  # as last told to the listeners; `leading` also ends at the renew deadline
         self._listeners: list[Callable[[bool], None]] = []
         self._lease: Lease | None = None
         self._seen: tuple[str, str] | None = None  # the record last read, and when it last changed (our clock)
@@ -46,29 +48,36 @@ class LeaderElector(WatchTask):
         self._failure_logged: str | None = None
         telemetry.ACTIVATOR_LEADER.set_function(lambda: int(self.leading))
 
+    @property
+    def leading(self) -> bool:
+        """This replica may write: it holds the Lease, renewed less than renew_deadline ago."""
+        return self._leading and time.monotonic() - self._renewed_at < self._config.renew_deadline
+
     def subscribe(self, listener: Callable[[bool], None]) -> None:
         """Call `listener(leading)` whenever this replica starts or stops leading."""
         self._listeners.append(listener)
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            renewed = await self._try_once(loop.time())
-            now = loop.time()
-            if renewed:
-                self._renewed_at = now
-                self._set_leading(True)
-            elif self.leading and now - self._renewed_at >= self._config.renew_deadline:
+            # A renewal counts from before it was sent: the API wrote it later, and others time it from then.
+            started = time.monotonic()
+            renewed = await self._try_once()
+            if self._leading and not self.leading:
                 log.warning("%s: not renewed within renew_deadline; stopping writing", self.watch_name)
-                self._set_leading(False)
+                self._set_leading(False)  # told before leading again, so listeners read what was written meanwhile
+            if renewed:
+                self._renewed_at = started
+                self._set_leading(True)
             await asyncio.sleep(self._config.retry_period)
 
-    async def _try_once(self, now: float) -> bool:
+    async def _try_once(self) -> bool:
         """Take or renew the Lease; True when this replica holds it, renewed now."""
         config = self._config
         try:
             async with asyncio.timeout(config.retry_period):
                 lease = await get_lease(self._kube, config.lease_namespace, config.lease_name)
+                # The record was current at most now (an answer may be slow): the lease_duration is timed from here.
+                now = time.monotonic()
                 if lease is not None:
                     if lease.record() != self._seen:
                         self._seen, self._seen_at = lease.record(), now
@@ -105,8 +114,8 @@ class LeaderElector(WatchTask):
             log.warning("%s: cannot read or write the Lease: %s%s", self.watch_name, why, hint)
 
     def _set_leading(self, leading: bool) -> None:
-        if leading != self.leading:
-            self.leading = leading
+        if leading != self._leading:
+            self._leading = leading
             log.info("%s: %s", self.watch_name, f"{self.identity} writes" if leading else "not writing")
             for listener in list(self._listeners):
                 listener(leading)
@@ -114,7 +123,7 @@ class LeaderElector(WatchTask):
     async def close(self) -> None:
         """Stop, and give the Lease up if this replica holds it."""
         await super().close()
-        if not self.leading or self._lease is None:
+        if not self._leading or self._lease is None:  # past renew_deadline too: the update is conditional
             return
         self._set_leading(False)
         config = self._config
