@@ -297,6 +297,15 @@ class ProxyConfig(Strict):
                 f"route {activators[0].name} is in mode: activator: "
                 "set proxy.activator (proxy_service, lease_namespace)"
             )
+        services = [
+            f"{route.upstream.namespace}/{route.activator.service}"
+            for route in activators
+            if route.activator and isinstance(route.upstream, ServiceUpstream)
+        ]
+        shared = sorted({service for service in services if services.count(service) > 1})
+        if shared:
+            # Each route writes the Service's slices from its own decision: they would overwrite each other.
+            raise ValueError(f"one activator route per Service: {', '.join(shared)} has several")
         ports = [route.activator.port for route in activators if route.activator is not None]
         if len(set(ports)) != len(ports) or {self.port, self.admin_port} & set(ports):
             raise ValueError("each activator route needs a port of its own, not the proxy's port or admin_port")

@@ -2,6 +2,10 @@
 
 Every write is an update conditioned on the resourceVersion read (or a create, which fails if someone else created
 it first), so two replicas never both believe a write of theirs made them the holder: one gets 409 Conflict.
+
+Each write also names the writing process in the annotation INSTANCE_ANNOTATION: holderIdentity is a name people
+choose (a host name, which pods share with hostNetwork or spec.hostname), and a replica that took a Lease naming
+its identity for its own would renew another process's Lease and lead beside it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError
 from adapter.kube.watching import field
 
+INSTANCE_ANNOTATION = "zeroscale.io/leader-instance"
+
 
 @dataclass(frozen=True)
 class Lease:
@@ -23,6 +29,7 @@ class Lease:
     transitions: int
     acquire_time: str
     resource_version: str
+    instance: str = ""  # the process that wrote it (INSTANCE_ANNOTATION); "" when written by another program
 
     def record(self) -> tuple[str, str]:
         """What changes whenever the holder renews or changes: the leader election's clock reads this."""
@@ -49,6 +56,7 @@ def parse_lease(obj: dict[str, Any]) -> Lease:
         transitions=transitions if isinstance(transitions, int) and not isinstance(transitions, bool) else 0,
         acquire_time=str(spec.get("acquireTime") or ""),
         resource_version=str(field(obj, "metadata").get("resourceVersion", "")),
+        instance=str(field(field(obj, "metadata"), "annotations").get(INSTANCE_ANNOTATION) or ""),
     )
 
 
@@ -64,9 +72,15 @@ async def get_lease(client: KubeClient, namespace: str, name: str) -> Lease | No
 
 
 async def write_lease(
-    client: KubeClient, namespace: str, name: str, holder: str, duration_seconds: int, previous: Lease | None
+    client: KubeClient,
+    namespace: str,
+    name: str,
+    holder: str,
+    instance: str,
+    duration_seconds: int,
+    previous: Lease | None,
 ) -> Lease:
-    """Make `holder` the holder (or, with holder "", give the lease up), renewed now.
+    """Make `holder` (the process `instance`) the holder (or, with holder "", give the lease up), renewed now.
 
     `previous` is the Lease as read: None creates it; otherwise the update carries its resourceVersion, so a
     change made since (another replica took or renewed it) is a 409 KubeAPIError and nothing is written.
@@ -81,7 +95,7 @@ async def write_lease(
         "acquireTime": previous.acquire_time if kept and previous is not None else now,
         "leaseTransitions": (previous.transitions + (0 if kept else 1)) if previous is not None else 0,
     }
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "annotations": {INSTANCE_ANNOTATION: instance}}
     body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
     if previous is None:
         _, obj = await client.request("POST", lease_path(namespace), body)

@@ -262,6 +262,13 @@ class Activator:
         wrote = False
         for name, body in wanted.items():
             existing = written.get(name)
+            if existing is not None and existing.get("addressType") != body["addressType"]:
+                # The API refuses to change a slice's addressType (immutable): the family at this index changed
+                # (dual-stack endpoints over a different number of slices), so the slice is made again.
+                await self._delete(name)
+                del written[name]
+                telemetry.SLICE_WRITES.labels(route, "deleted").inc()
+                existing = None
             if existing is None:
                 written[name] = await self._create(body)
                 telemetry.SLICE_WRITES.labels(route, "created").inc()

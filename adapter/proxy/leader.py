@@ -4,9 +4,12 @@
 Every `retry_period` each replica reads the Lease. A replica that does not hold it takes it only when it is free
 (no holder) or when its record (holder and resourceVersion) has not changed for `lease_duration` as timed on this
 replica's own clock: no two clocks are compared. The holder renews every `retry_period`; one that has not
-renewed within `renew_deadline` stops leading at once, before anyone may take over, so the routes' slices have
-at most one writer. On shutdown the holder gives the Lease up, so another replica takes over within a
-`retry_period` instead of a `lease_duration`.
+renewed within `renew_deadline` of its last renewal's start stops leading then (`leading` is read against the
+clock, not left to the next try, which a slow API may put off), before anyone may take over, so the routes' slices have
+at most one writer; and one that reads the Lease held by someone else (taken, or deleted and created again by
+another replica) stops at once rather than at its renew_deadline. The Lease is ours only when it names our
+identity and this process (leases.INSTANCE_ANNOTATION): two replicas may share an identity. On shutdown the holder
+gives the Lease up, so another replica takes over within a `retry_period` instead of a `lease_duration`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import secrets
 import socket
+import time
 from collections.abc import Callable
 
 from adapter.config.proxy import ActivatorConfig
@@ -32,8 +37,9 @@ class LeaderElector(WatchTask):
         self._kube = kube
         self._config = config
         self.identity = config.identity or socket.gethostname()
+        self.instance = secrets.token_hex(8)  # this process, whatever its identity
         self.watch_name = f"activator lease {config.lease_namespace}/{config.lease_name}"
-        self.leading = False
+        self._leading = False  # as last told to the listeners; `leading` also ends at the renew deadline
         self._listeners: list[Callable[[bool], None]] = []
         self._lease: Lease | None = None
         self._seen: tuple[str, str] | None = None  # the record last read, and when it last changed (our clock)
@@ -42,45 +48,57 @@ class LeaderElector(WatchTask):
         self._failure_logged: str | None = None
         telemetry.ACTIVATOR_LEADER.set_function(lambda: int(self.leading))
 
+    @property
+    def leading(self) -> bool:
+        """This replica may write: it holds the Lease, renewed less than renew_deadline ago."""
+        return self._leading and time.monotonic() - self._renewed_at < self._config.renew_deadline
+
     def subscribe(self, listener: Callable[[bool], None]) -> None:
         """Call `listener(leading)` whenever this replica starts or stops leading."""
         self._listeners.append(listener)
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            renewed = await self._try_once(loop.time())
-            now = loop.time()
-            if renewed:
-                self._renewed_at = now
-                self._set_leading(True)
-            elif self.leading and now - self._renewed_at >= self._config.renew_deadline:
+            # A renewal counts from before it was sent: the API wrote it later, and others time it from then.
+            started = time.monotonic()
+            renewed = await self._try_once()
+            if self._leading and not self.leading:
                 log.warning("%s: not renewed within renew_deadline; stopping writing", self.watch_name)
-                self._set_leading(False)
+                self._set_leading(False)  # told before leading again, so listeners read what was written meanwhile
+            if renewed:
+                self._renewed_at = started
+                self._set_leading(True)
             await asyncio.sleep(self._config.retry_period)
 
-    async def _try_once(self, now: float) -> bool:
+    async def _try_once(self) -> bool:
         """Take or renew the Lease; True when this replica holds it, renewed now."""
         config = self._config
         try:
             async with asyncio.timeout(config.retry_period):
                 lease = await get_lease(self._kube, config.lease_namespace, config.lease_name)
+                # The record was current at most now (an answer may be slow): the lease_duration is timed from here.
+                now = time.monotonic()
                 if lease is not None:
                     if lease.record() != self._seen:
                         self._seen, self._seen_at = lease.record(), now
-                    held_by_other = lease.holder not in ("", self.identity)
-                    if held_by_other and now - self._seen_at < lease.duration_seconds:
-                        return False
+                    ours = lease.holder == self.identity and lease.instance == self.instance
+                    if lease.holder and not ours:
+                        self._set_leading(False)  # someone else holds it: it may be writing now
+                        if now - self._seen_at < lease.duration_seconds:
+                            return False
                 self._lease = await write_lease(
                     self._kube,
                     config.lease_namespace,
                     config.lease_name,
                     self.identity,
+                    self.instance,
                     math.ceil(config.lease_duration),
                     lease,
                 )
         except KubeAPIError as err:
-            if err.status != 409:  # 409: someone else wrote first; we read again next time
+            if err.status == 409:  # someone else wrote it since we read it: they may hold it now
+                self._set_leading(False)
+            else:
                 self._log_failure(str(err))
             return False
         except (KubeError, TimeoutError) as err:
@@ -96,8 +114,8 @@ class LeaderElector(WatchTask):
             log.warning("%s: cannot read or write the Lease: %s%s", self.watch_name, why, hint)
 
     def _set_leading(self, leading: bool) -> None:
-        if leading != self.leading:
-            self.leading = leading
+        if leading != self._leading:
+            self._leading = leading
             log.info("%s: %s", self.watch_name, f"{self.identity} writes" if leading else "not writing")
             for listener in list(self._listeners):
                 listener(leading)
@@ -105,12 +123,14 @@ class LeaderElector(WatchTask):
     async def close(self) -> None:
         """Stop, and give the Lease up if this replica holds it."""
         await super().close()
-        if not self.leading or self._lease is None:
+        if not self._leading or self._lease is None:  # past renew_deadline too: the update is conditional
             return
         self._set_leading(False)
         config = self._config
         try:
             async with asyncio.timeout(config.retry_period):
-                await write_lease(self._kube, config.lease_namespace, config.lease_name, "", 1, self._lease)
+                await write_lease(
+                    self._kube, config.lease_namespace, config.lease_name, "", self.instance, 1, self._lease
+                )
         except (KubeError, TimeoutError) as err:
             log.warning("%s: could not give the Lease up (it expires by itself): %s", self.watch_name, err)

@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
+from pydantic import ValidationError
 
+from adapter.config.proxy import ProxyConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import MANAGED_BY, build_slices
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
@@ -496,3 +498,40 @@ async def test_a_switch_whose_first_write_failed_is_timed_when_it_is_written(
         await until(lambda: [address for address, _, _ in listed(kube)] == [PROXY_ADDRESS])
         assert not failures, "the first write was refused"
         await until(lambda: switches_timed("web", "proxy") == timed + 1)
+
+
+async def test_a_slice_whose_address_family_changes_is_replaced_not_updated(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """A slice's addressType is immutable. Dual-stack pods over two slices of IPv4 and one of IPv6, then the proxy's
+    dual-stack pods (one IPv4 slice, one IPv6): the second slice's family changes. Updated in place, the API
+    refuses it at every try and the Service stayed on the pods after replicas 0 (the proxy never listed)."""
+    port = free_port()
+    seed(kube, 1, 8080)
+    kube.put(SLICES, pods(8080, "10.0.0.1", "10.0.0.2"))
+    six = endpoint_slice("web-pods-v6", "web-pods", [("fd00::1", {"ready": True})], 8080)
+    kube.put(SLICES, {**six, "addressType": "IPv6"})
+    proxy_six = endpoint_slice("zeroscale-proxy-v6", "zeroscale-proxy", [("fd00::7", {"ready": True})], 8080)
+    proxy_six["metadata"]["namespace"] = "zeroscale"
+    kube.put(PROXY_SLICES, {**proxy_six, "addressType": "IPv6"})
+    route = activator_route(port, activator={"max_endpoints_per_slice": 1})
+    async with running_proxy([route], kube=kube_client, activator=activator_settings()):
+        await until(lambda: len(listed(kube)) == 3)
+        assert [body["addressType"] for body in sorted(ours(kube), key=lambda b: b["metadata"]["name"])] == [
+            "IPv4",
+            "IPv4",
+            "IPv6",
+        ]
+        set_replicas(kube, 0)
+        await until(lambda: listed(kube) == [(PROXY_ADDRESS, port, "http"), ("fd00::7", port, "http")], within=3)
+    by_name = {body["metadata"]["name"]: body["addressType"] for body in ours(kube)}
+    assert by_name == {"web-zeroscale-0": "IPv4", "web-zeroscale-1": "IPv6"}
+
+
+def test_two_routes_may_not_write_one_service() -> None:
+    """Each would write the Service's slices from its own decision (one warm, one cold): rewritten at every event."""
+    routes = [activator_route(9001, name="web"), activator_route(9002, name="web-api", hosts=["api.example"])]
+    with pytest.raises(ValidationError, match="default/web"):
+        ProxyConfig.model_validate({"routes": routes, "activator": activator_settings()})
+    routes[1]["upstream"] = {**routes[1]["upstream"], "namespace": "other"}
+    ProxyConfig.model_validate({"routes": routes, "activator": activator_settings()})  # another namespace's web

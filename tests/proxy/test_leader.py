@@ -90,14 +90,14 @@ async def test_a_leader_that_closes_gives_the_lease_up_and_the_other_leads_withi
         assert time.monotonic() - closed_at < 0.8
 
 
-def refuse_writes_of(kube: KubeStandIn, identity: str, how: str) -> Callable[[], None]:
-    """The API refuses (500) or does not answer (hangs past retry_period) `identity`'s Lease writes."""
+def refuse_writes_of(kube: KubeStandIn, identity: str, how: str, seconds: float = 0.5) -> Callable[[], None]:
+    """The API refuses (500) or does not answer (hangs `seconds`, past retry_period) `identity`'s Lease writes."""
 
     def refuse(request: StandInRequest, _match: Any) -> Reply | None:
         if (request.json() or {}).get("spec", {}).get("holderIdentity") != identity:
             return None
         if how == "hang":
-            time.sleep(0.5)
+            time.sleep(seconds)
         return Reply(500, status_body(500, "InternalError", "etcd is unwell"))
 
     return kube.add_route("PUT", LEASES + "/[^/]+", refuse)
@@ -204,3 +204,61 @@ async def test_of_two_proxies_only_the_leader_writes_and_both_hold_and_forward(
             await until(lambda: listed(kube) == [(PROXY_ADDRESS, follower_port, "http")])
     finally:
         await upstream.stop()
+
+
+async def test_a_leader_that_reads_another_holder_stops_at_once(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """The Lease deleted (by hand, a namespace clean-up) and created again by the other replica: the old holder
+    must not keep writing beside the new one until its renew_deadline."""
+    async with electors(kube_client, "proxy-a") as (first,):
+        await until(lambda: first.leading)
+        async with electors(kube_client, "proxy-b") as (second,):
+            # a cannot create the Lease again (its POST fails): b does, and leads at once.
+            kube.add_route("POST", LEASES, lambda request, _m: refused_for(request, "proxy-a"))
+            kube.delete(lease_path("zeroscale"), "zeroscale-proxy-activator")
+            await until(lambda: second.leading, within=3)
+            # a reads the Lease at its next retry_period (0.1 s) and stops there, not at its renew_deadline (1 s).
+            both_since = time.monotonic()
+            await until(lambda: not first.leading, within=3)
+            assert time.monotonic() - both_since < 0.5
+            assert second.leading
+
+
+def refused_for(request: StandInRequest, identity: str) -> Reply | None:
+    if (request.json() or {}).get("spec", {}).get("holderIdentity") == identity:
+        return Reply(500, status_body(500, "InternalError", "etcd is unwell"))
+    return None
+
+
+async def test_two_replicas_with_the_same_identity_never_both_lead(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """identity defaults to the host name, which two pods share with hostNetwork (the node's) or spec.hostname,
+    and a configured one can be copied: each would take the other's renewals for its own and both would write."""
+    async with electors(kube_client, "proxy-a", "proxy-a") as both:
+        await until(lambda: any(e.leading for e in both))
+        leaders = await watch_leaders(both, 1.5)
+        assert all(len(sample) <= 1 for sample in leaders), leaders
+
+
+async def test_a_leader_stops_writing_at_its_renew_deadline_not_at_its_next_try(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """The other replica may take over lease_duration after the last renewal; the holder's only guarantee that the
+    two never write at once is to stop within renew_deadline of its last renewal, and a try that hangs until
+    retry_period (a slow API) must not put that off."""
+    renewals: list[float] = []
+
+    def note(method: str, path: str, body: Any) -> None:
+        if method == "PUT" and "/leases/" in path and body["spec"]["holderIdentity"] == "proxy-a":
+            renewals.append(time.monotonic())
+
+    kube.before_write.append(note)
+    timing = {"lease_duration": 2.0, "renew_deadline": 1.0, "retry_period": 0.9}
+    elector = LeaderElector(kube_client, ActivatorConfig.model_validate(activator_settings("proxy-a", **timing)))
+    elector.start()
+    try:
+        await until(lambda: elector.leading and len(renewals) >= 2, within=3)
+        refuse_writes_of(kube, "proxy-a", "hang", seconds=1.5)
+        await until(lambda: not elector.leading, within=5)
+        stopped = time.monotonic()
+        assert stopped - renewals[-1] <= 1.0 + 0.15, stopped - renewals[-1]
+    finally:
+        await elector.close()
