@@ -49,6 +49,7 @@ class Discovery:
         self.names = config.dns_names()
         self._fixed = list(config.proxies)
         self._answers: dict[str, list[str]] = {}  # each name's last answer
+        self._ever_listed: set[str] = set()  # names that listed a replica at least once since start
 
     @property
     def fixed(self) -> bool:
@@ -69,9 +70,20 @@ class Discovery:
         """One lookup's outcome for `name`: its replicas, or why there is no answer."""
         if isinstance(answer, list):
             self._answers[name] = answer
+            if answer:
+                self._ever_listed.add(name)
         elif no_address(answer):
             if self._answers.get(name) != []:
-                log.info("http source %s: %s lists no replica now (%s)", self._source, name, answer)
+                if name in self._ever_listed:
+                    log.info("http source %s: %s lists no replica now (%s)", self._source, name, answer)
+                else:  # a name that never existed reads the same as a Service with no pod: say which to check
+                    log.warning(
+                        "http source %s: %s has listed no replica since start (%s): read as none; if replicas should "
+                        "be there (the sidecars of a running app), check the name in the source's dns",
+                        self._source,
+                        name,
+                        answer,
+                    )
             self._answers[name] = []
         else:  # keep its replicas; DNS may be back next time
             known = "keeping its last answer" if name in self._answers else "the sum waits for it"

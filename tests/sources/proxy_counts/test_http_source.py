@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
 
@@ -163,6 +164,22 @@ def test_each_name_answers_for_its_own_replicas() -> None:
     never.record("proxies:9091", ["10.0.0.1:9091"])
     never.record("sidecars:9091", socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution"))
     assert never.unresolved == ["sidecars:9091"]
+
+
+def test_a_name_that_never_listed_a_replica_is_warned_of(caplog: pytest.LogCaptureFixture) -> None:
+    """NXDOMAIN reads as "no replica" (a headless Service with no ready pod), and a mistyped name reads the same:
+    while it has never listed one, the log says which name to check; once it has, going empty is ordinary."""
+    config = HTTPSource(name="typo", type="http", dns=["proxies:9091", "sidecras:9091"])
+    discovery = Discovery(config)
+    nxdomain = socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    with caplog.at_level(logging.INFO, logger="adapter.sources.proxy_counts.discovery"):
+        discovery.record("sidecras:9091", nxdomain)
+        discovery.record("proxies:9091", ["10.0.0.1:9091"])
+        discovery.record("proxies:9091", nxdomain)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1
+    assert "sidecras:9091 has listed no replica since start" in warned[0]
+    assert "check the name" in warned[0]
 
 
 async def test_lag_histogram_is_observed(make_cache: MakeCache, start_counts: StartCounts) -> None:
