@@ -242,7 +242,7 @@ def proxies(
                         }
                     ],
                     "activator": {
-                        "proxy_service": {"service": PROXY_SERVICE, "namespace": PROXY_NAMESPACE, "port": "http"},
+                        "proxy_service": {"service": PROXY_SERVICE, "namespace": PROXY_NAMESPACE},
                         "lease_namespace": PROXY_NAMESPACE,
                         "lease_name": LEASE,
                         "identity": identity,
