@@ -52,30 +52,18 @@ def _port_of(slice_obj: dict[str, Any], port: str | int) -> int | None:
 
 
 def ready_addresses(slices: Iterable[dict[str, Any]], port: str | int) -> list[tuple[str, int]]:
-    """Addresses that may take traffic, per docs/protocols.md#endpointslices.
+    """Addresses that may take traffic (the rule of `routable`), each with its number of `port`."""
+    every = [(endpoint, number) for number, group in endpoints_by_port(slices, port).items() for endpoint in group]
+    chosen = [pair for pair in every if is_usable(pair[0])] or [pair for pair in every if is_serving(pair[0])]
+    return [(address, number) for endpoint, number in chosen for address in endpoint["addresses"]]
 
-    Usable: `ready` nil or true, and not `terminating`. Only when no endpoint is usable, endpoints
-    that are terminating but still `serving` are used, so held requests drain into them.
-    """
-    usable: list[tuple[str, int]] = []
-    serving: list[tuple[str, int]] = []
-    for slice_obj in slices:
-        number = _port_of(slice_obj, port)
-        if number is None:
-            continue
-        for endpoint in items_of(slice_obj, "endpoints"):
-            conditions = field(endpoint, "conditions")
-            ready = conditions.get("ready")
-            terminating = conditions.get("terminating") is True
-            is_serving = conditions.get("serving")
-            if is_serving is None:
-                is_serving = ready in (None, True)
-            addresses = [(address, number) for address in items_of(endpoint, "addresses") if isinstance(address, str)]
-            if ready in (None, True) and not terminating:
-                usable.extend(addresses)
-            elif is_serving:
-                serving.extend(addresses)
-    return usable or serving
+
+def routable(endpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The endpoints new traffic may go to, per docs/protocols.md#endpointslices: the usable ones; only when none
+    is, those terminating but still serving, so held requests drain into them (as kube-proxy does)."""
+    return [endpoint for endpoint in endpoints if is_usable(endpoint)] or [
+        endpoint for endpoint in endpoints if is_serving(endpoint)
+    ]
 
 
 # --- the slices Zeroscale writes for a selector-less Service (route mode: activator) ---
@@ -126,6 +114,13 @@ def is_usable(endpoint: dict[str, Any]) -> bool:
     """May take new traffic: `ready` nil or true and not terminating (docs/protocols.md#endpointslices)."""
     conditions = field(endpoint, "conditions")
     return conditions.get("ready") in (None, True) and conditions.get("terminating") is not True
+
+
+def is_serving(endpoint: dict[str, Any]) -> bool:
+    """Still answers: `serving`, which defaults to what `ready` says when it is nil."""
+    conditions = field(endpoint, "conditions")
+    serving = conditions.get("serving")
+    return conditions.get("ready") in (None, True) if serving is None else serving is True
 
 
 def build_slices(

@@ -43,6 +43,7 @@ from adapter.kube.endpointslices import (
     is_usable,
     kept_endpoints,
     owned_slices_path,
+    routable,
     same_slice,
     slice_path,
 )
@@ -82,10 +83,8 @@ class ProxyPods:
         # Any port of the Service (the chart names its port, a Service may have several): only the addresses are
         # used, each with the route's activator.port, so a pod listed once per port is one endpoint.
         every = list({tuple(ep["addresses"]): ep for s in slices.values() for ep in kept_endpoints(s)}.values())
-        # Ready ones only; while none is ready, those still serving (a rollout's last old pods), as kube-proxy does.
-        self.endpoints = [ep for ep in every if is_usable(ep)] or [
-            ep for ep in every if field(ep, "conditions").get("serving") is True
-        ]
+        # While none is ready, those still serving (a rollout's last old pods).
+        self.endpoints = routable(every)
         self.seen = True
         for activator in self._listeners:
             activator.changed("the proxy's pods changed")
