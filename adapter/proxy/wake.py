@@ -4,8 +4,10 @@ ready.
 Only a Scale that reads 0 is patched, with its resourceVersion as a precondition, so the proxy never
 overrides a size the HPA chose; a conflict means someone changed it meanwhile: read again and decide again.
 While requests stay held and nothing is ready, the check repeats every `retry_interval`. With a `refusal`
-(route `wake: scale`, see intent.py), a target at 0 that its HPA did not put there is not woken: the held
-requests are answered at once with the refusal's words.
+(route `wake: scale`, see intent.py), the HPAs are read between the Scale's read and the patch, every attempt
+(docs/architecture.md#wake): a target at 0 that its HPA did not put there is not woken and the held requests are
+answered at once with the refusal's words; while that read fails, nothing is woken and the requests stay held
+(up to their hold_timeout) for the next attempt.
 
 Development mode: a `Local` target (`zeroscale demo`) is woken the same way, through a client of the
 demo's loopback scaler, which answers the scale subresource calls for its local processes.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from adapter.config.kube import KubeAPIConfig
@@ -23,6 +25,7 @@ from adapter.config.proxy import LocalScaleTarget, ScaleTarget
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError, KubeError
 from adapter.kube.scale import get_scale, set_replicas
+from adapter.proxy.intent import Refusal
 from adapter.telemetry import proxy as telemetry
 
 log = logging.getLogger(__name__)
@@ -57,7 +60,7 @@ class Waker:
         target: ScaleTarget,
         replicas: int,
         retry_interval: float,
-        refusal: Callable[[], str | None] | None = None,
+        refusal: Callable[[], Awaitable[Refusal | None]] | None = None,
     ) -> None:
         self._kube = kube
         self._refusal = refusal
@@ -122,11 +125,9 @@ class Waker:
                 if scale.replicas > 0:
                     result = "already_awake"
                     break
-                refused = self._refusal() if self._refusal is not None else None
-                if refused is not None:
-                    result = "refused"
-                    log.info("route %s: not waking %s: %s", self._listener.name, target.name, refused)
-                    self._listener.wake_refused(refused)
+                not_woken = await self._refused()
+                if not_woken is not None:
+                    result = not_woken
                     break
                 self._listener.wake_sent()
                 woken = await set_replicas(
@@ -149,3 +150,29 @@ class Waker:
                 break
         telemetry.WAKES.labels(self._listener.name, result).inc()
         return result
+
+    async def _refused(self) -> str | None:
+        """Decide from the HPAs read now (route wake: scale): None to wake, else the attempt's result, with the
+        held requests answered when the HPAs refuse."""
+        if self._refusal is None:
+            return None
+        name, target = self._listener.name, self._target
+        try:
+            refusal = await self._refusal()
+        except KubeError as err:
+            log.warning(
+                "route %s: not waking %s: its namespace's HorizontalPodAutoscalers could not be read (%s); the held "
+                "requests wait (limits.hold_timeout) and they are read again in %gs (wake_retry_interval)",
+                name,
+                target.name,
+                err,
+                self._retry_interval,
+            )
+            return "error"
+        if refusal is None:
+            return None
+        telemetry.WAKE_REFUSALS.labels(name, refusal.reason).inc()
+        level = logging.WARNING if refusal.needs_fix else logging.INFO
+        log.log(level, "route %s: not waking: %s", name, refusal.message)
+        self._listener.wake_refused(refusal.message)
+        return "refused"
