@@ -34,6 +34,10 @@ _CONFLICT_RETRIES = 3
 LOCAL_NAMESPACE = "local"
 
 
+class HPAsUnread(Exception):
+    """This attempt could not read the HPAs: nothing is woken, the held requests wait for the next attempt."""
+
+
 class WakeListener(Protocol):
     """What a waker wakes for and reports to (a Route): the only object it reads from or tells anything."""
 
@@ -50,6 +54,9 @@ class WakeListener(Protocol):
 
     def wake_refused(self, message: str) -> None:
         """The target is not woken (see intent.py): the held requests get `message`."""
+
+    def wake_failed(self, message: str) -> None:
+        """Why the latest attempt failed ("": it did not); said to held requests whose hold_timeout ends."""
 
 
 class Waker:
@@ -116,8 +123,8 @@ class Waker:
 
     async def wake_once(self) -> str:
         """One attempt; returns the result also counted in zeroscale_proxy_wakes_total."""
-        target = self._target
-        result = "error"
+        name, target = self._listener.name, self._target
+        result, failure = "error", ""
         for _ in range(_CONFLICT_RETRIES):
             try:
                 scale = await get_scale(self._kube, target.namespace, target.kind, target.name)
@@ -125,9 +132,8 @@ class Waker:
                 if scale.replicas > 0:
                     result = "already_awake"
                     break
-                not_woken = await self._refused()
-                if not_woken is not None:
-                    result = not_woken
+                if await self._refused():
+                    result = "refused"
                     break
                 self._listener.wake_sent()
                 woken = await set_replicas(
@@ -135,44 +141,49 @@ class Waker:
                 )
                 self._replicas_gauge.set(woken.replicas)
                 result = "patched"
-                log.info("route %s: woke %s/%s to %d", self._listener.name, target.kind, target.name, self._replicas)
+                log.info("route %s: woke %s/%s to %d", name, target.kind, target.name, self._replicas)
+                break
+            except HPAsUnread as err:
+                failure = str(err)
+                log.warning(
+                    "route %s: not waking %s: %s; the held requests wait (limits.hold_timeout) and it is read again "
+                    "in %gs (wake_retry_interval)",
+                    name,
+                    target.name,
+                    failure,
+                    self._retry_interval,
+                )
                 break
             except KubeAPIError as err:
                 if err.status == 409:
                     result = "conflict"
-                    telemetry.WAKES.labels(self._listener.name, result).inc()
+                    telemetry.WAKES.labels(name, result).inc()
                     continue
                 hint = " (grant patch on the scale subresource, or use wake: hpa)" if err.status == 403 else ""
-                log.warning("route %s: cannot wake %s: %s%s", self._listener.name, target.name, err, hint)
+                failure = f"cannot wake {target.name}: {err}{hint}"
+                log.warning("route %s: %s", name, failure)
                 break
             except KubeError as err:
-                log.warning("route %s: cannot wake %s: %s", self._listener.name, target.name, err)
+                failure = f"cannot wake {target.name}: {err}"
+                log.warning("route %s: %s", name, failure)
                 break
-        telemetry.WAKES.labels(self._listener.name, result).inc()
+        self._listener.wake_failed(failure)
+        telemetry.WAKES.labels(name, result).inc()
         return result
 
-    async def _refused(self) -> str | None:
-        """Decide from the HPAs read now (route wake: scale): None to wake, else the attempt's result, with the
-        held requests answered when the HPAs refuse."""
+    async def _refused(self) -> bool:
+        """Decide from the HPAs read now (route wake: scale): True when they refuse, the held requests answered.
+        Raises HPAsUnread when they could not be read."""
         if self._refusal is None:
-            return None
-        name, target = self._listener.name, self._target
+            return False
         try:
             refusal = await self._refusal()
         except KubeError as err:
-            log.warning(
-                "route %s: not waking %s: its namespace's HorizontalPodAutoscalers could not be read (%s); the held "
-                "requests wait (limits.hold_timeout) and they are read again in %gs (wake_retry_interval)",
-                name,
-                target.name,
-                err,
-                self._retry_interval,
-            )
-            return "error"
+            raise HPAsUnread(f"its namespace's HorizontalPodAutoscalers could not be read ({err})") from err
         if refusal is None:
-            return None
-        telemetry.WAKE_REFUSALS.labels(name, refusal.reason).inc()
+            return False
+        telemetry.WAKE_REFUSALS.labels(self._listener.name, refusal.reason).inc()
         level = logging.WARNING if refusal.needs_fix else logging.INFO
-        log.log(level, "route %s: not waking: %s", name, refusal.message)
+        log.log(level, "route %s: not waking: %s", self._listener.name, refusal.message)
         self._listener.wake_refused(refusal.message)
-        return "refused"
+        return True

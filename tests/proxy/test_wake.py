@@ -185,3 +185,20 @@ async def test_hpas_that_cannot_be_read_now_wake_nothing_and_the_requests_wait(
         await until(lambda: scale.replicas == 1)
         pending.cancel()
         await asyncio.gather(pending, return_exceptions=True)
+
+
+async def test_a_request_whose_hold_ends_while_the_hpas_cannot_be_read_is_told_so(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """The API stays down past the request's hold_timeout: its 504 says the workload was not woken and why,
+    not only that it did not become ready."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    down = Reply(503, status_body(503, "ServiceUnavailable", "the server is currently unable to handle the request"))
+    kube.add_route("GET", HPAS, lambda _req, _match: down)
+    async with running_proxy([scale_route("outage", limits={"hold_timeout": 1})], kube=kube_client) as server:
+        response = await request(server.port, get())
+    assert response.status == 504
+    body = response.body.decode()
+    assert "did not become ready in 1 s (limits.hold_timeout); not woken:" in body
+    assert "HorizontalPodAutoscalers could not be read (503 ServiceUnavailable" in body
+    assert scale.patches == []
