@@ -295,26 +295,31 @@ class Activator:
                 )
         self._last_problem = None
 
-    # The writes, each only while this replica leads: a write can take up to the API client's timeout, and leading
-    # may have stopped during the one before (another replica may be writing by now).
+    # The writes, each only while this replica leads and bounded to land while it still may: a write can take up to
+    # the API client's timeout (10 s), longer than the margin before another replica may take the Lease.
 
     async def _create(self, body: dict[str, Any]) -> dict[str, Any]:
-        self._check_leading()
-        _, created = await self._kube.request("POST", slice_path(self.namespace), body)
-        return created
+        return await self._write("POST", slice_path(self.namespace), body)
 
     async def _replace(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        self._check_leading()
-        _, replaced = await self._kube.request("PUT", slice_path(self.namespace, name), body)
-        return replaced
+        return await self._write("PUT", slice_path(self.namespace, name), body)
 
     async def _delete(self, name: str) -> None:
-        self._check_leading()
-        await self._kube.request("DELETE", slice_path(self.namespace, name))
+        await self._write("DELETE", slice_path(self.namespace, name))
 
-    def _check_leading(self) -> None:
-        if not self._leader.leading:
-            raise _NotLeading
+    async def _write(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One write with the leadership time left as its deadline, on both sides: the client gives up then, and the
+        API server, told by `timeout`, drops the write rather than apply it later (docs/architecture.md#activator)."""
+        left_ms = int(self._leader.write_time_left() * 1000)
+        if left_ms <= 0:
+            raise _NotLeading  # not sent: it could land after another replica's
+        try:
+            _, answer = await self._kube.request(method, f"{path}?timeout={left_ms}ms", body, within=left_ms / 1000)
+        except KubeError:
+            if not self._leader.leading:
+                raise _NotLeading from None  # cut off at the leadership's end (a timeout, the server's 504)
+            raise
+        return answer
 
     async def _read_service(self) -> bool:
         """Read the Service for its ownerReference; False (nothing written) when it is not ours to write."""

@@ -51,7 +51,19 @@ class LeaderElector(WatchTask):
     @property
     def leading(self) -> bool:
         """This replica may write: it holds the Lease, renewed less than renew_deadline ago."""
-        return self._leading and time.monotonic() - self._renewed_at < self._config.renew_deadline
+        return self.write_time_left() > 0
+
+    def write_time_left(self) -> float:
+        """Seconds a write sent now has to land, while this replica may still be the only writer; <= 0: none.
+
+        Another replica may take the Lease lease_duration after our last renewal's start at the earliest (it times
+        the record from when it read it changed, which is later). A write is bounded by renew_deadline from that
+        start instead: the rest, lease_duration - renew_deadline, is the margin for the API server, which counts
+        the request's own deadline from when it receives it, and for two clocks running at different rates
+        (docs/architecture.md#activator)."""
+        if not self._leading:
+            return 0.0
+        return self._renewed_at + self._config.renew_deadline - time.monotonic()
 
     def subscribe(self, listener: Callable[[bool], None]) -> None:
         """Call `listener(leading)` whenever this replica starts or stops leading."""

@@ -15,6 +15,7 @@ from adapter.config.proxy import ActivatorConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.leases import lease_path
 from adapter.proxy.leader import LeaderElector
+from tests.fixtures.kube_routes import SLICES_V1
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
 from tests.fixtures.netutil import free_port
 from tests.fixtures.proxy import get, request, running_proxy, until
@@ -262,3 +263,37 @@ async def test_a_leader_stops_writing_at_its_renew_deadline_not_at_its_next_try(
         assert stopped - renewals[-1] <= 1.0 + 0.15, stopped - renewals[-1]
     finally:
         await elector.close()
+
+
+async def test_a_write_sent_just_before_the_lease_is_lost_never_lands_after_another_replica_may_hold_it(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """Issue 28, finding 7: a slice write may take the client's timeout (10 s), longer than the lease_duration left
+    after the holder's last renewal; one sent as the holder stops renewing must be dropped, not applied late."""
+    seed(kube, 0, 8080)
+    renewals: list[float] = []
+    applied: list[float] = []
+
+    def note(method: str, path: str, body: Any) -> None:
+        if "/leases" in path and body["spec"]["holderIdentity"] == "proxy-a":
+            renewals.append(time.monotonic())
+        elif "/endpointslices" in path:
+            applied.append(time.monotonic())
+
+    def slow(_request: StandInRequest, _match: Any) -> None:
+        time.sleep(2.5)  # the API is slow to apply slice writes (then the stand-in's own route applies it)
+
+    kube.before_write.append(note)
+    async with running_proxy([activator_route(free_port())], kube=kube_client, activator=activator_settings()) as a:
+        await until(lambda: listed(kube) == [(PROXY_ADDRESS, a.routes["web"].config.activator.port, "http")])  # type: ignore[union-attr]
+        await until(lambda: len(renewals) >= 3)  # renewing
+        applied.clear()
+        for method in ("POST", "PUT", "DELETE"):
+            kube.add_route(method, SLICES_V1 + "(/[^/]+)?", slow)
+        refuse_writes_of(kube, "proxy-a", "hang")
+        set_replicas(kube, 1)
+        kube.put(SLICES, pods(8080, "10.1.0.20"))  # warm: the leader writes the pod in, slowly
+        await until(lambda: a.leader is not None and not a.leader.leading, within=5)
+        await asyncio.sleep(3.0)  # past when the slow write would land
+    late = [at - renewals[-1] for at in applied if at > renewals[-1] + TIMING["lease_duration"]]
+    assert late == [], f"slice writes landed {late} s after the last renewal (lease_duration 1.5 s)"
