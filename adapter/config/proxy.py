@@ -16,6 +16,7 @@ from adapter.config.base import Duration, Strict, split_address
 from adapter.config.kube import KubeAPIConfig
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_LABEL_VALUE_MAX = 63  # a Kubernetes label value
 _HOST_PATTERN = re.compile(r"^(\*|\*\.[a-z0-9.-]+|[a-z0-9.-]+)$")
 
 
@@ -189,6 +190,13 @@ class RouteConfig(Strict):
                 raise ValueError("mode: activator needs a Kubernetes target: its spec.replicas says when to switch")
             if self.activator is not None and self.activator.service == self.upstream.service:
                 raise ValueError("activator.service is the Service clients call, not the upstream that selects pods")
+            if len(self.name) > _LABEL_VALUE_MAX:
+                # Refused here, not shortened: a label nobody can read back as the route's name helps no one.
+                raise ValueError(
+                    f"route {self.name} is in mode: activator, so its name is the value of the zeroscale.io/route "
+                    f"label on every EndpointSlice it writes, and a label value has at most {_LABEL_VALUE_MAX} "
+                    f"characters (this name has {len(self.name)}): shorten the route's name"
+                )
         return self
 
     def slice_port_name(self) -> str:

@@ -539,3 +539,17 @@ def test_two_routes_may_not_write_one_service() -> None:
         ProxyConfig.model_validate({"routes": routes, "activator": activator_settings()})
     routes[1]["upstream"] = {**routes[1]["upstream"], "namespace": "other"}
     ProxyConfig.model_validate({"routes": routes, "activator": activator_settings()})  # another namespace's web
+
+
+def test_an_activator_route_name_too_long_for_a_label_value_is_refused_at_load_with_what_to_change() -> None:
+    """The route's name is the zeroscale.io/route label's value on every slice written, and the API refuses a label
+    value over 63 characters: the Service would never get a slice, write after write refused."""
+    fits = "r" * 63
+    ProxyConfig.model_validate({"routes": [activator_route(free_port(), name=fits)], "activator": activator_settings()})
+    too_long = "r" * 64
+    with pytest.raises(ValidationError, match=r"at most 63 characters \(this name has 64\): shorten the route's name"):
+        ProxyConfig.model_validate(
+            {"routes": [activator_route(free_port(), name=too_long)], "activator": activator_settings()}
+        )
+    # In the path, the name is only a metric label's value, which has no such bound.
+    ProxyConfig.model_validate({"routes": [{"name": too_long, "upstream": {"address": "web:80"}, "wake": "none"}]})
