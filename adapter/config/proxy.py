@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from adapter.config.base import Duration, Strict, split_address
 from adapter.config.kube import KubeAPIConfig
+from adapter.k8s_wire.endpoint_ip import LOOPBACK, NOT_AN_IP, endpoint_refusal
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _LABEL_VALUE_MAX = 63  # a Kubernetes label value
@@ -290,6 +291,11 @@ class ProxyConfig(Strict):
     sidecar: SidecarConfig | None = None
     # Needed by routes in mode: activator.
     activator: ActivatorConfig | None = None
+    # Development only (`zeroscale demo`, tests on a stand-in of the API): a loopback address may be a route's endpoint,
+    # from the config, a slice or a name's DNS answer. In a cluster one is the proxy's own pod (its admin port, its
+    # counts), never an upstream, and the API refuses it in a slice (docs/architecture.md#only-ip-endpoints). A
+    # sidecar's upstream, the app beside it in the pod, is on loopback whatever this says.
+    allow_loopback_endpoints: bool = False
 
     @model_validator(mode="after")
     def _one_mode(self) -> ProxyConfig:
@@ -317,6 +323,25 @@ class ProxyConfig(Strict):
         ports = [route.activator.port for route in activators if route.activator is not None]
         if len(set(ports)) != len(ports) or {self.port, self.admin_port} & set(ports):
             raise ValueError("each activator route needs a port of its own, not the proxy's port or admin_port")
+        return self
+
+    @model_validator(mode="after")
+    def _only_ip_endpoints(self) -> ProxyConfig:
+        """An address in the config that may not be an endpoint is refused at load (names: when they resolve)."""
+        given = [
+            (f"route {r.name}", getattr(r.upstream, "address", None), self.allow_loopback_endpoints)
+            for r in self.routes
+        ]
+        if self.sidecar is not None:
+            given.append(("proxy.sidecar", self.sidecar.upstream, True))
+        for where, address, loopback in given:
+            why = endpoint_refusal(split_address(address)[0]) if address else None
+            if why not in (None, NOT_AN_IP) and not (why == LOOPBACK and loopback):
+                hint = " (set proxy.allow_loopback_endpoints for development)" if why == LOOPBACK else ""
+                raise ValueError(
+                    f"{where}: upstream address {address} is {why.replace('_', '-')}, which may not be an endpoint "
+                    f"(docs/architecture.md#only-ip-endpoints){hint}: give the upstream's own address or name"
+                )
         return self
 
     def effective_routes(self) -> list[RouteConfig]:

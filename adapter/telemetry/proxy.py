@@ -85,6 +85,13 @@ SLICE_WRITES = Counter(
     "Writes of an activator route's EndpointSlices by result (created, updated, deleted, conflict, error, refused)",
     ["route", "result"],
 )
+REFUSED_ENDPOINTS = Counter(
+    "zeroscale_proxy_refused_endpoints_total",
+    "Endpoint addresses refused (docs/architecture.md#only-ip-endpoints), each counted when it first shows up, by "
+    "where it came from (endpointslice, proxy_service, dns) and why (fqdn_slice, not_an_ip, unspecified, loopback, "
+    "link_local)",
+    ["route", "source", "reason"],
+)
 SWITCH_SECONDS = Histogram(
     "zeroscale_proxy_activator_switch_seconds",
     "From the event that decided a switch (a pod ready, the target at 0) to the Service's slices written, by where "

@@ -553,3 +553,18 @@ def test_an_activator_route_name_too_long_for_a_label_value_is_refused_at_load_w
         )
     # In the path, the name is only a metric label's value, which has no such bound.
     ProxyConfig.model_validate({"routes": [{"name": too_long, "upstream": {"address": "web:80"}, "wake": "none"}]})
+
+
+async def test_an_fqdn_slice_of_the_pods_is_not_copied(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """Issue 28, finding 5: its name went into an IPv4 slice, every write was refused, and the Service stayed on the
+    proxy while the activator believed it warm. kube-proxy ignores FQDN slices: so does the copy."""
+    seed(kube, 1, 8080, "10.0.0.1")
+    kube.put(
+        SLICES,
+        {**endpoint_slice("web-pods-fqdn", "web-pods", [("localhost", {"ready": True})], 8080), "addressType": "FQDN"},
+    )
+    async with running_proxy([activator_route(free_port())], kube=kube_client, activator=activator_settings()) as a:
+        await until(lambda: listed(kube) == [("10.0.0.1", 8080, "http")])
+        await asyncio.sleep(0.3)  # nothing more is written
+        assert listed(kube) == [("10.0.0.1", 8080, "http")]
+        assert a.activators["web"].warm
