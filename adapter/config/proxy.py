@@ -6,6 +6,8 @@ proxy from its environment (`ZEROSCALE_PROXY__SIDECAR__UPSTREAM=127.0.0.1:8081`,
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from typing import Literal
 from urllib.parse import urlsplit
@@ -244,7 +246,10 @@ class ActivatorConfig(Strict):
     # addresses are used, with each route's activator.port).
     proxy_service: ServiceRef
     lease_namespace: str = Field(pattern=_DNS_LABEL)
-    lease_name: str = Field(default="zeroscale-proxy-activator", pattern=_DNS_LABEL)
+    # Empty: `<proxy_service.service>-activator` (prefixed with proxy_service.namespace when that is not
+    # lease_namespace), so each installation, with a proxy Service of its own, has a Lease of its own: two sharing one
+    # would leave one's routes unwritten (docs/architecture.md#activator).
+    lease_name: str = Field(default="", pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$", max_length=253)
     # This replica's name in the Lease; empty: the host name (a pod's name). Set it from the downward API.
     identity: str = Field(default="", max_length=253)
     # As Kubernetes' own components elect a leader: a holder that has not renewed for lease_duration is replaced;
@@ -254,6 +259,14 @@ class ActivatorConfig(Strict):
     retry_period: Duration = Field(default=2.0, gt=0)
     # The written slices are listed and compared with what they should be this often, whatever the watches said.
     resync_interval: Duration = Field(default=30.0, gt=0)
+
+    def lease(self) -> str:
+        """The Lease's name: lease_name, or the one that follows the installation's proxy Service."""
+        if self.lease_name:
+            return self.lease_name
+        service = self.proxy_service
+        prefix = "" if service.namespace == self.lease_namespace else f"{service.namespace}-"
+        return f"{prefix}{service.service}-activator"
 
     @model_validator(mode="after")
     def _lease_timing(self) -> ActivatorConfig:
@@ -343,6 +356,20 @@ class ProxyConfig(Strict):
                     f"(docs/architecture.md#only-ip-endpoints){hint}: give the upstream's own address or name"
                 )
         return self
+
+    def activator_routes(self) -> dict[str, str]:
+        """What each activator route writes, by route name: `<namespace>/<service>@<digest>`, the digest of all the
+        slices depend on (the route's name, upstream, target and activator settings, and the proxy's own Service).
+        The Lease holder publishes its set; a replica whose entry is not in it is not served (leader.py)."""
+        proxy_service = self.activator.proxy_service.model_dump() if self.activator is not None else None
+        served = {}
+        for route in self.routes:
+            if route.activator is None:
+                continue
+            fields = route.model_dump(mode="json", include={"name", "upstream", "target", "activator"})
+            digest = hashlib.sha256(json.dumps([fields, proxy_service], sort_keys=True).encode()).hexdigest()[:12]
+            served[route.name] = f"{route.upstream.namespace}/{route.activator.service}@{digest}"  # type: ignore[union-attr]
+        return served
 
     def effective_routes(self) -> list[RouteConfig]:
         return [self.sidecar.as_route()] if self.sidecar is not None else list(self.routes)

@@ -231,7 +231,7 @@ class ProxyServer:
                 f"route {route.name}: mode activator writes EndpointSlices: it needs Kubernetes API access"
             )
         if self.leader is None:
-            self.leader = LeaderElector(kube, settings)
+            self.leader = LeaderElector(kube, settings, self.config.activator_routes())
             self._proxy_pods = ProxyPods(kube, settings)
         assert self._proxy_pods is not None
         self.activators[route.name] = Activator(kube, route, self._proxy_pods, self.leader, settings.resync_interval)

@@ -74,6 +74,12 @@ ACTIVATOR_LEADER = Gauge(
     "zeroscale_proxy_activator_leader",
     "1 while this replica holds the activator Lease and so writes the activator routes' EndpointSlices",
 )
+ACTIVATOR_HOLDER_SERVES = Gauge(
+    "zeroscale_proxy_activator_holder_serves",
+    "1 while the activator Lease's holder writes this activator route's Service as this replica's config says, 0 "
+    "while it does not (another installation sharing the Lease, another config); absent while unknown",
+    ["route"],
+)
 ACTIVATOR_DIRECT = Gauge(
     "zeroscale_proxy_activator_direct",
     "1 while an activator route's Service lists the workload's pods (the proxy out of the path), 0 while it lists "
