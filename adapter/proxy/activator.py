@@ -321,11 +321,12 @@ class Activator:
     async def _write(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """One write with the leadership time left as its deadline, on both sides: the client gives up then, and the
         API server, told by `timeout`, drops the write rather than apply it later (docs/architecture.md#activator)."""
-        left_ms = int(self._leader.write_time_left() * 1000)
-        if left_ms <= 0:
+        left = self._leader.write_time_left()
+        if left <= 0:
             raise _NotLeading  # not sent: it could land after another replica's
+        timeout = f"{max(1, int(left * 1000))}ms"  # whole milliseconds, rounded down (1 at least)
         try:
-            _, answer = await self._kube.request(method, f"{path}?timeout={left_ms}ms", body, within=left_ms / 1000)
+            _, answer = await self._kube.request(method, f"{path}?timeout={timeout}", body, within=left)
         except KubeError:
             if not self._leader.leading:
                 raise _NotLeading from None  # cut off at the leadership's end (a timeout, the server's 504)
