@@ -121,6 +121,7 @@ def zeroscale_config(ports: Ports, tls_dir: Path, scaler_port: int, with_kafka: 
             "admin_bind": HOST,
             "admin_port": ports.proxy_admin,
             "grace_period": "5s",
+            "allow_loopback_endpoints": True,  # development mode: the demo's apps are local processes
             "routes": [
                 {
                     "name": "web",

@@ -72,28 +72,29 @@ class KubeClient:
         json_body: object = None,
         content_type: str = "application/json",
         secret: str | None = None,
+        within: float | None = None,
     ) -> tuple[int, dict[str, Any]]:
         """Make one call; return (status, decoded JSON) for 2xx, raise KubeAPIError for >= 400.
 
         `secret` is a credential the body carries (a TokenReview's token): never in an error message.
+        `within` shortens the client's timeout for this call (a write that must land by a deadline).
         """
         # A task of its own: asyncio.timeout needs one, and the API server runs a handler's first
         # step outside any task (adapter/api/http.py). Cancelling the caller cancels this task.
         return await asyncio.get_running_loop().create_task(
-            self._request(method, path, json_body, content_type, secret)
+            self._request(method, path, json_body, content_type, secret, self._timeout if within is None else within)
         )
 
     async def _request(
-        self, method: str, path: str, json_body: object, content_type: str, secret: str | None
+        self, method: str, path: str, json_body: object, content_type: str, secret: str | None, within: float
     ) -> tuple[int, dict[str, Any]]:
         body = b"" if json_body is None else json.dumps(json_body).encode()
+        within = min(within, self._timeout)
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(within):
                 status, data = await self._exchange_with_retry(method, path, body, content_type)
         except TimeoutError:
-            raise KubeConnectionError(
-                f"{method} {path}: no answer from {self._peer} within {self._timeout:g}s"
-            ) from None
+            raise KubeConnectionError(f"{method} {path}: no answer from {self._peer} within {within:g}s") from None
         if status >= 400:
             raise _api_error(status, data, (secret, self._token.get()))
         try:

@@ -43,6 +43,7 @@ from adapter.kube.endpointslices import (
     is_usable,
     kept_endpoints,
     owned_slices_path,
+    refused_addresses,
     routable,
     same_slice,
     slice_path,
@@ -52,6 +53,7 @@ from adapter.kube.scale import spec_replicas, workload_collection_path
 from adapter.kube.watching import ListWatch, collection_lister, field, objects_by_name
 from adapter.proxy.leader import LeaderElector
 from adapter.proxy.readiness import slice_lister
+from adapter.proxy.refused import RefusedEndpoints
 from adapter.proxy.route import Route
 from adapter.telemetry import proxy as telemetry
 
@@ -67,6 +69,7 @@ class ProxyPods:
         self.endpoints: list[dict[str, Any]] = []
         self.seen = False  # listed at least once
         self._listeners: list[Activator] = []
+        self._refused = RefusedEndpoints("", "proxy_service", f"the activator: the proxy's Service {service.service}")
         name = f"EndpointSlice watch of the proxy's Service {service.namespace}/{service.service}"
         self._watch = ListWatch(kube, slice_lister(kube, service), name, self._changed, self._failed)
 
@@ -82,6 +85,8 @@ class ProxyPods:
     def _changed(self, slices: dict[str, dict[str, Any]]) -> None:
         # Any port of the Service (the chart names its port, a Service may have several): only the addresses are
         # used, each with the route's activator.port, so a pod listed once per port is one endpoint.
+        # Never loopback: the cold slices send clients' connections to these addresses through kube-proxy.
+        self._refused.report(refused_addresses(slices.values()))
         every = list({tuple(ep["addresses"]): ep for s in slices.values() for ep in kept_endpoints(s)}.values())
         # While none is ready, those still serving (a rollout's last old pods).
         self.endpoints = routable(every)
@@ -180,7 +185,7 @@ class Activator:
         """Why the Service must list the proxy now, or None when it may list the pods."""
         if not self._replicas:
             return f"{self._target.kind} {self._target.name} is at 0 replicas (or not read yet)"
-        groups = endpoints_by_port((self._pods or {}).values(), self._upstream.port)
+        groups = self._pod_groups()
         if not any(is_usable(ep) for group in groups.values() for ep in group):
             return "no pod is ready"
         return None
@@ -195,9 +200,15 @@ class Activator:
             log.info("route %s: %s (%s)", self._route.name, "pods take new connections" if warm else "proxy", why)
         self._dirty.set()
 
+    def _pod_groups(self) -> dict[int, list[dict[str, Any]]]:
+        """The pods' endpoints by port number: only IP ones (docs/architecture.md#only-ip-endpoints), which the API
+        takes in the slices we write (an FQDN slice's name copied into an IPv4 slice fails every write)."""
+        pods = (self._pods or {}).values()
+        return endpoints_by_port(pods, self._upstream.port, loopback=self._route.allow_loopback)
+
     def wanted(self) -> dict[str, dict[str, Any]]:
         """The slices the Service should have now."""
-        pods = endpoints_by_port((self._pods or {}).values(), self._upstream.port)
+        pods = self._pod_groups()
         groups = pods if self.warm or not self._proxies.endpoints else {self._settings.port: self._proxies.endpoints}
         return build_slices(
             self.namespace,
@@ -295,26 +306,32 @@ class Activator:
                 )
         self._last_problem = None
 
-    # The writes, each only while this replica leads: a write can take up to the API client's timeout, and leading
-    # may have stopped during the one before (another replica may be writing by now).
+    # The writes, each only while this replica leads and bounded to land while it still may: a write can take up to
+    # the API client's timeout (10 s), longer than the margin before another replica may take the Lease.
 
     async def _create(self, body: dict[str, Any]) -> dict[str, Any]:
-        self._check_leading()
-        _, created = await self._kube.request("POST", slice_path(self.namespace), body)
-        return created
+        return await self._write("POST", slice_path(self.namespace), body)
 
     async def _replace(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        self._check_leading()
-        _, replaced = await self._kube.request("PUT", slice_path(self.namespace, name), body)
-        return replaced
+        return await self._write("PUT", slice_path(self.namespace, name), body)
 
     async def _delete(self, name: str) -> None:
-        self._check_leading()
-        await self._kube.request("DELETE", slice_path(self.namespace, name))
+        await self._write("DELETE", slice_path(self.namespace, name))
 
-    def _check_leading(self) -> None:
-        if not self._leader.leading:
-            raise _NotLeading
+    async def _write(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One write with the leadership time left as its deadline, on both sides: the client gives up then, and the
+        API server, told by `timeout`, drops the write rather than apply it later (docs/architecture.md#activator)."""
+        left = self._leader.write_time_left()
+        if left <= 0:
+            raise _NotLeading  # not sent: it could land after another replica's
+        timeout = f"{max(1, int(left * 1000))}ms"  # whole milliseconds, rounded down (1 at least)
+        try:
+            _, answer = await self._kube.request(method, f"{path}?timeout={timeout}", body, within=left)
+        except KubeError:
+            if not self._leader.leading:
+                raise _NotLeading from None  # cut off at the leadership's end (a timeout, the server's 504)
+            raise
+        return answer
 
     async def _read_service(self) -> bool:
         """Read the Service for its ownerReference; False (nothing written) when it is not ours to write."""

@@ -37,7 +37,9 @@ class ProxyServer:
         self.via = config.via
         self.draining = False
         route_configs = config.effective_routes()
-        self.routes = {rc.name: Route(rc) for rc in route_configs}
+        # A sidecar's upstream is the app beside it in the pod: on loopback by design.
+        loopback = config.allow_loopback_endpoints or config.sidecar is not None
+        self.routes = {rc.name: Route(rc, allow_loopback=loopback) for rc in route_configs}
         self.router: Router[Route] = Router((rc.hosts, rc.path_prefix, self.routes[rc.name]) for rc in route_configs)
         self.connections: set[ClientConnection] = set()
         self.loop = asyncio.get_running_loop()
@@ -227,7 +229,7 @@ class ProxyServer:
                 f"route {route.name}: mode activator writes EndpointSlices: it needs Kubernetes API access"
             )
         if self.leader is None:
-            self.leader = LeaderElector(kube, settings)
+            self.leader = LeaderElector(kube, settings, self.config.activator_routes())
             self._proxy_pods = ProxyPods(kube, settings)
         assert self._proxy_pods is not None
         self.activators[route.name] = Activator(kube, route, self._proxy_pods, self.leader, settings.resync_interval)

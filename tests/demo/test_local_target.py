@@ -98,6 +98,7 @@ async def test_a_request_held_at_zero_wakes_the_local_app_through_the_proxy(supe
             "port": 0,
             "admin_bind": "127.0.0.1",
             "admin_port": 0,
+            "allow_loopback_endpoints": True,
             "routes": [
                 {
                     "name": "web",

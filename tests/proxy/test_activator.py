@@ -287,7 +287,11 @@ async def test_slices_it_does_not_own_are_never_touched(kube: KubeStandIn, kube_
         await until(lambda: listed(kube) == [(PROXY_ADDRESS, port, "http")])
         await asyncio.sleep(0.5)  # a few resyncs
     assert [kube.get(SLICES, body["metadata"]["name"]) for body in kept] == kept
-    touched = {path.rsplit("/", 1)[-1] for method, path, _ in kube.requests if method in ("PUT", "DELETE", "PATCH")}
+    touched = {
+        path.split("?")[0].rsplit("/", 1)[-1]
+        for method, path, _ in kube.requests
+        if method in ("PUT", "DELETE", "PATCH")
+    }
     assert touched.isdisjoint({"web-manual", "web-zeroscale-1", "other-zeroscale-0"}), touched
     assert writes_total("web", "conflict") >= 1  # the POST of web-zeroscale-1: 409 AlreadyExists, each try
 
@@ -373,7 +377,7 @@ async def test_a_conflict_on_update_is_read_again_and_written(kube: KubeStandIn,
         set_replicas(kube, 0)
         await until(lambda: listed(kube) == [(PROXY_ADDRESS, port, "http")])
     assert writes_total("web", "conflict") == conflicts + 1
-    puts = [path for method, path, _ in kube.requests if method == "PUT" and path.endswith("/web-zeroscale-0")]
+    puts = [path for method, path, _ in kube.requests if method == "PUT" and "/web-zeroscale-0?" in path]
     assert len(puts) == 2, "the stale one (409), then the one with the version read again"
 
 
@@ -535,3 +539,32 @@ def test_two_routes_may_not_write_one_service() -> None:
         ProxyConfig.model_validate({"routes": routes, "activator": activator_settings()})
     routes[1]["upstream"] = {**routes[1]["upstream"], "namespace": "other"}
     ProxyConfig.model_validate({"routes": routes, "activator": activator_settings()})  # another namespace's web
+
+
+def test_an_activator_route_name_too_long_for_a_label_value_is_refused_at_load_with_what_to_change() -> None:
+    """The route's name is the zeroscale.io/route label's value on every slice written, and the API refuses a label
+    value over 63 characters: the Service would never get a slice, write after write refused."""
+    fits = "r" * 63
+    ProxyConfig.model_validate({"routes": [activator_route(free_port(), name=fits)], "activator": activator_settings()})
+    too_long = "r" * 64
+    with pytest.raises(ValidationError, match=r"at most 63 characters \(this name has 64\): shorten the route's name"):
+        ProxyConfig.model_validate(
+            {"routes": [activator_route(free_port(), name=too_long)], "activator": activator_settings()}
+        )
+    # In the path, the name is only a metric label's value, which has no such bound.
+    ProxyConfig.model_validate({"routes": [{"name": too_long, "upstream": {"address": "web:80"}, "wake": "none"}]})
+
+
+async def test_an_fqdn_slice_of_the_pods_is_not_copied(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """Issue 28, finding 5: its name went into an IPv4 slice, every write was refused, and the Service stayed on the
+    proxy while the activator believed it warm. kube-proxy ignores FQDN slices: so does the copy."""
+    seed(kube, 1, 8080, "10.0.0.1")
+    kube.put(
+        SLICES,
+        {**endpoint_slice("web-pods-fqdn", "web-pods", [("localhost", {"ready": True})], 8080), "addressType": "FQDN"},
+    )
+    async with running_proxy([activator_route(free_port())], kube=kube_client, activator=activator_settings()) as a:
+        await until(lambda: listed(kube) == [("10.0.0.1", 8080, "http")])
+        await asyncio.sleep(0.3)  # nothing more is written
+        assert listed(kube) == [("10.0.0.1", 8080, "http")]
+        assert a.activators["web"].warm
