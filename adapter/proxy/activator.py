@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from adapter.config.proxy import ActivatorConfig, RouteConfig, ScaleTarget, ServiceUpstream
@@ -310,28 +311,39 @@ class Activator:
     # the API client's timeout (10 s), longer than the margin before another replica may take the Lease.
 
     async def _create(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._write("POST", slice_path(self.namespace), body)
+        left, timeout = self._write_deadline()
+        with self._cut_off_when_no_longer_leading():
+            _, answer = await self._kube.request("POST", slice_path(self.namespace) + timeout, body, within=left)
+        return answer
 
     async def _replace(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._write("PUT", slice_path(self.namespace, name), body)
+        left, timeout = self._write_deadline()
+        with self._cut_off_when_no_longer_leading():
+            _, answer = await self._kube.request("PUT", slice_path(self.namespace, name) + timeout, body, within=left)
+        return answer
 
     async def _delete(self, name: str) -> None:
-        await self._write("DELETE", slice_path(self.namespace, name))
+        left, timeout = self._write_deadline()
+        with self._cut_off_when_no_longer_leading():
+            await self._kube.request("DELETE", slice_path(self.namespace, name) + timeout, within=left)
 
-    async def _write(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One write with the leadership time left as its deadline, on both sides: the client gives up then, and the
-        API server, told by `timeout`, drops the write rather than apply it later (docs/architecture.md#activator)."""
+    def _write_deadline(self) -> tuple[float, str]:
+        """The leadership time left, as the client's deadline and as the API server's `?timeout=` query: the
+        client gives up then, and the server drops the write rather than apply it later
+        (docs/architecture.md#activator). Each write is its own `request` call, so the RBAC check sees its verb."""
         left = self._leader.write_time_left()
         if left <= 0:
             raise _NotLeading  # not sent: it could land after another replica's
-        timeout = f"{max(1, int(left * 1000))}ms"  # whole milliseconds, rounded down (1 at least)
+        return left, f"?timeout={max(1, int(left * 1000))}ms"  # whole milliseconds, rounded down (1 at least)
+
+    @contextlib.contextmanager
+    def _cut_off_when_no_longer_leading(self) -> Iterator[None]:
         try:
-            _, answer = await self._kube.request(method, f"{path}?timeout={timeout}", body, within=left)
+            yield
         except KubeError:
             if not self._leader.leading:
                 raise _NotLeading from None  # cut off at the leadership's end (a timeout, the server's 504)
             raise
-        return answer
 
     async def _read_service(self) -> bool:
         """Read the Service for its ownerReference; False (nothing written) when it is not ours to write."""
