@@ -6,6 +6,10 @@ name; and which ServiceAccount makes it follows from which process imports the m
 adapter/serve.py, `proxy` from adapter/proxy_main.py). Then the rendered RBAC must grant each
 ServiceAccount those calls and nothing more: deploy/'s kustomize render and the Helm chart's alike.
 
+A route in mode activator writes its Service's EndpointSlices, which redirects that Service (CVE-2021-25740): its
+calls are granted only when such a route is configured (the chart renders them from its routes, deploy/ in
+overlays/activator), by Roles in the route's namespace and the Lease's, never cluster-wide.
+
 Not counted: `zeroscale explain` (adapter/hpa/) and `zeroscale doctor` (adapter/doctor/) run on a workstation
 with the user's own kubeconfig, never under a deployed ServiceAccount, so no manifest grants their calls.
 """
@@ -17,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.fixtures.manifests import ROOT, Objects, helm_render
+from tests.fixtures.manifests import DEPLOY, ROOT, Objects, helm_render
 
 ADAPTER_DIR = ROOT / "adapter"
 USER_KUBECONFIG_ONLY = ("adapter/hpa/", "adapter/doctor/")
@@ -76,6 +81,16 @@ PATHS_FROM = {
 CALLERS = {"adapter/kube/watching.py": {"adapter.proxy.readiness", "adapter.proxy.intent", "adapter.proxy.activator"}}
 # Made only when `delegate:` is configured: granted by deploy/overlays/beside-keda alone.
 DELEGATE_SITES = {("adapter/api/delegate.py", "GET")}
+# Made only for routes in mode activator: its own module's and the Lease's, and the target workload's list-then-watch
+# (through watching.py, which the in-path readiness and wake: scale use too, for slices and HPAs).
+ACTIVATOR_SITES = {site for site in CALLS if site[0] in ("adapter/proxy/activator.py", "adapter/kube/leases.py")}
+WORKLOADS = ("deployments", "statefulsets", "replicasets")
+ACTIVATOR_WORKLOAD_CALLS = {(verb, "apps", plural) for verb in ("list", "watch") for plural in WORKLOADS}
+# Verbs that change an object: none on EndpointSlices unless an activator route needs it.
+WRITES = {"create", "update", "patch", "delete", "deletecollection", "*"}
+# deploy/examples/activator.zeroscale.yaml's route: Service `web` and Deployment `web` in `shop`, its Lease in the
+# proxy's namespace; deploy/overlays/activator grants what it needs, the chart renders it from that config.
+ACTIVATOR_EXAMPLE = DEPLOY / "examples" / "activator.zeroscale.yaml"
 
 # Built-in roles the manifests bind, as the bootstrap policy defines them (they are not in deploy/).
 BUILT_IN: dict[str, list[dict[str, Any]]] = {
@@ -159,36 +174,73 @@ def _strings(path: Path) -> str:
     )
 
 
-def needed_by(service_account: str, delegate: bool = False) -> set[Call]:
+def needed_by(service_account: str, delegate: bool = False, activator: bool = False) -> set[Call]:
     modules = reachable(ENTRY_POINTS[service_account])
-    sites = {site: module for site, module in kube_call_sites().items() if delegate or site not in DELEGATE_SITES}
-    return {
+    sites = {
+        site: module
+        for site, module in kube_call_sites().items()
+        if (delegate or site not in DELEGATE_SITES) and (activator or site not in ACTIVATOR_SITES)
+    }
+    calls = {
         call
         for site, module in sites.items()
         if module in modules and modules & CALLERS.get(site[0], {module})
         for call in CALLS[site]
     }
+    return calls if activator else calls - ACTIVATOR_WORKLOAD_CALLS
 
 
-def granted(objects: Objects, service_account: str) -> set[Call]:
-    roles = {(obj["kind"], obj["metadata"]["name"]): obj.get("rules", []) for obj in objects if "rules" in obj}
-    calls: set[Call] = set()
+Grant = tuple[Call, str | None, tuple[str, ...]]  # the call, the namespace (None: every one), resourceNames (): any
+
+
+def grants(objects: Objects, service_account: str) -> set[Grant]:
+    """What the ServiceAccount may call, where, and on which names, by every binding of it."""
+    roles = {
+        (obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"]): obj.get("rules", [])
+        for obj in objects
+        if "rules" in obj
+    }
+    found: set[Grant] = set()
     for binding in objects:
         if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
             continue
         subject = {"kind": "ServiceAccount", "name": service_account, "namespace": "zeroscale"}
         if subject not in binding["subjects"]:
             continue
-        ref = binding["roleRef"]
-        rules = BUILT_IN.get(ref["name"]) or roles[(ref["kind"], ref["name"])]
+        ref, where = binding["roleRef"], binding["metadata"].get("namespace")
+        role_namespace = where if ref["kind"] == "Role" else None
+        rules = BUILT_IN.get(ref["name"]) or roles[(ref["kind"], role_namespace, ref["name"])]
         for rule in rules:
-            calls |= {
-                (verb, group, resource)
+            found |= {
+                ((verb, group, resource), where, tuple(rule.get("resourceNames", ())))
                 for verb in rule["verbs"]
                 for group in rule["apiGroups"]
                 for resource in rule["resources"]
             }
-    return calls
+    return found
+
+
+def granted(objects: Objects, service_account: str) -> set[Call]:
+    return {call for call, _, _ in grants(objects, service_account)}
+
+
+def endpointslice_writes(objects: Objects) -> list[tuple[str, str | None, str]]:
+    """(kind, namespace, name) of every Role or ClusterRole that lets anyone change an EndpointSlice."""
+    return [
+        (obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])
+        for obj in objects
+        if obj["kind"] in ("Role", "ClusterRole")
+        for rule in obj.get("rules") or []
+        if {"discovery.k8s.io", "*"} & set(rule["apiGroups"])
+        and {"endpointslices", "*"} & set(rule["resources"])
+        and WRITES & set(rule["verbs"])
+    ]
+
+
+def chart_with_routes(helm: Path, tmp_path: Path, proxy: dict[str, Any]) -> Objects:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"config": {"proxy": proxy}}), encoding="utf-8")
+    return helm_render(helm, "--values", str(values))
 
 
 @pytest.fixture(params=["kustomize", "helm"])
@@ -239,18 +291,112 @@ def test_the_chart_with_a_delegate_grants_exactly_the_delegate_call(helm: Path) 
     assert granted(chart, "zeroscale-adapter") == needed_by("zeroscale-adapter", delegate=True) | BUILT_IN_EXTRA
 
 
+@pytest.fixture(params=["kustomize", "helm"])
+def activator_installation(request: pytest.FixtureRequest, tmp_path: Path) -> Objects:
+    """With deploy/examples/activator.zeroscale.yaml's route: overlays/cert-manager plus overlays/activator, and
+    the chart given that config."""
+    if request.param == "kustomize":
+        rendered: dict[str, Objects] = request.getfixturevalue("rendered")
+        return rendered["cert-manager"] + rendered["activator"]
+    proxy = yaml.safe_load(ACTIVATOR_EXAMPLE.read_text())["proxy"]
+    return chart_with_routes(request.getfixturevalue("helm"), tmp_path, proxy)
+
+
 def test_the_proxy_is_granted_exactly_its_calls(installation: Objects) -> None:
+    """Without an activator route: wake and follow slices, cluster-wide; nothing of mode activator."""
     needed = needed_by("zeroscale-proxy")
     assert ("patch", "apps", "deployments/scale") in needed
-    assert ("create", "discovery.k8s.io", "endpointslices") in needed  # mode activator
-    assert granted(installation, "zeroscale-proxy") == needed
+    assert ("create", "discovery.k8s.io", "endpointslices") not in needed
+    assert grants(installation, "zeroscale-proxy") == {(call, None, ()) for call in needed}
 
 
-def test_the_proxy_takes_leases_in_its_own_namespace_only(installation: Objects) -> None:
-    """Mode activator's Lease: granted by a Role in the proxy's namespace, never cluster-wide."""
+def test_the_default_installation_grants_no_endpointslice_write(
+    base: Objects, rendered: dict[str, Objects], chart_default: Objects
+) -> None:
+    """Finding 4 of issue 28: a compromised proxy must not be able to redirect Services it routes nothing for.
+    deploy/base, every installation overlay and the chart's defaults let no one write an EndpointSlice."""
+    installations = {"base": base, "chart": chart_default}
+    installations |= {name: objects for name, objects in rendered.items() if name != "activator"}
+    assert {name: endpointslice_writes(objects) for name, objects in installations.items()} == {
+        name: [] for name in installations
+    }
+
+
+def test_an_activator_route_is_granted_its_calls_in_its_namespaces_only(activator_installation: Objects) -> None:
+    """Its Service's slices, the Service and the target by name, in the route's namespace; the Lease in the proxy's;
+    the rest cluster-wide as without it. Nothing of mode activator cluster-wide."""
+    in_path = needed_by("zeroscale-proxy")
+    activator = needed_by("zeroscale-proxy", activator=True) - in_path
+    expected: set[Grant] = {(call, None, ()) for call in in_path}
+    expected |= {(call, "shop", ()) for call in activator if call[2] == "endpointslices"}
+    expected |= {(call, "shop", ("web",)) for call in activator if call[2] in ("services", "deployments")}
+    expected |= {(call, "zeroscale", ()) for call in activator if call[2] == "leases"}
+    # Every call the activator's code makes is granted, but the other kinds' watches (the route's target is a
+    # Deployment).
+    other_kinds = {(verb, "apps", plural) for verb in ("list", "watch") for plural in ("statefulsets", "replicasets")}
+    assert activator - {call for call, _, _ in expected} == other_kinds
+    assert ("create", "discovery.k8s.io", "endpointslices") in activator
+    assert grants(activator_installation, "zeroscale-proxy") == expected
+    assert endpointslice_writes(activator_installation) == [("Role", "shop", "zeroscale-proxy-activator")]
+
+
+def test_the_chart_grants_each_activator_namespace_its_own_routes(helm: Path, tmp_path: Path) -> None:
+    """Routes in two namespaces (two in one, a StatefulSet among them) and one in the path: a Role in each of the
+    two, naming only its own Services and targets; none where only an in-path route goes; the Lease's where
+    lease_namespace says."""
+
+    def route(name: str, namespace: str, port: int, kind: str = "Deployment") -> dict[str, Any]:
+        return {
+            "name": name,
+            "mode": "activator",
+            "upstream": {"service": f"{name}-pods", "namespace": namespace, "port": "http"},
+            "activator": {"service": name, "port": port},
+            "target": {"namespace": namespace, "kind": kind, "name": name},
+        }
+
+    plain = {"name": "plain", "upstream": {"service": "plain", "namespace": "other", "port": "http"}}
+    plain["target"] = {"namespace": "other", "kind": "Deployment", "name": "plain"}
+    proxy = {
+        "activator": {
+            "proxy_service": {"service": "zeroscale-proxy", "namespace": "zeroscale"},
+            "lease_namespace": "ha",
+        },
+        "routes": [
+            route("web", "shop", 8081),
+            route("api", "shop", 8082, "StatefulSet"),
+            route("cart", "cart", 8083),
+            plain,
+        ],
+    }
+    objects = chart_with_routes(helm, tmp_path, proxy)
+    namespaced = {
+        (call, where, names) for call, where, names in grants(objects, "zeroscale-proxy") if where is not None
+    }
+    writes = {
+        ((verb, "discovery.k8s.io", "endpointslices"), ns, ())
+        for verb in ("create", "update", "delete")
+        for ns in ("shop", "cart")
+    }
+    assert namespaced == writes | {
+        (("get", "", "services"), "shop", ("api", "web")),
+        (("get", "", "services"), "cart", ("cart",)),
+        *{((verb, "apps", "deployments"), "shop", ("web",)) for verb in ("list", "watch")},
+        *{((verb, "apps", "statefulsets"), "shop", ("api",)) for verb in ("list", "watch")},
+        *{((verb, "apps", "deployments"), "cart", ("cart",)) for verb in ("list", "watch")},
+        *{((verb, "coordination.k8s.io", "leases"), "ha", ()) for verb in ("get", "create", "update")},
+    }
+    assert sorted(endpointslice_writes(objects)) == [
+        ("Role", "cart", "zeroscale-proxy-activator"),
+        ("Role", "shop", "zeroscale-proxy-activator"),
+    ]
+
+
+def test_the_proxy_takes_leases_in_its_own_namespace_only(activator_installation: Objects) -> None:
+    """Mode activator's Lease: granted by a Role in the Lease's namespace, never cluster-wide (and without an
+    activator route not at all: test_the_proxy_is_granted_exactly_its_calls)."""
     lease_rules = [
         (obj["kind"], obj["metadata"].get("namespace"))
-        for obj in installation
+        for obj in activator_installation
         if obj["kind"] in ("Role", "ClusterRole")
         for rule in obj["rules"]
         if "coordination.k8s.io" in rule["apiGroups"]
@@ -287,5 +433,6 @@ def test_nothing_else_is_bound(rendered: dict[str, Objects], chart_default: Obje
         "zeroscale-delegate-external-metrics",
         "zeroscale-hpa-external-metrics",
         "zeroscale-proxy",
+        "zeroscale-proxy-activator",
         "zeroscale-proxy-leases",
     }
