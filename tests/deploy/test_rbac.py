@@ -8,7 +8,9 @@ ServiceAccount those calls and nothing more: deploy/'s kustomize render and the 
 
 A route in mode activator writes its Service's EndpointSlices, which redirects that Service (CVE-2021-25740): its
 calls are granted only when such a route is configured (the chart renders them from its routes, deploy/ in
-overlays/activator), by Roles in the route's namespace and the Lease's, never cluster-wide.
+overlays/activator), by Roles in the route's namespace and the Lease's, never cluster-wide. Those Roles name the
+Service and the target they read (resourceNames): a proxy run against the API stand-in shows every request it made
+is one the Roles allow, as the API server's authorizer would see it.
 
 Not counted: `zeroscale explain` (adapter/hpa/) and `zeroscale doctor` (adapter/doctor/) run on a workstation
 with the user's own kubeconfig, never under a deployed ServiceAccount, so no manifest grants their calls.
@@ -19,11 +21,17 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
 
+from adapter.kube.client import KubeClient
+from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
+from tests.fixtures.kube_standin import KubeStandIn
 from tests.fixtures.manifests import DEPLOY, ROOT, Objects, helm_render
+from tests.fixtures.netutil import free_port
+from tests.fixtures.proxy import running_proxy, until
 
 ADAPTER_DIR = ROOT / "adapter"
 USER_KUBECONFIG_ONLY = ("adapter/hpa/", "adapter/doctor/")
@@ -237,6 +245,17 @@ def endpointslice_writes(objects: Objects) -> list[tuple[str, str | None, str]]:
     ]
 
 
+def activator_route(name: str, namespace: str, port: int, kind: str = "Deployment") -> dict[str, Any]:
+    """Route `name` in mode activator: clients call Service `name`, Service `<name>-pods` selects the pods."""
+    return {
+        "name": name,
+        "mode": "activator",
+        "upstream": {"service": f"{name}-pods", "namespace": namespace, "port": "http"},
+        "activator": {"service": name, "port": port},
+        "target": {"namespace": namespace, "kind": kind, "name": name},
+    }
+
+
 def chart_with_routes(helm: Path, tmp_path: Path, proxy: dict[str, Any]) -> Objects:
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"config": {"proxy": proxy}}), encoding="utf-8")
@@ -344,16 +363,6 @@ def test_the_chart_grants_each_activator_namespace_its_own_routes(helm: Path, tm
     """Routes in two namespaces (two in one, a StatefulSet among them) and one in the path: a Role in each of the
     two, naming only its own Services and targets; none where only an in-path route goes; the Lease's where
     lease_namespace says."""
-
-    def route(name: str, namespace: str, port: int, kind: str = "Deployment") -> dict[str, Any]:
-        return {
-            "name": name,
-            "mode": "activator",
-            "upstream": {"service": f"{name}-pods", "namespace": namespace, "port": "http"},
-            "activator": {"service": name, "port": port},
-            "target": {"namespace": namespace, "kind": kind, "name": name},
-        }
-
     plain = {"name": "plain", "upstream": {"service": "plain", "namespace": "other", "port": "http"}}
     plain["target"] = {"namespace": "other", "kind": "Deployment", "name": "plain"}
     proxy = {
@@ -362,9 +371,9 @@ def test_the_chart_grants_each_activator_namespace_its_own_routes(helm: Path, tm
             "lease_namespace": "ha",
         },
         "routes": [
-            route("web", "shop", 8081),
-            route("api", "shop", 8082, "StatefulSet"),
-            route("cart", "cart", 8083),
+            activator_route("web", "shop", 8081),
+            activator_route("api", "shop", 8082, "StatefulSet"),
+            activator_route("cart", "cart", 8083),
             plain,
         ],
     }
@@ -436,3 +445,95 @@ def test_nothing_else_is_bound(rendered: dict[str, Objects], chart_default: Obje
         "zeroscale-proxy-activator",
         "zeroscale-proxy-leases",
     }
+
+
+Request = tuple[str, str, str, str | None, str]  # verb, group, resource, namespace (None: cluster), name ("": none)
+
+
+def authorizer_attributes(method: str, target: str) -> Request:
+    """What the API server's authorizer is asked for a request (apiserver's endpoints/request/requestinfo.go): a
+    list or watch with `fieldSelector=metadata.name=X` is one on the name X, which `resourceNames` can match."""
+    url = urlsplit(target)
+    query = parse_qs(url.query)
+    parts = url.path.strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    namespace = None
+    if rest[0] == "namespaces" and len(rest) > 2:
+        namespace, rest = rest[1], rest[2:]
+    resource, name = "/".join(rest[::2]), rest[1] if len(rest) > 1 else ""
+    if method == "GET" and not name:
+        verb = "list" if query.get("watch", ["false"])[0] in ("false", "0") else "watch"
+        selector = query.get("fieldSelector", [""])[0]
+        if selector.startswith("metadata.name=") and "," not in selector:
+            name = selector.removeprefix("metadata.name=")
+    else:
+        verb = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+    return verb, group, resource, namespace, name
+
+
+def allowed(granted: set[Grant], request: Request) -> bool:
+    verb, group, resource, namespace, name = request
+    return any(
+        call == (verb, group, resource) and where in (None, namespace) and (not names or name in names)
+        for call, where, names in granted
+    )
+
+
+async def test_every_request_of_an_activator_route_is_allowed_by_the_roles_the_chart_renders_for_it(
+    helm: Path, tmp_path: Path, chart_default: Objects
+) -> None:
+    """A proxy with an activator route in `shop`, run against the API stand-in from warm to cold: every request it
+    made (as the authorizer sees it: verb, namespace, and the name a Role's resourceNames must list) is granted by
+    the chart rendered from that same config; the default chart would refuse its writes."""
+    route = {**activator_route("web", "shop", free_port()), "wake": "none", "readiness": "endpointslice"}
+    settings = {
+        "proxy_service": {"service": "zeroscale-proxy", "namespace": "zeroscale"},
+        "lease_namespace": "zeroscale",
+        "identity": "proxy-a",
+        "lease_duration": 1.5,
+        "renew_deadline": 1.0,
+        "retry_period": 0.1,
+    }
+    granted = grants(chart_with_routes(helm, tmp_path, {"activator": settings, "routes": [route]}), "zeroscale-proxy")
+    deployments, services = "/apis/apps/v1/namespaces/shop/deployments", "/api/v1/namespaces/shop/services"
+    pods = endpoint_slice("web-pods-abcde", "web-pods", [("10.1.0.5", {"ready": True})], 8000)
+    proxies = endpoint_slice("zeroscale-proxy-xyz", "zeroscale-proxy", [("10.1.0.7", {"ready": True})], 8080)
+    with KubeStandIn(tls=False, token="proxy-token") as kube:
+        kube.serve_collection(SLICES_V1, "EndpointSliceList", writable=True)
+        kube.serve_collection(r"/apis/apps/v1/namespaces/[^/]+/deployments", "DeploymentList")
+        kube.serve_collection(r"/api/v1/namespaces/[^/]+/services", "ServiceList")
+        leases = r"/apis/coordination\.k8s\.io/v1/namespaces/[^/]+/leases"
+        kube.serve_collection(leases, "LeaseList", writable=True)
+        web = {"metadata": {"name": "web", "namespace": "shop"}, "spec": {"replicas": 1}}
+        kube.put(deployments, {"apiVersion": "apps/v1", "kind": "Deployment", **web})
+        service = {"metadata": {"name": "web", "namespace": "shop", "uid": "0b5e1c2a"}, "spec": {"ports": []}}
+        kube.put(services, {"apiVersion": "v1", "kind": "Service", **service})
+        kube.put(slices_collection("shop"), {**pods, "metadata": {**pods["metadata"], "namespace": "shop"}})
+        kube.put(
+            slices_collection("zeroscale"), {**proxies, "metadata": {**proxies["metadata"], "namespace": "zeroscale"}}
+        )
+
+        def listed() -> set[str]:
+            return {
+                address
+                for obj in kube.objects(slices_collection("shop"))
+                if obj["metadata"]["labels"].get("kubernetes.io/service-name") == "web"
+                for endpoint in obj.get("endpoints") or []
+                for address in endpoint["addresses"]
+            }
+
+        client = KubeClient.from_config(kube.client_config())
+        try:
+            async with running_proxy([route], kube=client, activator=settings):
+                await until(lambda: listed() == {"10.1.0.5"})  # warm: the pod
+                kube.put(deployments, {"apiVersion": "apps/v1", "kind": "Deployment", **web, "spec": {"replicas": 0}})
+                await until(lambda: listed() == {"10.1.0.7"})  # cold: the proxy
+        finally:
+            await client.close()
+        made = {authorizer_attributes(method, target) for method, target, _ in kube.requests}
+
+    assert ("create", "discovery.k8s.io", "endpointslices", "shop", "") in made
+    assert ("watch", "apps", "deployments", "shop", "web") in made
+    assert [request for request in sorted(made, key=str) if not allowed(granted, request)] == []
+    default = grants(chart_default, "zeroscale-proxy")
+    assert [request for request in made if request[0] in WRITES and allowed(default, request)] == []
