@@ -19,6 +19,7 @@ with the user's own kubeconfig, never under a deployed ServiceAccount, so no man
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -28,7 +29,7 @@ import yaml
 
 from adapter.kube.client import KubeClient
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
-from tests.fixtures.kube_standin import KubeStandIn
+from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
 from tests.fixtures.manifests import DEPLOY, ROOT, Objects, helm_render
 from tests.fixtures.netutil import free_port
 from tests.fixtures.proxy import running_proxy, until
@@ -448,14 +449,23 @@ def test_nothing_else_is_bound(rendered: dict[str, Objects], chart_default: Obje
 
 
 Request = tuple[str, str, str, str | None, str]  # verb, group, resource, namespace (None: cluster), name ("": none)
+DEPLOYMENTS, SERVICES = "/apis/apps/v1/namespaces/shop/deployments", "/api/v1/namespaces/shop/services"
+# Route `web` in `shop`, its Lease in `zeroscale`, run in-process against the API stand-in.
+SETTINGS = {
+    "proxy_service": {"service": "zeroscale-proxy", "namespace": "zeroscale"},
+    "lease_namespace": "zeroscale",
+    "identity": "proxy-a",
+    "lease_duration": 1.5,
+    "renew_deadline": 1.0,
+    "retry_period": 0.1,
+}
+POD, PROXY = "10.1.0.5", "10.1.0.7"
 
 
-def authorizer_attributes(method: str, target: str) -> Request:
+def authorizer_attributes(method: str, path: str, query: dict[str, list[str]]) -> Request:
     """What the API server's authorizer is asked for a request (apiserver's endpoints/request/requestinfo.go): a
     list or watch with `fieldSelector=metadata.name=X` is one on the name X, which `resourceNames` can match."""
-    url = urlsplit(target)
-    query = parse_qs(url.query)
-    parts = url.path.strip("/").split("/")
+    parts = path.strip("/").split("/")
     group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
     namespace = None
     if rest[0] == "namespaces" and len(rest) > 2:
@@ -479,6 +489,64 @@ def allowed(granted: set[Grant], request: Request) -> bool:
     )
 
 
+def requests_made(kube: KubeStandIn) -> set[Request]:
+    made = set()
+    for method, target, _ in kube.requests:
+        url = urlsplit(target)
+        made.add(authorizer_attributes(method, url.path, parse_qs(url.query)))
+    return made
+
+
+def standin_with_route_web(kube: KubeStandIn) -> None:
+    """The API of route `web`: its Deployment at 1, its selector-less Service, its pod's and the proxy's slices."""
+    kube.serve_collection(SLICES_V1, "EndpointSliceList", writable=True)
+    kube.serve_collection(r"/apis/apps/v1/namespaces/[^/]+/deployments", "DeploymentList")
+    kube.serve_collection(r"/api/v1/namespaces/[^/]+/services", "ServiceList")
+    kube.serve_collection(r"/apis/coordination\.k8s\.io/v1/namespaces/[^/]+/leases", "LeaseList", writable=True)
+    kube.put(DEPLOYMENTS, web_deployment(1))
+    service = {"metadata": {"name": "web", "namespace": "shop", "uid": "0b5e1c2a"}, "spec": {"ports": []}}
+    kube.put(SERVICES, {"apiVersion": "v1", "kind": "Service", **service})
+    for namespace, name, service_name, address in (
+        ("shop", "web-pods-abcde", "web-pods", POD),
+        ("zeroscale", "zeroscale-proxy-xyz", "zeroscale-proxy", PROXY),
+    ):
+        body = endpoint_slice(name, service_name, [(address, {"ready": True})], 8000)
+        kube.put(slices_collection(namespace), {**body, "metadata": {**body["metadata"], "namespace": namespace}})
+
+
+def web_deployment(replicas: int) -> dict[str, Any]:
+    metadata = {"name": "web", "namespace": "shop"}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": {"replicas": replicas}}
+
+
+def listed(kube: KubeStandIn) -> set[str]:
+    """The addresses route `web`'s written slices list."""
+    return {
+        address
+        for obj in kube.objects(slices_collection("shop"))
+        if obj["metadata"]["labels"].get("kubernetes.io/service-name") == "web"
+        for endpoint in obj.get("endpoints") or []
+        for address in endpoint["addresses"]
+    }
+
+
+def enforce(kube: KubeStandIn, granted: set[Grant]) -> None:
+    """The stand-in refuses (403) what `granted` does not allow, as the API server's RBAC authorizer would."""
+
+    def authorize(request: StandInRequest, _match: re.Match[str]) -> Reply | None:
+        asked = authorizer_attributes(request.method, request.path, request.query)
+        if allowed(granted, asked):
+            return None  # on to the stand-in's own handlers
+        verb, group, resource, namespace, _ = asked
+        message = f"cannot {verb} resource {resource!r} in API group {group!r} in the namespace {namespace!r}"
+        return Reply(
+            403, status_body(403, "Forbidden", f"User system:serviceaccount:zeroscale:zeroscale-proxy {message}")
+        )
+
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+        kube.add_route(method, r"/.*", authorize)
+
+
 async def test_every_request_of_an_activator_route_is_allowed_by_the_roles_the_chart_renders_for_it(
     helm: Path, tmp_path: Path, chart_default: Objects
 ) -> None:
@@ -486,54 +554,62 @@ async def test_every_request_of_an_activator_route_is_allowed_by_the_roles_the_c
     made (as the authorizer sees it: verb, namespace, and the name a Role's resourceNames must list) is granted by
     the chart rendered from that same config; the default chart would refuse its writes."""
     route = {**activator_route("web", "shop", free_port()), "wake": "none", "readiness": "endpointslice"}
-    settings = {
-        "proxy_service": {"service": "zeroscale-proxy", "namespace": "zeroscale"},
-        "lease_namespace": "zeroscale",
-        "identity": "proxy-a",
-        "lease_duration": 1.5,
-        "renew_deadline": 1.0,
-        "retry_period": 0.1,
-    }
-    granted = grants(chart_with_routes(helm, tmp_path, {"activator": settings, "routes": [route]}), "zeroscale-proxy")
-    deployments, services = "/apis/apps/v1/namespaces/shop/deployments", "/api/v1/namespaces/shop/services"
-    pods = endpoint_slice("web-pods-abcde", "web-pods", [("10.1.0.5", {"ready": True})], 8000)
-    proxies = endpoint_slice("zeroscale-proxy-xyz", "zeroscale-proxy", [("10.1.0.7", {"ready": True})], 8080)
+    granted = grants(chart_with_routes(helm, tmp_path, {"activator": SETTINGS, "routes": [route]}), "zeroscale-proxy")
     with KubeStandIn(tls=False, token="proxy-token") as kube:
-        kube.serve_collection(SLICES_V1, "EndpointSliceList", writable=True)
-        kube.serve_collection(r"/apis/apps/v1/namespaces/[^/]+/deployments", "DeploymentList")
-        kube.serve_collection(r"/api/v1/namespaces/[^/]+/services", "ServiceList")
-        leases = r"/apis/coordination\.k8s\.io/v1/namespaces/[^/]+/leases"
-        kube.serve_collection(leases, "LeaseList", writable=True)
-        web = {"metadata": {"name": "web", "namespace": "shop"}, "spec": {"replicas": 1}}
-        kube.put(deployments, {"apiVersion": "apps/v1", "kind": "Deployment", **web})
-        service = {"metadata": {"name": "web", "namespace": "shop", "uid": "0b5e1c2a"}, "spec": {"ports": []}}
-        kube.put(services, {"apiVersion": "v1", "kind": "Service", **service})
-        kube.put(slices_collection("shop"), {**pods, "metadata": {**pods["metadata"], "namespace": "shop"}})
-        kube.put(
-            slices_collection("zeroscale"), {**proxies, "metadata": {**proxies["metadata"], "namespace": "zeroscale"}}
-        )
-
-        def listed() -> set[str]:
-            return {
-                address
-                for obj in kube.objects(slices_collection("shop"))
-                if obj["metadata"]["labels"].get("kubernetes.io/service-name") == "web"
-                for endpoint in obj.get("endpoints") or []
-                for address in endpoint["addresses"]
-            }
-
+        standin_with_route_web(kube)
         client = KubeClient.from_config(kube.client_config())
         try:
-            async with running_proxy([route], kube=client, activator=settings):
-                await until(lambda: listed() == {"10.1.0.5"})  # warm: the pod
-                kube.put(deployments, {"apiVersion": "apps/v1", "kind": "Deployment", **web, "spec": {"replicas": 0}})
-                await until(lambda: listed() == {"10.1.0.7"})  # cold: the proxy
+            async with running_proxy([route], kube=client, activator=SETTINGS):
+                await until(lambda: listed(kube) == {POD})  # warm: the pod
+                kube.put(DEPLOYMENTS, web_deployment(0))
+                await until(lambda: listed(kube) == {PROXY})  # cold: the proxy
         finally:
             await client.close()
-        made = {authorizer_attributes(method, target) for method, target, _ in kube.requests}
+        made = requests_made(kube)
 
     assert ("create", "discovery.k8s.io", "endpointslices", "shop", "") in made
     assert ("watch", "apps", "deployments", "shop", "web") in made
     assert [request for request in sorted(made, key=str) if not allowed(granted, request)] == []
     default = grants(chart_default, "zeroscale-proxy")
     assert [request for request in made if request[0] in WRITES and allowed(default, request)] == []
+
+
+@pytest.mark.parametrize(
+    ("also_granted", "refused"),
+    [
+        ((), "cannot watch Deployment web"),
+        # The Lease and the target, not the Service (a Role edited for another one) nor its slices.
+        (("leases", "deployments"), "cannot write the slices of Service shop/web"),
+    ],
+    ids=["nothing", "not-the-service"],
+)
+async def test_an_activator_route_without_its_role_writes_nothing_and_the_log_says_which_role_where(
+    chart_default: Objects, also_granted: tuple[str, ...], refused: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """deploy/base and the default chart grant nothing of mode activator: a route added without its Role is refused
+    by the API, and the proxy's log names the namespace, the Role to add and where it comes from."""
+    route = {**activator_route("web", "shop", free_port()), "wake": "none", "readiness": "endpointslice"}
+    granted = grants(chart_default, "zeroscale-proxy")
+    granted |= {
+        ((verb, "coordination.k8s.io", "leases"), "zeroscale", ())
+        for verb in ("get", "create", "update")
+        if "leases" in also_granted
+    }
+    granted |= {
+        ((verb, "apps", "deployments"), "shop", ("web",)) for verb in ("list", "watch") if "deployments" in also_granted
+    }
+    hint = "needs mode activator's Role in namespace shop"
+    with KubeStandIn(tls=False, token="proxy-token") as kube:
+        standin_with_route_web(kube)
+        enforce(kube, granted)
+        client = KubeClient.from_config(kube.client_config())
+        try:
+            async with running_proxy([route], kube=client, activator=SETTINGS):
+                await until(lambda: any(refused in r.getMessage() and hint in r.getMessage() for r in caplog.records))
+        finally:
+            await client.close()
+        assert listed(kube) == set()
+    (message,) = {r.getMessage() for r in caplog.records if refused in r.getMessage()}
+    assert "403" in message
+    assert "deploy/overlays/activator" in message
+    assert "Service web and Deployment web" in message
