@@ -19,6 +19,7 @@ with the user's own kubeconfig, never under a deployed ServiceAccount, so no man
 from __future__ import annotations
 
 import ast
+import contextlib
 import re
 from pathlib import Path
 from typing import Any
@@ -547,29 +548,35 @@ def enforce(kube: KubeStandIn, granted: set[Grant]) -> None:
         kube.add_route(method, r"/.*", authorize)
 
 
-async def test_every_request_of_an_activator_route_is_allowed_by_the_roles_the_chart_renders_for_it(
-    helm: Path, tmp_path: Path, chart_default: Objects
+async def test_an_activator_route_works_with_exactly_the_grants_rendered_for_it(
+    activator_installation: Objects, chart_default: Objects
 ) -> None:
-    """A proxy with an activator route in `shop`, run against the API stand-in from warm to cold: every request it
-    made (as the authorizer sees it: verb, namespace, and the name a Role's resourceNames must list) is granted by
-    the chart rendered from that same config; the default chart would refuse its writes."""
-    route = {**activator_route("web", "shop", free_port()), "wake": "none", "readiness": "endpointslice"}
-    granted = grants(chart_with_routes(helm, tmp_path, {"activator": SETTINGS, "routes": [route]}), "zeroscale-proxy")
+    """A proxy with deploy/examples' activator route (`web` in `shop`), run against an API stand-in that enforces the
+    RBAC rendered for it (the chart from that config, or deploy/overlays/activator) as the API server's authorizer
+    would (verb, namespace, and the name a Role's resourceNames must list): it goes from warm to cold and every
+    request it made was allowed; the default installation would have refused each of its writes."""
+    proxy = yaml.safe_load(ACTIVATOR_EXAMPLE.read_text())["proxy"]
+    (route,) = proxy["routes"]
+    route = {**route, "activator": {**route["activator"], "port": free_port()}, "wake": "none"}
+    granted = grants(activator_installation, "zeroscale-proxy")
     with KubeStandIn(tls=False, token="proxy-token") as kube:
         standin_with_route_web(kube)
+        enforce(kube, granted)
         client = KubeClient.from_config(kube.client_config())
         try:
             async with running_proxy([route], kube=client, activator=SETTINGS):
-                await until(lambda: listed(kube) == {POD})  # warm: the pod
-                kube.put(DEPLOYMENTS, web_deployment(0))
-                await until(lambda: listed(kube) == {PROXY})  # cold: the proxy
+                with contextlib.suppress(TimeoutError):  # a refused request is named below
+                    await until(lambda: listed(kube) == {POD})  # warm: the pod
+                    kube.put(DEPLOYMENTS, web_deployment(0))
+                    await until(lambda: listed(kube) == {PROXY})  # cold: the proxy
         finally:
             await client.close()
         made = requests_made(kube)
+        assert [request for request in sorted(made, key=str) if not allowed(granted, request)] == []
+        assert listed(kube) == {PROXY}
 
     assert ("create", "discovery.k8s.io", "endpointslices", "shop", "") in made
     assert ("watch", "apps", "deployments", "shop", "web") in made
-    assert [request for request in sorted(made, key=str) if not allowed(granted, request)] == []
     default = grants(chart_default, "zeroscale-proxy")
     assert [request for request in made if request[0] in WRITES and allowed(default, request)] == []
 
