@@ -12,6 +12,8 @@ from adapter.kube.watching import field
 
 # Kinds with a scale subresource under apps/v1, by the plural the API path uses.
 _PLURALS = {"Deployment": "deployments", "StatefulSet": "statefulsets", "ReplicaSet": "replicasets"}
+# Their API group: an HPA's scaleTargetRef must name it to scale them (adapter/kube/hpas.py, targets).
+GROUP = "apps"
 MERGE_PATCH = "application/merge-patch+json"
 
 

@@ -298,7 +298,8 @@ class Exchange:
         self.timer = None
         if self.state == QUEUED or (self.state == ASSIGNED and self.upstream is None):
             timeout = self.route.limits.hold_timeout
-            self.fail(504, f"the workload did not become ready in {timeout:g} s (limits.hold_timeout)")
+            why = f"; not woken: {self.route.wake_failure}" if self.route.wake_failure else ""
+            self.fail(504, f"the workload did not become ready in {timeout:g} s (limits.hold_timeout){why}")
 
     def fail(self, code: int, message: str, *, retry_after: int | None = None) -> None:
         """Answer the client with an error of the proxy's own (or cut it off if a response already began)."""

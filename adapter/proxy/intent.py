@@ -1,89 +1,96 @@
-"""Whether waking a target at zero goes along with what its HPA intends (route `wake: scale`).
+"""Whether waking a target at zero goes along with what its HPA intends (route `wake: scale`,
+docs/architecture.md#wake).
 
 Kubernetes v1.37's HPA scales a workload up from zero only if it scaled it there itself (its `ScaledToZero`
 condition is True); a workload found at zero otherwise was stopped by a person (`kubectl scale
 --replicas=0`) and the HPA leaves it there. The proxy respects the same intent: it wakes a target only when
-an HPA that scales it has ScaledToZero=True, or when no HPA scales it and the route's `wake_without_hpa`
-allows it. Otherwise held requests are answered at once with 503 and a body that says how to start the
-workload again. Until the first list of HPAs has been tried the intent is unknown and the proxy wakes, as it
-did before it watched HPAs (`wake: always` keeps that behaviour for good). Once a list has failed and none
-has succeeded, nothing is woken: a proxy that cannot read the HPAs (no RBAC, API down) must not let any
-client start a workload a person stopped; the answer names the error and the fix.
+the one HPA that scales it has ScaledToZero=True, or when no HPA scales it and the route's `wake_without_hpa`
+allows it. Otherwise held requests are answered at once with 503 and a body that says why and what to do.
 
-One watcher per namespace, shared by that namespace's routes.
+Waking cannot be undone, so it is decided from the HPAs as the API holds them just before the patch: a list
+read for that attempt, never a watch's copy (an open watch can go silent for minutes and still say
+ScaledToZero=True long after the HPA changed its mind). A read that fails wakes nothing: the API refusing it
+(401, 403, 404) is answered at once, as it will not pass by itself; a failure that may pass (no answer, a
+timeout, 429, 5xx) leaves the requests held, and the waker reads again on its next attempt
+(adapter/proxy/wake.py).
 """
 
 from __future__ import annotations
 
-import logging
+from dataclasses import dataclass
 from typing import Any
 
 from adapter.config.proxy import ScaleTarget
 from adapter.kube.client import KubeClient
-from adapter.kube.errors import KubeAPIError, KubeError
-from adapter.kube.hpas import hpas_path, scaled_to_zero, targets
-from adapter.kube.watching import ListWatch, collection_lister
+from adapter.kube.errors import KubeAPIError
+from adapter.kube.hpas import list_hpas, scaled_to_zero, targets
+from adapter.kube.scale import GROUP
 
-log = logging.getLogger(__name__)
+# The API's answers that may pass by themselves (a timeout, too many requests, the server's own failure): the
+# requests stay held and the list is read again. Any other refusal (401, 403, 404: autoscaling/v2 not served)
+# stays until a person acts, and is answered at once.
+_PASSING = frozenset({408, 429})
 
 
-class HPAIntent:
-    """The HPAs of one namespace, kept current by a watch."""
+@dataclass(frozen=True)
+class Refusal:
+    """Why a target is not woken: `reason` labels zeroscale_proxy_wake_refusals_total, `message` answers the held
+    requests; `needs_fix`: a configuration problem (logged as a warning), not a person's choice."""
 
-    def __init__(self, kube: KubeClient, namespace: str) -> None:
-        self.namespace = namespace
-        self._hpas: dict[str, dict[str, Any]] | None = None  # None until the first list
-        self._failure: str | None = None  # why the latest list failed, while none has succeeded
-        lister = collection_lister(kube, hpas_path(namespace))
-        self._watch = ListWatch(kube, lister, f"HPA watch of {namespace}", self._changed, self._failed)
+    reason: str
+    message: str
+    needs_fix: bool = False
 
-    @property
-    def synced(self) -> bool:
-        """The first list of HPAs has arrived (until then every wake goes ahead)."""
-        return self._hpas is not None
 
-    def start(self) -> None:
-        self._watch.start()
-
-    async def close(self) -> None:
-        await self._watch.close()
-
-    def refusal(self, target: ScaleTarget, wake_without_hpa: bool) -> str | None:
-        """None when the target may be woken; otherwise what the held requests are answered with."""
-        if self._hpas is None:
-            if self._failure is None:
-                return None
-            return (
-                f"{target.kind} {target.namespace}/{target.name} is at 0 replicas and the HorizontalPodAutoscalers "
-                f"of {self.namespace} cannot be read ({self._failure}), so whether a person stopped it is unknown "
-                "and it is not woken; grant the proxy list and watch on horizontalpodautoscalers, or set the "
-                "route's wake: always"
-            )
-        scaling = [name for name, hpa in self._hpas.items() if targets(hpa, target.kind, target.name)]
-        where = f"{target.kind} {target.namespace}/{target.name}"
-        start = f"kubectl scale -n {target.namespace} {target.kind.lower()}/{target.name} --replicas=1"
-        if not scaling:
-            if wake_without_hpa:
-                return None
-            return (
-                f"{where} is at 0 replicas and no HorizontalPodAutoscaler scales it; this route wakes only what "
-                f"an HPA scaled to zero (wake_without_hpa: false). Start it with: {start}"
-            )
-        if any(scaled_to_zero(self._hpas[name]) for name in scaling):
-            return None
-        return (
-            f"{where} was stopped by hand: it is at 0 replicas, but its HorizontalPodAutoscaler {scaling[0]} did "
-            f"not scale it there (ScaledToZero is not True), so neither the HPA nor this proxy starts it. "
-            f"Start it again with: {start}"
+async def read_refusal(kube: KubeClient, target: ScaleTarget, wake_without_hpa: bool) -> Refusal | None:
+    """Read the target's namespace's HPAs now and decide; None: wake it. Raises KubeError when the read failed for
+    a reason that may pass (the caller keeps the requests held and reads again)."""
+    try:
+        hpas = await list_hpas(kube, target.namespace)
+    except KubeAPIError as err:
+        if err.status in _PASSING or err.status >= 500:
+            raise
+        return Refusal(
+            "hpas_unreadable",
+            f"{_where(target)} is at 0 replicas and the HorizontalPodAutoscalers of {target.namespace} cannot be "
+            f"read ({err}), so whether a person stopped it is unknown and it is not woken; grant the proxy list on "
+            "horizontalpodautoscalers, or set the route's wake: always",
+            needs_fix=True,
         )
+    return decide(hpas, target, wake_without_hpa)
 
-    def _changed(self, hpas: dict[str, dict[str, Any]]) -> None:
-        self._hpas, self._failure = hpas, None
 
-    def _failed(self, err: KubeError) -> bool:
-        hint = ""
-        if isinstance(err, KubeAPIError) and err.status == 403:
-            hint = " (grant list and watch on horizontalpodautoscalers, or use wake: always)"
-        log.warning("HPA watch in %s failed: %s%s", self.namespace, err, hint)
-        self._failure = str(err)
-        return False
+def decide(hpas: dict[str, dict[str, Any]], target: ScaleTarget, wake_without_hpa: bool) -> Refusal | None:
+    """From the namespace's HPAs by name: None when the target may be woken, else why not."""
+    scaling = sorted(name for name, hpa in hpas.items() if targets(hpa, GROUP, target.kind, target.name))
+    start = f"kubectl scale -n {target.namespace} {target.kind.lower()}/{target.name} --replicas=1"
+    if not scaling:
+        if wake_without_hpa:
+            return None
+        return Refusal(
+            "no_hpa",
+            f"{_where(target)} is at 0 replicas and no HorizontalPodAutoscaler scales it; this route wakes only "
+            f"what an HPA scaled to zero (wake_without_hpa: false). Start it with: {start}",
+        )
+    if len(scaling) > 1:
+        # The HPA controller refuses to act on such a target (ScalingActive=False, reason AmbiguousSelector); which
+        # of their conditions to believe is unknown, so neither is.
+        return Refusal(
+            "ambiguous_hpas",
+            f"AmbiguousSelector: {_where(target)} is at 0 replicas and is scaled by more than one "
+            f"HorizontalPodAutoscaler ({', '.join(scaling)}); the HPA controller acts on none of them, and this "
+            "proxy does not wake it. Delete all but one of them",
+            needs_fix=True,
+        )
+    if scaled_to_zero(hpas[scaling[0]]):
+        return None
+    return Refusal(
+        "stopped_by_hand",
+        f"{_where(target)} was stopped by hand: it is at 0 replicas, but its HorizontalPodAutoscaler {scaling[0]} "
+        f"did not scale it there (ScaledToZero is not True), so neither the HPA nor this proxy starts it. "
+        f"Start it again with: {start}",
+    )
+
+
+def _where(target: ScaleTarget) -> str:
+    return f"{target.kind} {target.namespace}/{target.name}"

@@ -37,6 +37,8 @@ class Route:
         self.on_cold: Callable[[], None] | None = None
         # When the waker last patched the scale subresource (monotonic; see wake_sent).
         self._wake_sent_at = 0.0
+        # Why the waker's latest attempt failed ("": it did not), for requests whose hold times out meanwhile.
+        self.wake_failure = ""
         # Called after the endpoints were replaced (the waker reads the target's replicas again).
         self.on_endpoints: Callable[[], None] | None = None
         self.stats = telemetry.HOT_PATH.stats(self.name)
@@ -284,6 +286,9 @@ class Route:
 
     def wake_sent(self) -> None:
         self._wake_sent_at = time.monotonic()
+
+    def wake_failed(self, message: str) -> None:
+        self.wake_failure = message
 
     def wake_refused(self, message: str) -> None:
         self.fail_held(503, message)

@@ -16,7 +16,7 @@ from adapter.proxy.activator import Activator, ProxyPods
 from adapter.proxy.admin import start_admin
 from adapter.proxy.client import ClientConnection
 from adapter.proxy.counts import CountsListener
-from adapter.proxy.intent import HPAIntent
+from adapter.proxy.intent import read_refusal
 from adapter.proxy.leader import LeaderElector
 from adapter.proxy.readiness import endpoint_slice_watcher, probe_address
 from adapter.proxy.route import Route
@@ -47,7 +47,6 @@ class ProxyServer:
         self._admin: asyncio.Server | None = None
         self._watchers: list[ListWatch] = []
         self._wakers: list[Waker] = []
-        self.intents: dict[str, HPAIntent] = {}  # the HPA watches of wake: scale routes, by namespace
         # Routes in mode: activator, each with a listener of its own, and what they share: the Lease's leader
         # election and the proxy's own pods (docs/architecture.md#activator).
         self.activators: dict[str, Activator] = {}
@@ -212,9 +211,8 @@ class ProxyServer:
                 log.warning("route %s: no API access, cannot wake %s; counts only", route.name, config.target.name)
                 return
             refusal = None
-            if config.wake == "scale":
-                intent = self._intent(kube, config.target.namespace)
-                refusal = functools.partial(intent.refusal, config.target, config.wake_without_hpa)
+            if config.wake == "scale":  # the HPAs are read before each patch (docs/architecture.md#wake)
+                refusal = functools.partial(read_refusal, kube, config.target, config.wake_without_hpa)
             waker = Waker(kube, route, config.target, config.wake_replicas, config.wake_retry_interval, refusal)
         route.on_cold = waker.request
         route.on_endpoints = waker.observe
@@ -233,14 +231,6 @@ class ProxyServer:
             self._proxy_pods = ProxyPods(kube, settings)
         assert self._proxy_pods is not None
         self.activators[route.name] = Activator(kube, route, self._proxy_pods, self.leader, settings.resync_interval)
-
-    def _intent(self, kube: KubeClient, namespace: str) -> HPAIntent:
-        """The HPA watch of a routes' namespace (one per namespace)."""
-        intent = self.intents.get(namespace)
-        if intent is None:
-            intent = self.intents[namespace] = HPAIntent(kube, namespace)
-            intent.start()
-        return intent
 
     async def _drained(self, grace: float) -> None:
         """Wait until no route holds or forwards anything, or `grace` seconds."""
@@ -290,8 +280,6 @@ class ProxyServer:
             await self.leader.close()  # gives the Lease up: another replica writes within its retry_period
         for watcher in self._watchers:
             await watcher.close()
-        for intent in self.intents.values():
-            await intent.close()
         for waker in self._wakers:
             await waker.close()
         for route in self.routes.values():

@@ -4,8 +4,10 @@ ready.
 Only a Scale that reads 0 is patched, with its resourceVersion as a precondition, so the proxy never
 overrides a size the HPA chose; a conflict means someone changed it meanwhile: read again and decide again.
 While requests stay held and nothing is ready, the check repeats every `retry_interval`. With a `refusal`
-(route `wake: scale`, see intent.py), a target at 0 that its HPA did not put there is not woken: the held
-requests are answered at once with the refusal's words.
+(route `wake: scale`, see intent.py), the HPAs are read between the Scale's read and the patch, every attempt
+(docs/architecture.md#wake): a target at 0 that its HPA did not put there is not woken and the held requests are
+answered at once with the refusal's words; while that read fails, nothing is woken and the requests stay held
+(up to their hold_timeout) for the next attempt.
 
 Development mode: a `Local` target (`zeroscale demo`) is woken the same way, through a client of the
 demo's loopback scaler, which answers the scale subresource calls for its local processes.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from adapter.config.kube import KubeAPIConfig
@@ -23,12 +25,17 @@ from adapter.config.proxy import LocalScaleTarget, ScaleTarget
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError, KubeError
 from adapter.kube.scale import get_scale, set_replicas
+from adapter.proxy.intent import Refusal
 from adapter.telemetry import proxy as telemetry
 
 log = logging.getLogger(__name__)
 _CONFLICT_RETRIES = 3
 # The namespace a Local target's scale subresource is addressed in (the local scaler ignores it).
 LOCAL_NAMESPACE = "local"
+
+
+class HPAsUnread(Exception):
+    """This attempt could not read the HPAs: nothing is woken, the held requests wait for the next attempt."""
 
 
 class WakeListener(Protocol):
@@ -48,6 +55,9 @@ class WakeListener(Protocol):
     def wake_refused(self, message: str) -> None:
         """The target is not woken (see intent.py): the held requests get `message`."""
 
+    def wake_failed(self, message: str) -> None:
+        """Why the latest attempt failed ("": it did not); said to held requests whose hold_timeout ends."""
+
 
 class Waker:
     def __init__(
@@ -57,7 +67,7 @@ class Waker:
         target: ScaleTarget,
         replicas: int,
         retry_interval: float,
-        refusal: Callable[[], str | None] | None = None,
+        refusal: Callable[[], Awaitable[Refusal | None]] | None = None,
     ) -> None:
         self._kube = kube
         self._refusal = refusal
@@ -113,8 +123,8 @@ class Waker:
 
     async def wake_once(self) -> str:
         """One attempt; returns the result also counted in zeroscale_proxy_wakes_total."""
-        target = self._target
-        result = "error"
+        name, target = self._listener.name, self._target
+        result, failure = "error", ""
         for _ in range(_CONFLICT_RETRIES):
             try:
                 scale = await get_scale(self._kube, target.namespace, target.kind, target.name)
@@ -122,11 +132,8 @@ class Waker:
                 if scale.replicas > 0:
                     result = "already_awake"
                     break
-                refused = self._refusal() if self._refusal is not None else None
-                if refused is not None:
+                if await self._refused():
                     result = "refused"
-                    log.info("route %s: not waking %s: %s", self._listener.name, target.name, refused)
-                    self._listener.wake_refused(refused)
                     break
                 self._listener.wake_sent()
                 woken = await set_replicas(
@@ -134,18 +141,49 @@ class Waker:
                 )
                 self._replicas_gauge.set(woken.replicas)
                 result = "patched"
-                log.info("route %s: woke %s/%s to %d", self._listener.name, target.kind, target.name, self._replicas)
+                log.info("route %s: woke %s/%s to %d", name, target.kind, target.name, self._replicas)
+                break
+            except HPAsUnread as err:
+                failure = str(err)
+                log.warning(
+                    "route %s: not waking %s: %s; the held requests wait (limits.hold_timeout) and it is read again "
+                    "in %gs (wake_retry_interval)",
+                    name,
+                    target.name,
+                    failure,
+                    self._retry_interval,
+                )
                 break
             except KubeAPIError as err:
                 if err.status == 409:
                     result = "conflict"
-                    telemetry.WAKES.labels(self._listener.name, result).inc()
+                    telemetry.WAKES.labels(name, result).inc()
                     continue
                 hint = " (grant patch on the scale subresource, or use wake: hpa)" if err.status == 403 else ""
-                log.warning("route %s: cannot wake %s: %s%s", self._listener.name, target.name, err, hint)
+                failure = f"cannot wake {target.name}: {err}{hint}"
+                log.warning("route %s: %s", name, failure)
                 break
             except KubeError as err:
-                log.warning("route %s: cannot wake %s: %s", self._listener.name, target.name, err)
+                failure = f"cannot wake {target.name}: {err}"
+                log.warning("route %s: %s", name, failure)
                 break
-        telemetry.WAKES.labels(self._listener.name, result).inc()
+        self._listener.wake_failed(failure)
+        telemetry.WAKES.labels(name, result).inc()
         return result
+
+    async def _refused(self) -> bool:
+        """Decide from the HPAs read now (route wake: scale): True when they refuse, the held requests answered.
+        Raises HPAsUnread when they could not be read."""
+        if self._refusal is None:
+            return False
+        try:
+            refusal = await self._refusal()
+        except KubeError as err:
+            raise HPAsUnread(f"its namespace's HorizontalPodAutoscalers could not be read ({err})") from err
+        if refusal is None:
+            return False
+        telemetry.WAKE_REFUSALS.labels(self._listener.name, refusal.reason).inc()
+        level = logging.WARNING if refusal.needs_fix else logging.INFO
+        log.log(level, "route %s: not waking: %s", self._listener.name, refusal.message)
+        self._listener.wake_refused(refusal.message)
+        return True

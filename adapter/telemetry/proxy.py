@@ -53,6 +53,12 @@ WAKES = Counter(
     "Wake attempts on a scale target, by result (patched, already_awake, conflict, refused, error)",
     ["route", "result"],
 )
+WAKE_REFUSALS = Counter(
+    "zeroscale_proxy_wake_refusals_total",
+    "Wake attempts of wake: scale refused (the held requests answered 503), by reason (stopped_by_hand, no_hpa, "
+    "ambiguous_hpas, hpas_unreadable); docs/architecture.md#wake",
+    ["route", "reason"],
+)
 ERRORS = Counter(
     "zeroscale_proxy_error_responses_total",
     "Requests the proxy answered itself or dropped, by status (404, 413, 431, 499 client gone, 502, 503, 504)",

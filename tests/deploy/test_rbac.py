@@ -48,17 +48,17 @@ CALLS: dict[tuple[str, str], set[Call]] = {
     ("adapter/api/trust.py", "GET"): {("get", "", "configmaps")},
     ("adapter/api/trust.py", "watch"): {("watch", "", "configmaps")},
     ("adapter/kube/endpointslices.py", "GET"): {("list", "discovery.k8s.io", "endpointslices")},
-    # Every list-then-watch loop (ListWatch) and the collections it lists by path (collection_lister): the HPAs
-    # of wake: scale, an activator route's target workload; its watches are of those and of EndpointSlices.
+    # wake: scale reads the HPAs of its target's namespace before each patch (a list, never a watch).
+    ("adapter/kube/hpas.py", "GET"): {("list", "autoscaling", "horizontalpodautoscalers")},
+    # Every list-then-watch loop (ListWatch) and the collections it lists by path (collection_lister): an
+    # activator route's target workload; its watches are of those and of EndpointSlices.
     ("adapter/kube/watching.py", "GET"): {
-        ("list", "autoscaling", "horizontalpodautoscalers"),
         ("list", "apps", "deployments"),
         ("list", "apps", "statefulsets"),
         ("list", "apps", "replicasets"),
     },
     ("adapter/kube/watching.py", "watch"): {
         ("watch", "discovery.k8s.io", "endpointslices"),
-        ("watch", "autoscaling", "horizontalpodautoscalers"),
         ("watch", "apps", "deployments"),
         ("watch", "apps", "statefulsets"),
         ("watch", "apps", "replicasets"),
@@ -83,12 +83,12 @@ CALLS: dict[tuple[str, str], set[Call]] = {
 }
 # Modules whose calls take paths built elsewhere: the API paths and resource names are in these modules.
 PATHS_FROM = {
-    "adapter/kube/watching.py": ("adapter/kube/endpointslices.py", "adapter/kube/hpas.py", "adapter/kube/scale.py"),
+    "adapter/kube/watching.py": ("adapter/kube/endpointslices.py", "adapter/kube/scale.py"),
     "adapter/proxy/activator.py": ("adapter/kube/endpointslices.py",),
 }
 # A generic module calls on behalf of the modules that give it paths: a process makes its calls only when it
 # imports one of those (the adapter imports watching.py for a helper and lists nothing through it).
-CALLERS = {"adapter/kube/watching.py": {"adapter.proxy.readiness", "adapter.proxy.intent", "adapter.proxy.activator"}}
+CALLERS = {"adapter/kube/watching.py": {"adapter.proxy.readiness", "adapter.proxy.activator"}}
 # Made only when `delegate:` is configured: granted by deploy/overlays/beside-keda alone.
 DELEGATE_SITES = {("adapter/api/delegate.py", "GET")}
 # Made only for routes in mode activator: its own module's and the Lease's, and the target workload's list-then-watch

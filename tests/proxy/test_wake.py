@@ -1,0 +1,204 @@
+"""`wake: scale` decides from the HPAs as the API holds them just before it patches (docs/architecture.md#wake):
+not from a watch gone silent, not before the first list answered, and only from the one HPA that names the target's
+group, kind and name."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from adapter.kube.client import KubeClient
+from tests.fixtures.kube_routes import (
+    HPAS,
+    SLICES_V1,
+    ScaleStandIn,
+    SlowLists,
+    hpa,
+    hpas_collection,
+    silence_watches,
+)
+from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
+from tests.fixtures.proxy import Response, get, request, running_proxy, until
+
+HPA_LIST = hpas_collection("default")
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeStandIn]:
+    with KubeStandIn(tls=False, token="proxy-token") as standin:
+        standin.serve_collection(SLICES_V1, "EndpointSliceList")
+        standin.serve_collection(HPAS, "HorizontalPodAutoscalerList")
+        yield standin
+
+
+def scale_route(name: str, **overrides: Any) -> dict[str, Any]:
+    """A wake: scale route in front of Deployment default/web, trying again every 0.2 s while requests wait."""
+    return {
+        "name": name,
+        "upstream": {"service": "web", "namespace": "default", "port": "http"},
+        "target": {"namespace": "default", "kind": "Deployment", "name": "web"},
+        "readiness": "endpointslice",
+        "wake_retry_interval": 0.2,
+        "limits": {"hold_timeout": 30},
+        **overrides,
+    }
+
+
+def refusals(route: str, reason: str) -> float:
+    labels = {"route": route, "reason": reason}
+    return REGISTRY.get_sample_value("zeroscale_proxy_wake_refusals_total", labels) or 0.0
+
+
+async def refused(port: int, scale: ScaleStandIn) -> Response:
+    """A request answered at once (well before its hold_timeout) with the proxy's own 503, and no patch."""
+    patches = len(scale.patches)
+    pending = asyncio.create_task(request(port, get()))
+    try:
+        await until(lambda: pending.done() or len(scale.patches) > patches)
+        assert scale.patches[patches:] == [], "woken"
+        response = pending.result()
+    finally:
+        pending.cancel()
+    assert response.status == 503, response.body
+    return response
+
+
+async def test_a_silent_hpa_watch_does_not_wake_what_a_person_stopped(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """Finding 2: the HPA said ScaledToZero=True, its watch went silent (open, no events), the HPA rescaled
+    (NotScaledToZero) and a person scaled the workload to 0: a request must not start it again (it did: the
+    watch's copy still said ScaledToZero=True)."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    kube.put(HPA_LIST, hpa("web", "web", "True"))
+    silent = silence_watches(kube, HPAS)
+    async with running_proxy([scale_route("stale")], kube=kube_client) as server:
+        first = asyncio.create_task(request(server.port, get()))
+        await until(lambda: scale.replicas == 1)  # the HPA scaled it to zero itself: woken
+        await until(lambda: any("horizontalpodautoscalers" in path for _, path, _ in kube.requests))
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+
+        silent.set()
+        scale.set(2)
+        kube.put(HPA_LIST, hpa("web", "web", "False"))  # the HPA rescaled: NotScaledToZero
+        scale.set(0)  # kubectl scale --replicas=0
+        response = await refused(server.port, scale)
+        assert "Deployment default/web was stopped by hand" in response.body.decode()
+        assert len(scale.patches) == 1
+        assert scale.replicas == 0
+        assert refusals("stale", "stopped_by_hand") >= 1
+
+
+async def test_held_requests_wait_for_the_first_hpa_list(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """Finding 3: at start, while the first list of HPAs is in flight (a slow API server), a held request is
+    neither woken nor refused; the list, once answered, decides (it was woken at once, its HPA saying
+    NotScaledToZero)."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    kube.put(HPA_LIST, hpa("web", "web", "False"))
+    slow = SlowLists(kube, HPAS)
+    try:
+        async with running_proxy([scale_route("early")], kube=kube_client) as server:
+            pending = asyncio.create_task(request(server.port, get()))
+            await until(lambda: server.routes["early"].counts.held == 1 and slow.waiting >= 1)
+            await asyncio.sleep(0.5)  # time enough to wake it, were the wake not waiting for the list
+            assert scale.patches == []
+            assert not pending.done()
+            slow.answer()
+            response = await asyncio.wait_for(pending, 10)
+            assert response.status == 503
+            assert "stopped by hand" in response.body.decode()
+            assert scale.patches == []
+    finally:
+        slow.answer()
+
+
+async def test_an_hpa_for_another_groups_kind_of_the_same_name_does_not_count(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """Finding 9: an HPA whose scaleTargetRef names `Deployment web` of another API group scales another
+    workload; it counted (and its ScaledToZero=True woke apps/v1 Deployment web). Another version of the apps
+    group is the same group."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    kube.put(HPA_LIST, hpa("crd-web", "web", "True", api_version="example.com/v1"))
+    strict = scale_route("strict", wake_without_hpa=False)
+    async with running_proxy([strict], kube=kube_client) as server:
+        response = await refused(server.port, scale)
+        assert "no HorizontalPodAutoscaler scales it" in response.body.decode()
+        assert refusals("strict", "no_hpa") >= 1
+
+        kube.put(HPA_LIST, hpa("web", "web", "False", api_version="apps/v1beta2"))
+        response = await refused(server.port, scale)
+        assert "its HorizontalPodAutoscaler web did not scale it there" in response.body.decode()
+    assert scale.patches == []
+
+
+async def test_two_hpas_on_one_target_refuse_to_wake_it(
+    kube: KubeStandIn, kube_client: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Finding 9: two HPAs scale Deployment web; the HPA controller acts on neither (AmbiguousSelector), and a
+    ScaledToZero=True on one of them (stale, or the other's opposite) woke it. Refused, with a warning, a metric
+    and the held requests' answer saying which HPAs and what to do."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    kube.put(HPA_LIST, hpa("web-a", "web", "True"))
+    kube.put(HPA_LIST, hpa("web-b", "web", "False"))
+    async with running_proxy([scale_route("twice")], kube=kube_client) as server:
+        with caplog.at_level(logging.WARNING, logger="adapter.proxy.wake"):
+            response = await refused(server.port, scale)
+    body = response.body.decode()
+    assert "AmbiguousSelector" in body
+    assert "(web-a, web-b)" in body
+    assert "Delete all but one" in body
+    assert scale.patches == []
+    assert refusals("twice", "ambiguous_hpas") >= 1
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "AmbiguousSelector" in r.getMessage()]
+    assert warned, "the refusal is logged as a warning"
+
+
+async def test_hpas_that_cannot_be_read_now_wake_nothing_and_the_requests_wait(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """The read before the patch fails (the API server errs): nothing is woken on what was read before, and
+    the held request is not refused either; it waits, and the next attempt, once the read succeeds, wakes."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    kube.put(HPA_LIST, hpa("web", "web", "True"))
+    failures: list[str] = []
+
+    def unavailable(req: StandInRequest, _match: object) -> Reply | None:
+        if req.param("watch") in ("1", "true"):
+            return None
+        failures.append(req.path)
+        return Reply(500, status_body(500, "InternalError", "etcdserver: request timed out"))
+
+    remove = kube.add_route("GET", HPAS, unavailable)
+    async with running_proxy([scale_route("blip")], kube=kube_client) as server:
+        pending = asyncio.create_task(request(server.port, get()))
+        await until(lambda: len(failures) >= 3)  # three attempts, 0.2 s apart
+        assert scale.patches == []
+        assert not pending.done()
+        remove()
+        await until(lambda: scale.replicas == 1)
+        pending.cancel()
+        await asyncio.gather(pending, return_exceptions=True)
+
+
+async def test_a_request_whose_hold_ends_while_the_hpas_cannot_be_read_is_told_so(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """The API stays down past the request's hold_timeout: its 504 says the workload was not woken and why,
+    not only that it did not become ready."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    down = Reply(503, status_body(503, "ServiceUnavailable", "the server is currently unable to handle the request"))
+    kube.add_route("GET", HPAS, lambda _req, _match: down)
+    async with running_proxy([scale_route("outage", limits={"hold_timeout": 1})], kube=kube_client) as server:
+        response = await request(server.port, get())
+    assert response.status == 504
+    body = response.body.decode()
+    assert "did not become ready in 1 s (limits.hold_timeout); not woken:" in body
+    assert "HorizontalPodAutoscalers could not be read (503 ServiceUnavailable" in body
+    assert scale.patches == []
