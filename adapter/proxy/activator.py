@@ -162,7 +162,10 @@ class Activator:
         self.changed(f"spec.replicas is {self._replicas}")
 
     def _workload_failed(self, err: KubeError) -> bool:
-        log.warning("route %s: cannot watch %s %s: %s", self._route.name, self._target.kind, self._target.name, err)
+        target = self._target
+        log.warning(
+            "route %s: cannot watch %s %s: %s%s", self._route.name, target.kind, target.name, err, self._hint(err)
+        )
         return False
 
     def _counts(self, _route: str, held: int, _inflight: int) -> None:
@@ -247,7 +250,9 @@ class Activator:
                 self._relist = True  # what we wrote last may not be what is there when we lead again
                 continue
             except KubeError as err:
-                self._problem(f"cannot write the slices of Service {self.namespace}/{self.service}: {err}")
+                self._problem(
+                    f"cannot write the slices of Service {self.namespace}/{self.service}: {err}{self._hint(err)}"
+                )
                 telemetry.SLICE_WRITES.labels(self._route.name, _result(err)).inc()
             except Exception:  # a bug or a shape nobody foresaw: the writer must outlive it, as watches do
                 log.exception("route %s: the slice writer failed; trying again in %gs", self._route.name, delay)
@@ -377,6 +382,17 @@ class Activator:
             await self._delete(name)
             telemetry.SLICE_WRITES.labels(self._route.name, "deleted").inc()
         self._written = {}
+
+    def _hint(self, err: KubeError) -> str:
+        """What to grant when the API refused (403): deploy/base grants nothing of this mode, and the chart only
+        in the namespaces its routes name (README, "Security model")."""
+        if not (isinstance(err, KubeAPIError) and err.status == 403):
+            return ""
+        return (
+            f"; the proxy's ServiceAccount needs mode activator's Role in namespace {self.namespace} (the Helm chart "
+            "renders it from the routes in its config; with kustomize, apply deploy/overlays/activator edited for "
+            f"Service {self.service} and {self._target.kind} {self._target.name})"
+        )
 
     def _problem(self, message: str) -> None:
         if message != self._last_problem:  # once per distinct problem, not every retry
