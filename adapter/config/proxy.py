@@ -191,6 +191,12 @@ class RouteConfig(Strict):
                 raise ValueError("mode: activator needs a Service upstream (the one selecting the pods) read by slices")
             if not isinstance(self.target, ScaleTarget):
                 raise ValueError("mode: activator needs a Kubernetes target: its spec.replicas says when to switch")
+            if self.target.namespace != self.upstream.namespace:
+                # Its spec.replicas is read in the Service's namespace, where the activator's Role is granted.
+                raise ValueError(
+                    f"mode: activator needs its target in the upstream's namespace ({self.upstream.namespace}), "
+                    f"not {self.target.namespace}: the Service clients call and the pods it switches to are there"
+                )
             if self.activator is not None and self.activator.service == self.upstream.service:
                 raise ValueError("activator.service is the Service clients call, not the upstream that selects pods")
             if len(self.name) > _LABEL_VALUE_MAX:

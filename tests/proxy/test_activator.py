@@ -538,7 +538,16 @@ def test_two_routes_may_not_write_one_service() -> None:
     with pytest.raises(ValidationError, match="default/web"):
         ProxyConfig.model_validate({"routes": routes, "activator": activator_settings()})
     routes[1]["upstream"] = {**routes[1]["upstream"], "namespace": "other"}
+    routes[1]["target"] = {**routes[1]["target"], "namespace": "other"}
     ProxyConfig.model_validate({"routes": routes, "activator": activator_settings()})  # another namespace's web
+
+
+def test_an_activator_routes_target_is_in_its_services_namespace() -> None:
+    """Its spec.replicas was watched in the Service's namespace whatever the target said: a target elsewhere was
+    read as a missing workload there (or another one of the same name), and the switch followed that."""
+    route = activator_route(9001, target={"namespace": "other", "kind": "Deployment", "name": "web"})
+    with pytest.raises(ValidationError, match=r"target in the upstream's namespace \(default\), not other"):
+        ProxyConfig.model_validate({"routes": [route], "activator": activator_settings()})
 
 
 def test_an_activator_route_name_too_long_for_a_label_value_is_refused_at_load_with_what_to_change() -> None:
