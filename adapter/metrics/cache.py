@@ -388,6 +388,8 @@ class MetricCache:
         series.in_flight = None
         if not self._live(series):
             return
+        if series.edge:
+            telemetry.EDGE_READS.labels(series.key.metric, "at_rest" if series.resting else "active").inc()
         series.missed, series.edge = series.edge and series.resting, False
         now = self._clock()
         schedule = self._schedule

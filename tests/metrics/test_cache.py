@@ -7,6 +7,7 @@ from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
+from prometheus_client import REGISTRY
 
 from adapter.config.base import SelectorLabel
 from adapter.config.server import CacheConfig
@@ -335,12 +336,18 @@ async def test_inactive_to_active_is_read_at_once() -> None:
     await cache.close()
 
 
+def edge_reads_at_rest() -> float:
+    found = {"metric": "jobs", "found": "at_rest"}
+    return REGISTRY.get_sample_value("zeroscale_cache_edge_reads_total", found) or 0.0
+
+
 async def test_pushes_that_leave_a_series_at_rest_cost_two_reads_per_push_interval() -> None:
     """A queue filled and drained without pause: every read finds 0 and a new change. An early read that
     found the series still at rest makes the next push wait its turn: two reads per `push_interval`."""
     source = EverChanging()
     source.value = Decimal(0)
     clock = Clock()
+    before = edge_reads_at_rest()
     cache = make_cache(source, clock)
     await cache.read("jobs", "ns", "")  # a change during it: read at once (the first push), then once early
     await asyncio.sleep(0.3)
@@ -349,6 +356,7 @@ async def test_pushes_that_leave_a_series_at_rest_cost_two_reads_per_push_interv
     await _until(lambda: source.queries == 5)
     await asyncio.sleep(0.1)
     assert source.queries == 5
+    assert edge_reads_at_rest() - before == 2  # counted, so the cost is seen
     await cache.close()
 
 
