@@ -250,7 +250,7 @@ class Subscription:
         self._apply_newest(early=delay > 0)
 
     def _rises(self, message: pb.CountsUpdate) -> bool:
-        """A route's count is above the 0 last applied: the edge from zero, never coalesced."""
+        """A route's count is above the 0 last applied: the edge from zero, not coalesced (once per window)."""
         applied = self.replica.counts
         for route in message.routes:
             held, inflight = applied.get(route.route, (0, 0))
