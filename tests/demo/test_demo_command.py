@@ -27,9 +27,9 @@ def _demo(out: Path, *args: str) -> list[str]:
 
 def _leftovers(run_dir: Path) -> list[int]:
     """Processes the demo started that are still alive: servers name the run dir, workloads its ports."""
-    config = yaml.safe_load((run_dir / "zeroscale.yaml").read_text())
-    web_address = config["proxy"]["routes"][0]["upstream"]["address"]
-    redis_url = config["sources"][0]["url"]
+    proxy = yaml.safe_load((run_dir / "proxy.yaml").read_text())
+    web_address = proxy["proxy"]["routes"][0]["upstream"]["address"]
+    redis_url = yaml.safe_load((run_dir / "zeroscale.yaml").read_text())["sources"][0]["url"]
     web_port = web_address.rsplit(":", 1)[1]
     found: set[int] = set()
     for text in (str(run_dir), redis_url, f"--port {web_port}"):

@@ -1,0 +1,172 @@
+"""Servers started as child processes, without port races (docs/architecture.md#no-port-races).
+
+- Our own servers (`zeroscale serve|proxy --ready-file`) bind port 0 and write the ports they got
+  (adapter/ready.py); `wait_ready` waits for that report.
+- A server that cannot report (redis-server, a Kafka broker) is given a port outside the kernel's ephemeral
+  range, which no outgoing connection is ever given; if another listener holds it anyway, the child exits
+  at once saying so, and `PortAttempts` starts it again on another port.
+- Many processes sharing one port (the demo's replicas of one app, like a Service) bind it with
+  SO_REUSEPORT beside a socket the starter holds from the start (`shared_port`).
+
+Either way, a child that exits before it is ready is reported at once, with the last lines of its log;
+nobody waits out a timeout for a process that is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+TAIL_LINES = 20
+_POLL = 0.02
+_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LINUX_DEFAULT_RANGE = (32768, 60999)
+_FIRST_UNPRIVILEGED = 1024
+# What redis-server, Java (Kafka) and Python servers say when another socket holds their port.
+_PORT_TAKEN = "address already in use"
+
+
+class ChildFailed(Exception):
+    """A child exited before it was ready, or was not ready in time; the message ends with its log's tail."""
+
+    def __init__(self, message: str, tail: str) -> None:
+        super().__init__(f"{message}; the last lines of its log:\n{tail}")
+        self.tail = tail
+
+    @property
+    def port_taken(self) -> bool:
+        return _PORT_TAKEN in self.tail.lower()
+
+
+def log_tail(log: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return f"({log} does not exist)"
+    return "\n".join(text.splitlines()[-lines:]) or f"({log} is empty)"
+
+
+def _check(exit_code: int | None, ready: Callable[[], T | None], what: str, log: Path) -> T | None:
+    # Exit first: a port that answers for a child that has exited is someone else's.
+    if exit_code is not None:
+        raise ChildFailed(f"{what} exited with code {exit_code} before it was ready (log: {log})", log_tail(log))
+    return ready()
+
+
+def _late(what: str, log: Path, within: float) -> ChildFailed:
+    return ChildFailed(f"{what} is running but was not ready after {within:g}s (log: {log})", log_tail(log))
+
+
+async def wait_ready(
+    process: asyncio.subprocess.Process, ready: Callable[[], T | None], what: str, log: Path, within: float = 60.0
+) -> T:
+    """`ready()`'s first answer that is not None; ChildFailed as soon as the process exits first."""
+    deadline = time.monotonic() + within
+    while (answer := _check(process.returncode, ready, what, log)) is None:
+        if time.monotonic() > deadline:
+            raise _late(what, log, within)
+        await asyncio.sleep(_POLL)
+    return answer
+
+
+def wait_ready_blocking(
+    process: subprocess.Popen[bytes], ready: Callable[[], T | None], what: str, log: Path, within: float = 60.0
+) -> T:
+    """`wait_ready` for a `subprocess.Popen` child, in a thread that may block (tests, benchmarks)."""
+    deadline = time.monotonic() + within
+    while (answer := _check(process.poll(), ready, what, log)) is None:
+        if time.monotonic() > deadline:
+            raise _late(what, log, within)
+        time.sleep(_POLL)
+    return answer
+
+
+def accepts(host: str, port: int) -> bool | None:
+    """A readiness check for servers that cannot report: True once host:port accepts a connection."""
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return None
+
+
+def log_says(log: Path, text: str) -> Callable[[], bool | None]:
+    """A readiness check for servers that log when they serve: True once `text` is in what `log` gains
+    after this call (so a line from an earlier run in the same log does not count)."""
+    start = log.stat().st_size if log.exists() else 0
+    wanted = text.encode()
+
+    def said() -> bool | None:
+        with log.open("rb") as lines:
+            lines.seek(start)
+            return True if wanted in lines.read() else None
+
+    return said
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (and of binds to port 0)."""
+    try:
+        low, high = _PORT_RANGE.read_text(encoding="ascii").split()
+    except OSError:
+        return _LINUX_DEFAULT_RANGE
+    return int(low), int(high)
+
+
+def port_outside_ephemeral(host: str = "127.0.0.1") -> int:
+    """A port free right now that no outgoing connection can be given; only another listener can take it
+    (then the child says so and exits: see PortAttempts)."""
+    low, high = ephemeral_range()
+    candidates = [*range(_FIRST_UNPRIVILEGED, low), *range(high + 1, 65536)]
+    while True:
+        port: int = random.choice(candidates)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+        return port
+
+
+class PortAttempts:
+    """Ports to start a server that cannot report on, until one is not taken by another listener:
+
+    attempts = PortAttempts()
+    while True:
+        port = attempts.port()
+        try:
+            return start(port)
+        except ChildFailed as failed:
+            attempts.failed(failed)  # raises it unless the port was taken and attempts are left
+    """
+
+    def __init__(self, host: str = "127.0.0.1", attempts: int = 5) -> None:
+        self._host = host
+        self._left = attempts
+
+    def port(self) -> int:
+        self._left -= 1
+        return port_outside_ephemeral(self._host)
+
+    def failed(self, failure: ChildFailed) -> None:
+        if not failure.port_taken or self._left <= 0:
+            raise failure
+
+
+def shared_port(host: str = "127.0.0.1") -> socket.socket:
+    """A socket bound to a port the kernel picked, with SO_REUSEPORT, and not listening: while the caller
+    holds it, the port is refused to outgoing connections and to other users' listeners, connections to it
+    are refused until a child listens there (binding it with SO_REUSEPORT), and they are spread over
+    every child that does."""
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    holder.bind((host, 0))
+    return holder
