@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from adapter.children import port_outside_ephemeral
 from adapter.config.proxy import ActivatorConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.leases import lease_path
 from adapter.proxy.leader import LeaderElector
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
-from tests.fixtures.netutil import free_port
 from tests.fixtures.proxy import get, request, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
 from tests.proxy.test_activator import (
@@ -161,7 +161,7 @@ async def test_of_two_proxies_only_the_leader_writes_and_both_hold_and_forward(
     upstream = await Upstream().start()
     pod_port = upstream.port
     seed(kube, 0, pod_port)
-    ports = {"a": free_port(), "b": free_port()}
+    ports = {"a": port_outside_ephemeral(), "b": port_outside_ephemeral()}
     route_a = activator_route(ports["a"], name="web-a")
     route_b = activator_route(ports["b"], name="web-b")
     try:
