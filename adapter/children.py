@@ -105,9 +105,12 @@ def log_says(log: Path, text: str) -> Callable[[], bool | None]:
     wanted = text.encode()
 
     def said() -> bool | None:
-        with log.open("rb") as lines:
-            lines.seek(start)
-            return True if wanted in lines.read() else None
+        try:
+            with log.open("rb") as lines:
+                lines.seek(start)
+                return True if wanted in lines.read() else None
+        except FileNotFoundError:  # not written yet
+            return None
 
     return said
 
@@ -159,6 +162,17 @@ class PortAttempts:
     def failed(self, failure: ChildFailed) -> None:
         if not failure.port_taken or self._left <= 0:
             raise failure
+
+
+def on_a_free_port(start: Callable[[int], T], host: str = "127.0.0.1") -> T:
+    """`start(port)` (which raises ChildFailed if the child exits before it is ready) on a port outside the
+    ephemeral range, again on another while one is taken (`PortAttempts`); blocking, for tests and benchmarks."""
+    attempts = PortAttempts(host)
+    while True:
+        try:
+            return start(attempts.port())
+        except ChildFailed as failed:
+            attempts.failed(failed)
 
 
 def shared_port(host: str = "127.0.0.1") -> socket.socket:
