@@ -15,11 +15,13 @@ nobody waits out a timeout for a process that is gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -28,6 +30,8 @@ T = TypeVar("T")
 TAIL_LINES = 20
 _POLL = 0.02
 _PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PROC_NET = Path("/proc/net")
+_TCP_LISTEN = "0A"  # the state column of /proc/net/tcp
 _LINUX_DEFAULT_RANGE = (32768, 60999)
 _FIRST_UNPRIVILEGED = 1024
 # What redis-server, Java (Kafka) and Python servers say when another socket holds their port.
@@ -89,13 +93,47 @@ def wait_ready_blocking(
     return answer
 
 
-def accepts(host: str, port: int) -> bool | None:
-    """A readiness check for servers that cannot report: True once host:port accepts a connection."""
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
+def listening(pid: int, port: int) -> bool | None:
+    """A readiness check for servers that cannot report: True once process `pid`, or one it started, listens
+    on TCP `port`. Not "the port accepts": when another listener holds the port, a connection would reach it
+    while our child is still on its way to exiting (Linux: /proc/net/tcp and the processes' descriptors)."""
+    sockets = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
+    if not sockets:
         return None
+    for process in _with_descendants(pid):
+        try:
+            descriptors = list(Path(f"/proc/{process}/fd").iterdir())
+        except OSError:  # gone meanwhile
+            continue
+        for descriptor in descriptors:
+            with contextlib.suppress(OSError):
+                if os.readlink(descriptor) in sockets:
+                    return True
+    return None
+
+
+def _listening_inodes(port: int) -> set[str]:
+    inodes = set()
+    for table in (_PROC_NET / "tcp", _PROC_NET / "tcp6"):
+        try:
+            rows = table.read_text(encoding="ascii").splitlines()[1:]
+        except OSError:  # no IPv6
+            continue
+        for row in rows:
+            fields = row.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == _TCP_LISTEN and int(local.rpartition(":")[2], 16) == port:
+                inodes.add(inode)
+    return inodes
+
+
+def _with_descendants(pid: int) -> Iterator[int]:
+    """`pid` and every process below it (a script's server, a master's workers)."""
+    yield pid
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            for child in children.read_text(encoding="ascii").split():
+                yield from _with_descendants(int(child))
 
 
 def log_says(log: Path, text: str) -> Callable[[], bool | None]:

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from adapter.api.tls import self_signed  # noqa: E402
-from adapter.children import accepts, on_a_free_port, wait_ready_blocking  # noqa: E402
+from adapter.children import listening, on_a_free_port, wait_ready_blocking  # noqa: E402
 from tests.fixtures.replicas import spawn  # noqa: E402
 
 PATH = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/bench-queue-depth"
@@ -165,7 +165,7 @@ def start_nginx(directory: Path, body: bytes) -> tuple[subprocess.Popen[bytes], 
         conf.write_text(NGINX.format(dir=directory, port=port))
         with log.open("ab") as out:
             process = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(directory)], stderr=out)
-        wait_ready_blocking(process, functools.partial(accepts, "127.0.0.1", port), "nginx", log)
+        wait_ready_blocking(process, functools.partial(listening, process.pid, port), "nginx", log)
         return process, port
 
     return on_a_free_port(start)

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import activator  # noqa: E402  (perf/activator.py: this directory is on sys.path)
 
-from adapter.children import accepts, on_a_free_port, wait_ready_blocking  # noqa: E402
+from adapter.children import listening, on_a_free_port, wait_ready_blocking  # noqa: E402
 from tests.fixtures.netutil import refused_port  # noqa: E402
 from tests.fixtures.replicas import spawn  # noqa: E402
 
@@ -97,7 +97,7 @@ http {{
         with log.open("wb") as out:
             process = subprocess.Popen(["nginx", "-c", str(conf), "-p", prefix], stderr=out)
         try:
-            wait_ready_blocking(process, partial(accepts, "127.0.0.1", port), "nginx", log)
+            wait_ready_blocking(process, partial(listening, process.pid, port), "nginx", log)
             yield
         finally:
             process.terminate()

@@ -59,7 +59,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from adapter.children import accepts, on_a_free_port, port_outside_ephemeral, wait_ready_blocking  # noqa: E402
+from adapter.children import listening, on_a_free_port, port_outside_ephemeral, wait_ready_blocking  # noqa: E402
 from adapter.telemetry.probe import ENV as PROBE_ENV  # noqa: E402
 from adapter.telemetry.probe import Probe  # noqa: E402
 from tests.fixtures.kafka_broker import KafkaBroker, commit  # noqa: E402
@@ -183,8 +183,8 @@ def start_adapter(code: Path, directory: Path, backend: Backend, name: str) -> A
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
             )
-        for listening in (port, metrics_port):
-            wait_ready_blocking(process, functools.partial(accepts, "127.0.0.1", listening), "zeroscale serve", log)
+        for bound in (port, metrics_port):
+            wait_ready_blocking(process, functools.partial(listening, process.pid, bound), "zeroscale serve", log)
         return Adapter(process, port, metrics_port, probe)
 
     return on_a_free_port(start)
