@@ -18,7 +18,7 @@ from adapter.config.grpc import CountsServerConfig
 from adapter.config.proxy import ProxyConfig
 from adapter.fdlimit import raise_open_files_limit
 from adapter.proxy.server import ProxyServer
-from adapter.ready import address, write_ready_file
+from adapter.ready import address, announce
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None, r
         for signum in (signal.SIGTERM, signal.SIGINT):
             server.loop.add_signal_handler(signum, stop.set)
         if ready_file is not None:
-            write_ready_file(ready_file, bound)
+            announce(stack, ready_file, bound)
         await stop.wait()
         log.info("signal received: draining for up to %gs", config.grace_period)
     return 0

@@ -9,6 +9,7 @@ port for someone else to bind, so no other process can take it in between.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping
@@ -19,11 +20,14 @@ def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def write_ready_file(path: Path, listeners: Mapping[str, str]) -> None:
-    """Write `listeners` (name -> "host:port") to `path` all at once."""
+def announce(stack: contextlib.AsyncExitStack, path: Path, listeners: Mapping[str, str]) -> None:
+    """Write `listeners` (name -> "host:port") to `path` all at once, removed again when `stack` unwinds: the
+    file names ports only while they are bound (one left from an earlier run would send a starter to ports
+    nobody holds)."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     partial.write_text(json.dumps(dict(listeners), sort_keys=True) + "\n", encoding="utf-8")
     os.replace(partial, path)
+    stack.callback(path.unlink, missing_ok=True)
 
 
 def read_ready_file(path: Path) -> dict[str, int] | None:

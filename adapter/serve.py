@@ -36,7 +36,7 @@ from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeConfigError
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
-from adapter.ready import address, write_ready_file
+from adapter.ready import address, announce
 from adapter.sources import Source, build_source
 from adapter.telemetry.probe import start_probe
 
@@ -205,7 +205,7 @@ async def serve(config: ZeroscaleConfig, stop: asyncio.Event, ready_file: Path |
             log.error("cannot listen: %s", err)
             return 1
         if ready_file is not None:
-            write_ready_file(ready_file, bound)
+            announce(stack, ready_file, bound)
         await stop.wait()
         log.info("stopping")
     return 0

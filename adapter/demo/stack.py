@@ -139,6 +139,7 @@ def _write(path: Path, document: dict[str, Any]) -> Path:
 async def _start_reporting(supervisor: Supervisor, name: str, command: str, config: Path) -> dict[str, int]:
     """`zeroscale <command>` with `--ready-file`; the ports it bound, once it has bound them all."""
     ready = supervisor.log_dir / f"{name}.ready.json"
+    ready.unlink(missing_ok=True)  # `--out` may be a directory an earlier run used
     argv = [sys.executable, "-m", "adapter", "--log-level", "WARNING", command, "--config", str(config)]
     process = await supervisor.start(name, [*argv, "--ready-file", str(ready)])
     log = supervisor.log_dir / f"{name}.log"

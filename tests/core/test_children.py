@@ -98,6 +98,8 @@ def test_zeroscale_binds_port_0_and_reports_every_listener_it_bound(command: str
         assert written.endswith("}\n")  # one document, written at once
     finally:
         child.stop()
+    assert child.process.returncode == 0
+    assert not (tmp_path / f"{command}.ready.json").exists()  # it names ports only while they are bound
 
 
 def test_a_port_another_listener_holds_is_seen_in_the_exit_and_another_is_tried(tmp_path: Path) -> None:
