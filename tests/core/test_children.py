@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from adapter.children import (
     wait_ready_blocking,
 )
 from adapter.ready import read_ready_file
+from tests.fixtures.netutil import refused_port
 from tests.fixtures.replicas import spawn
 
 
@@ -153,6 +155,50 @@ def test_ports_chosen_for_others_are_outside_the_ephemeral_range() -> None:
     for _ in range(200):
         port = port_outside_ephemeral()
         assert 1024 <= port < low or high < port <= 65535
+
+
+_IP_LOCAL_PORT_RANGE = 51  # Linux 6.3+: a socket's own range for the local port connect() picks
+
+
+def _outgoing_connection_from(port: int, target: tuple[str, int]) -> socket.socket | OSError:
+    """An outgoing connection that may be given no local port but `port` (if the kernel lets it have it)."""
+    client = socket.socket()
+    try:
+        client.setsockopt(socket.IPPROTO_IP, _IP_LOCAL_PORT_RANGE, struct.pack("=I", port << 16 | port))
+    except OSError:
+        client.close()
+        pytest.skip("IP_LOCAL_PORT_RANGE needs Linux 6.3 or later")
+    try:
+        client.connect(target)
+    except OSError as refused:
+        client.close()
+        return refused
+    return client
+
+
+def test_an_outgoing_connection_cannot_take_a_port_handed_to_a_server() -> None:
+    """Issue 28's race, made certain: an outgoing connection on this machine was given the port a test had
+    chosen (bound to 0, closed, handed on) before the server bound it. A port held bound (the demo's shared
+    web port, a test's refused port) is never given to one; a port outside the ephemeral range neither."""
+    target = socket.create_server(("127.0.0.1", 0))
+    opened: list[socket.socket] = []
+    try:
+        held = shared_port()
+        opened.append(held)
+        for port in (held.getsockname()[1], refused_port()):
+            outcome = _outgoing_connection_from(port, target.getsockname())
+            assert isinstance(outcome, OSError), f"an outgoing connection was given {port}"
+        chosen = port_outside_ephemeral()
+        outcome = _outgoing_connection_from(chosen, target.getsockname())
+        if isinstance(outcome, socket.socket):
+            opened.append(outcome)
+            assert outcome.getsockname()[1] != chosen
+        with socket.create_server(("127.0.0.1", chosen)):  # still free for the server it was chosen for
+            pass
+    finally:
+        target.close()
+        for sock in opened:
+            sock.close()
 
 
 def test_a_shared_port_refuses_until_a_replica_listens_and_nobody_else_can_bind_it() -> None:
