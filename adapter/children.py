@@ -59,7 +59,7 @@ def log_tail(log: Path, lines: int = TAIL_LINES) -> str:
 
 
 def _check(exit_code: int | None, ready: Callable[[], T | None], what: str, log: Path) -> T | None:
-    # Exit first: a port that answers for a child that has exited is someone else's.
+    # Exit first: whatever says ready once the child is gone (a file left behind) is not the child.
     if exit_code is not None:
         raise ChildFailed(f"{what} exited with code {exit_code} before it was ready (log: {log})", log_tail(log))
     return ready()
