@@ -103,6 +103,7 @@ class Demo:
         self.view = View(self.timeline, self.hpas)
 
     def _workloads(self) -> dict[str, LocalWorkload]:
+        """Each command is built when a replica starts: `ports` is filled in as the servers start."""
         python, ports = sys.executable, self.ports
         apps = [python, "-m", "adapter.demo.apps"]
         workloads = {
@@ -125,17 +126,11 @@ class Demo:
             ),
         }
         if self.with_kafka:
-            kafka = [
-                *apps,
-                "kafka",
-                "--bootstrap",
-                ports.kafka_bootstrap,
-                "--topic",
-                KAFKA_TOPIC,
-                "--group",
-                KAFKA_GROUP,
-            ]
-            workloads["consumer"] = LocalWorkload("consumer", lambda i: kafka, self.supervisor)
+            # Built when a replica starts, as the others are: the broker's port is known only once it runs.
+            kafka = [*apps, "kafka", "--topic", KAFKA_TOPIC, "--group", KAFKA_GROUP]
+            workloads["consumer"] = LocalWorkload(
+                "consumer", lambda i: [*kafka, "--bootstrap", ports.kafka_bootstrap], self.supervisor
+            )
         return workloads
 
     async def main(self) -> int:
