@@ -22,6 +22,7 @@ from adapter.proxy.readiness import endpoint_slice_watcher, probe_address
 from adapter.proxy.route import Route
 from adapter.proxy.routing import Router
 from adapter.proxy.wake import Waker
+from adapter.ready import address
 from adapter.telemetry import proxy as telemetry
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,16 @@ class ProxyServer:
         assert self._admin is not None
         port: int = self._admin.sockets[0].getsockname()[1]
         return port
+
+    def bound(self) -> dict[str, str]:
+        """Each listener's name -> the host:port it bound (docs/architecture.md#no-port-races)."""
+        bound = {
+            "proxy": address(self.config.bind, self.port),
+            "admin": address(self.config.admin_bind, self.admin_port),
+        }
+        for name, server in zip(self.activators, self._route_servers, strict=True):
+            bound[f"activator/{name}"] = address(self.config.bind, server.sockets[0].getsockname()[1])
+        return bound
 
     # --- start and stop ---
 

@@ -28,11 +28,11 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 
+from adapter.children import port_outside_ephemeral
 from adapter.kube.client import KubeClient
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
 from tests.fixtures.manifests import DEPLOY, ROOT, Objects, helm_render
-from tests.fixtures.netutil import free_port
 from tests.fixtures.proxy import running_proxy, until
 
 ADAPTER_DIR = ROOT / "adapter"
@@ -557,7 +557,7 @@ async def test_an_activator_route_works_with_exactly_the_grants_rendered_for_it(
     request it made was allowed; the default installation would have refused each of its writes."""
     proxy = yaml.safe_load(ACTIVATOR_EXAMPLE.read_text())["proxy"]
     (route,) = proxy["routes"]
-    route = {**route, "activator": {**route["activator"], "port": free_port()}, "wake": "none"}
+    route = {**route, "activator": {**route["activator"], "port": port_outside_ephemeral()}, "wake": "none"}
     granted = grants(activator_installation, "zeroscale-proxy")
     with KubeStandIn(tls=False, token="proxy-token") as kube:
         standin_with_route_web(kube)
@@ -595,7 +595,7 @@ async def test_an_activator_route_without_its_role_writes_nothing_and_the_log_sa
 ) -> None:
     """deploy/base and the default chart grant nothing of mode activator: a route added without its Role is refused
     by the API, and the proxy's log names the namespace, the Role to add and where it comes from."""
-    route = {**activator_route("web", "shop", free_port()), "wake": "none", "readiness": "endpointslice"}
+    route = {**activator_route("web", "shop", port_outside_ephemeral()), "wake": "none", "readiness": "endpointslice"}
     granted = grants(chart_default, "zeroscale-proxy")
     granted |= {
         ((verb, "coordination.k8s.io", "leases"), "zeroscale", ())

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from adapter.children import port_outside_ephemeral
 from tests.e2e import install
 from tests.e2e.cluster import ENDPOINTSLICE_API, ControlPlane, Kube, Watch, deployment, wait_for
 from tests.e2e.dataplane import ClientRun, DataPlane
@@ -37,7 +38,6 @@ from tests.e2e.kubelet_standin import KubeletStandIn
 from tests.e2e.pods import answer_of
 from tests.e2e.processes import Zeroscale
 from tests.fixtures.manifests import DEPLOY, kustomize
-from tests.fixtures.netutil import free_port
 
 NAMESPACE = "e2e-activator"
 SERVICE, PODS_SERVICE, DEPLOYMENT, ROUTE = "web", "web-pods", "web", "web"
@@ -240,7 +240,7 @@ def app(kube: Kube, installed: Installed) -> Iterator[KubeletStandIn]:
 def proxies(
     plane: ControlPlane, kube: Kube, installed: Installed, dataplane: DataPlane, app: KubeletStandIn, workdir: Path
 ) -> Iterator[Proxies]:
-    main_port, admin_port, activator_port = (free_port("0.0.0.0") for _ in range(3))
+    main_port, admin_port, activator_port = (port_outside_ephemeral("0.0.0.0") for _ in range(3))
     replicas: list[Proxy] = []
     group = Proxies(replicas, activator_port, main_port)
     try:
@@ -278,7 +278,7 @@ def proxies(
             }
             directory = workdir / f"activator-{identity}"
             directory.mkdir()
-            process = Zeroscale("proxy", directory, config, main_port, host=address)
+            process = Zeroscale("proxy", directory, config, main_port)
             replicas.append(Proxy(identity, address, process.start(), admin_port))
         kube.apply([group.proxy_slice()])
         yield group

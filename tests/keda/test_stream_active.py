@@ -9,9 +9,9 @@ from typing import Any
 
 import grpc
 
+from adapter.children import port_outside_ephemeral
 from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
 from tests.fixtures.grpc_servers import Routes, StartAdapter, StartCounts, ref, scaler_stub
-from tests.fixtures.netutil import free_port
 
 
 def http_config(*ports: int) -> dict[str, Any]:
@@ -91,7 +91,9 @@ async def test_client_reconnects_after_the_adapter_restarts(
 ) -> None:
     routes = Routes("web")
     counts = await start_counts(routes)
-    adapter = await start_adapter(**http_config(counts.port), heartbeat_interval=30)
+    # Restarted on its port below: outside the ephemeral range, so no outgoing connection takes it meanwhile.
+    scaler_port = port_outside_ephemeral()
+    adapter = await start_adapter(**http_config(counts.port), grpc_port=scaler_port, heartbeat_interval=30)
     seen: asyncio.Queue[bool] = asyncio.Queue()
     client = asyncio.create_task(keda_push_client(f"127.0.0.1:{adapter.grpc_port}", seen, backoff=0.1))
     async with running(client):
@@ -107,7 +109,7 @@ async def test_client_reconnects_after_the_adapter_restarts(
 
 async def test_no_value_means_no_message(start_adapter: StartAdapter, start_counts: StartCounts) -> None:
     """While no proxy has reported, the stream stays silent (no made-up 'inactive'); the first count is pushed."""
-    port = free_port()
+    port = port_outside_ephemeral()  # the count stream starts there later; nothing listens meanwhile
     adapter = await start_adapter(**http_config(port), heartbeat_interval=0.2)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{adapter.grpc_port}") as channel:
         call = scaler_stub(channel).StreamIsActive(WEB)

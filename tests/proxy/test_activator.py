@@ -18,12 +18,12 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
+from adapter.children import port_outside_ephemeral
 from adapter.config.proxy import ProxyConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import MANAGED_BY, build_slices
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
-from tests.fixtures.netutil import free_port
 from tests.fixtures.proxy import get, request, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
 
@@ -153,7 +153,7 @@ async def test_the_service_lists_the_pods_while_warm_the_proxy_from_replicas_zer
     kube: KubeStandIn, kube_client: KubeClient
 ) -> None:
     upstream = await Upstream().start()
-    pod_port, port = upstream.port, free_port()
+    pod_port, port = upstream.port, port_outside_ephemeral()
     seed(kube, 1, pod_port, "127.0.0.1")
     # One request at a time per pod: the held requests go out one after the other, so "held ones first" shows.
     route = activator_route(port, limits={"endpoint_concurrency": 1})
@@ -228,7 +228,7 @@ async def test_a_new_writer_writes_nothing_until_it_has_read_the_target_the_pods
 ) -> None:
     """A restart (or a new leader) while the Service is warm must not flip it to the proxy because it has not
     read the pods (or the target) yet; while cold, not empty it because it has not read the proxies yet."""
-    port = free_port()
+    port = port_outside_ephemeral()
     seed(kube, replicas, 8080, "10.0.0.5")
     owner = {"apiVersion": "v1", "kind": "Service", "name": "web", "uid": SERVICE_UID}
     groups = {8080: [{"addresses": ["10.0.0.5"], "conditions": {"ready": True}}]} if replicas else {}
@@ -254,7 +254,7 @@ async def test_a_new_writer_writes_nothing_until_it_has_read_the_target_the_pods
 
 
 async def test_slices_it_does_not_own_are_never_touched(kube: KubeStandIn, kube_client: KubeClient) -> None:
-    port = free_port()
+    port = port_outside_ephemeral()
     seed(kube, 1, 8080, "10.0.0.1", "10.0.0.2")
     foreign = [
         # Someone else's slice for the same Service.
@@ -303,7 +303,7 @@ async def test_a_service_with_a_selector_is_refused_and_the_log_says_what_to_cha
     kube.put("/api/v1/namespaces/default/services", service(selector={"app": "web"}))
     refused = writes_total("web", "refused")
     async with running_proxy(
-        [activator_route(free_port())], kube=kube_client, activator=activator_settings()
+        [activator_route(port_outside_ephemeral())], kube=kube_client, activator=activator_settings()
     ) as server:
         await until(lambda: server.activators["web"].inputs_read and writes_total("web", "refused") > refused)
         await asyncio.sleep(0.3)
@@ -321,7 +321,7 @@ async def warm_writer(kube: KubeStandIn, kube_client: KubeClient, resync_interva
     """A proxy leading and writing the Service warm (one pod), resyncing every `resync_interval`."""
     seed(kube, 1, 8080, "10.0.0.1")
     settings = activator_settings(resync_interval=resync_interval)
-    async with running_proxy([activator_route(free_port())], kube=kube_client, activator=settings):
+    async with running_proxy([activator_route(port_outside_ephemeral())], kube=kube_client, activator=settings):
         await until(lambda: listed(kube) == WARM)
         yield
 
@@ -365,7 +365,7 @@ async def test_a_changed_slice_is_put_back_even_while_the_inputs_keep_changing(
 
 
 async def test_a_conflict_on_update_is_read_again_and_written(kube: KubeStandIn, kube_client: KubeClient) -> None:
-    port = free_port()
+    port = port_outside_ephemeral()
     seed(kube, 1, 8080, "10.0.0.1")
     async with running_proxy([activator_route(port)], kube=kube_client, activator=activator_settings()):
         await until(lambda: listed(kube) == [("10.0.0.1", 8080, "http")])
@@ -384,7 +384,7 @@ async def test_a_conflict_on_update_is_read_again_and_written(kube: KubeStandIn,
 async def test_the_proxy_service_is_read_on_any_port(kube: KubeStandIn, kube_client: KubeClient) -> None:
     """proxy_service names no port (only the addresses are used, each with the route's activator.port); the
     chart's proxy Service names its port `http`, and a Service may have several: each pod listed once."""
-    port = free_port()
+    port = port_outside_ephemeral()
     seed(kube, 0, 8080)
     two_ports = proxies(PROXY_ADDRESS, "10.1.0.8")
     two_ports["ports"].append({"name": "admin", "port": 9090, "protocol": "TCP"})
@@ -396,7 +396,7 @@ async def test_the_proxy_service_is_read_on_any_port(kube: KubeStandIn, kube_cli
 async def test_a_service_created_again_is_owned_by_the_new_one(kube: KubeStandIn, kube_client: KubeClient) -> None:
     """Deleted and created again, the Service has a new uid: slices naming the old one as their owner are
     deleted by the garbage collector, so the writer must name the new one (read again at each resync)."""
-    port = free_port()
+    port = port_outside_ephemeral()
     seed(kube, 1, 8080, "10.0.0.1")
     settings = activator_settings(resync_interval=0.3)
     async with running_proxy([activator_route(port)], kube=kube_client, activator=settings):
@@ -416,7 +416,7 @@ async def test_a_service_created_again_is_owned_by_the_new_one(kube: KubeStandIn
 async def test_a_writer_that_stops_leading_mid_write_writes_no_more(kube: KubeStandIn, kube_client: KubeClient) -> None:
     """Two slices to create; the Lease is lost while the first is on its way: the second is not written (the new
     leader may be writing by then)."""
-    port = free_port()
+    port = port_outside_ephemeral()
     seed(kube, 1, 8080, "10.0.0.1", "10.0.0.2")
     release = threading.Event()
 
@@ -449,7 +449,9 @@ async def test_cold_with_no_proxy_pod_to_list_the_slices_keep_the_pods(
     """No proxy pod ready or serving (a rollout gone wrong): refusing every connection is worse than the pods."""
     seed(kube, 1, 8080, "10.0.0.1")
     kube.put(PROXY_SLICES, proxies())  # the proxy's Service lists no pod
-    async with running_proxy([activator_route(free_port())], kube=kube_client, activator=activator_settings()):
+    async with running_proxy(
+        [activator_route(port_outside_ephemeral())], kube=kube_client, activator=activator_settings()
+    ):
         await until(lambda: listed(kube) == WARM)
         set_replicas(kube, 0)  # cold: the proxy should be listed, but there is none
         await asyncio.sleep(0.5)
@@ -472,7 +474,9 @@ async def test_a_missing_service_is_named_with_what_to_do(
     seed(kube, 1, 8080, "10.0.0.1")
     kube.delete("/api/v1/namespaces/default/services", "web")
     refused = writes_total("web", "refused")
-    async with running_proxy([activator_route(free_port())], kube=kube_client, activator=activator_settings()):
+    async with running_proxy(
+        [activator_route(port_outside_ephemeral())], kube=kube_client, activator=activator_settings()
+    ):
         await until(lambda: writes_total("web", "refused") > refused)
     assert slice_writes(kube) == []
     messages = [record.getMessage() for record in caplog.records]
@@ -510,7 +514,7 @@ async def test_a_slice_whose_address_family_changes_is_replaced_not_updated(
     """A slice's addressType is immutable. Dual-stack pods over two slices of IPv4 and one of IPv6, then the proxy's
     dual-stack pods (one IPv4 slice, one IPv6): the second slice's family changes. Updated in place, the API
     refuses it at every try and the Service stayed on the pods after replicas 0 (the proxy never listed)."""
-    port = free_port()
+    port = port_outside_ephemeral()
     seed(kube, 1, 8080)
     kube.put(SLICES, pods(8080, "10.0.0.1", "10.0.0.2"))
     six = endpoint_slice("web-pods-v6", "web-pods", [("fd00::1", {"ready": True})], 8080)
@@ -554,11 +558,13 @@ def test_an_activator_route_name_too_long_for_a_label_value_is_refused_at_load_w
     """The route's name is the zeroscale.io/route label's value on every slice written, and the API refuses a label
     value over 63 characters: the Service would never get a slice, write after write refused."""
     fits = "r" * 63
-    ProxyConfig.model_validate({"routes": [activator_route(free_port(), name=fits)], "activator": activator_settings()})
+    ProxyConfig.model_validate(
+        {"routes": [activator_route(port_outside_ephemeral(), name=fits)], "activator": activator_settings()}
+    )
     too_long = "r" * 64
     with pytest.raises(ValidationError, match=r"at most 63 characters \(this name has 64\): shorten the route's name"):
         ProxyConfig.model_validate(
-            {"routes": [activator_route(free_port(), name=too_long)], "activator": activator_settings()}
+            {"routes": [activator_route(port_outside_ephemeral(), name=too_long)], "activator": activator_settings()}
         )
     # In the path, the name is only a metric label's value, which has no such bound.
     ProxyConfig.model_validate({"routes": [{"name": too_long, "upstream": {"address": "web:80"}, "wake": "none"}]})
@@ -572,7 +578,9 @@ async def test_an_fqdn_slice_of_the_pods_is_not_copied(kube: KubeStandIn, kube_c
         SLICES,
         {**endpoint_slice("web-pods-fqdn", "web-pods", [("localhost", {"ready": True})], 8080), "addressType": "FQDN"},
     )
-    async with running_proxy([activator_route(free_port())], kube=kube_client, activator=activator_settings()) as a:
+    async with running_proxy(
+        [activator_route(port_outside_ephemeral())], kube=kube_client, activator=activator_settings()
+    ) as a:
         await until(lambda: listed(kube) == [("10.0.0.1", 8080, "http")])
         await asyncio.sleep(0.3)  # nothing more is written
         assert listed(kube) == [("10.0.0.1", 8080, "http")]

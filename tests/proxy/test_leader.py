@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from adapter.children import port_outside_ephemeral
 from adapter.config.proxy import ActivatorConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.leases import lease_path
 from adapter.proxy.leader import LeaderElector
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
-from tests.fixtures.netutil import free_port
 from tests.fixtures.proxy import get, request, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
 from tests.proxy.test_activator import (
@@ -166,7 +166,7 @@ async def test_of_two_proxies_only_the_leader_writes_and_both_hold_and_forward(
     upstream = await Upstream().start()
     pod_port = upstream.port
     seed(kube, 0, pod_port)
-    ports = {"a": free_port(), "b": free_port()}
+    ports = {"a": port_outside_ephemeral(), "b": port_outside_ephemeral()}
     route_a = activator_route(ports["a"], name="web-a")
     route_b = activator_route(ports["b"], name="web-b")
     try:
@@ -288,7 +288,9 @@ async def test_a_write_sent_just_before_the_lease_is_lost_never_lands_after_anot
         time.sleep(2.5)  # the API is slow to apply slice writes (then the stand-in's own route applies it)
 
     kube.before_write.append(note)
-    async with running_proxy([activator_route(free_port())], kube=kube_client, activator=activator_settings()) as a:
+    async with running_proxy(
+        [activator_route(port_outside_ephemeral())], kube=kube_client, activator=activator_settings()
+    ) as a:
         await until(lambda: listed(kube) == [(PROXY_ADDRESS, a.routes["web"].config.activator.port, "http")])  # type: ignore[union-attr]
         await until(lambda: len(renewals) >= 3)  # renewing
         applied.clear()
@@ -337,9 +339,11 @@ async def test_two_installations_in_one_namespace_each_write_their_routes_by_def
     """Issue 28, finding 8: with the one default lease_name, one installation led and the other's Service never got a
     slice. The default follows the installation's proxy Service."""
     seed(kube, 1, 8080, "10.0.0.1")
-    api_route, canary = second_installation(kube, free_port())
+    api_route, canary = second_installation(kube, port_outside_ephemeral())
     async with (
-        running_proxy([activator_route(free_port())], kube=kube_client, activator=activator_settings("a", **TIMING)),
+        running_proxy(
+            [activator_route(port_outside_ephemeral())], kube=kube_client, activator=activator_settings("a", **TIMING)
+        ),
         running_proxy([api_route], kube=kube_client, activator=canary),
     ):
         await until(
@@ -355,10 +359,12 @@ async def test_a_replica_whose_routes_the_holder_does_not_write_says_so(
     """Two installations given one lease_name (or a holder with another route set): the follower's routes are not
     written, and it says so in its log and zeroscale_proxy_activator_holder_serves (the doctor: tests/doctor)."""
     seed(kube, 1, 8080, "10.0.0.1")
-    api_route, canary = second_installation(kube, free_port())
+    api_route, canary = second_installation(kube, port_outside_ephemeral())
     shared = {"lease_name": "shared"}
     async with running_proxy(
-        [activator_route(free_port())], kube=kube_client, activator=activator_settings("a", **TIMING, **shared)
+        [activator_route(port_outside_ephemeral())],
+        kube=kube_client,
+        activator=activator_settings("a", **TIMING, **shared),
     ) as first:
         await until(lambda: first.leader is not None and first.leader.leading)
         async with running_proxy([api_route], kube=kube_client, activator={**canary, **shared}):

@@ -10,7 +10,7 @@ import pytest
 from adapter.metrics.cache import Reading
 from adapter.metrics.errors import MetricUnavailable
 from tests.fixtures.grpc_servers import MakeCache, Routes, StartCounts, eventually
-from tests.fixtures.netutil import free_port
+from tests.fixtures.netutil import refused_port
 
 METRIC = "http-requests-pending"
 
@@ -39,7 +39,7 @@ async def test_listener_sees_each_refresh_until_unsubscribed(make_cache: MakeCac
 
 
 async def test_failed_refresh_tells_no_one(make_cache: MakeCache) -> None:
-    cache = await make_cache("hook-failing", proxies=[f"127.0.0.1:{free_port()}"])
+    cache = await make_cache("hook-failing", proxies=[f"127.0.0.1:{refused_port()}"])
     key, _ = cache.catalogue.resolve(METRIC, "default", "route=web")
     seen: list[Reading] = []
     cache.subscribe(key, seen.append)
