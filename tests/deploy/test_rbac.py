@@ -35,13 +35,17 @@ CALLS: dict[tuple[str, str], set[Call]] = {
     ("adapter/kube/endpointslices.py", "GET"): {("list", "discovery.k8s.io", "endpointslices")},
     # Every list-then-watch loop (ListWatch) and the collections it lists by path (collection_lister): the HPAs
     # of wake: scale, an activator route's target workload; its watches are of those and of EndpointSlices.
+    # The activator's own outputs too: its Service and the slices it wrote, watched to repair them at once.
     ("adapter/kube/watching.py", "GET"): {
+        ("list", "", "services"),
+        ("list", "discovery.k8s.io", "endpointslices"),
         ("list", "autoscaling", "horizontalpodautoscalers"),
         ("list", "apps", "deployments"),
         ("list", "apps", "statefulsets"),
         ("list", "apps", "replicasets"),
     },
     ("adapter/kube/watching.py", "watch"): {
+        ("watch", "", "services"),
         ("watch", "discovery.k8s.io", "endpointslices"),
         ("watch", "autoscaling", "horizontalpodautoscalers"),
         ("watch", "apps", "deployments"),
@@ -68,7 +72,12 @@ CALLS: dict[tuple[str, str], set[Call]] = {
 }
 # Modules whose calls take paths built elsewhere: the API paths and resource names are in these modules.
 PATHS_FROM = {
-    "adapter/kube/watching.py": ("adapter/kube/endpointslices.py", "adapter/kube/hpas.py", "adapter/kube/scale.py"),
+    "adapter/kube/watching.py": (
+        "adapter/kube/endpointslices.py",
+        "adapter/kube/hpas.py",
+        "adapter/kube/scale.py",
+        "adapter/proxy/activator.py",
+    ),
     "adapter/proxy/activator.py": ("adapter/kube/endpointslices.py",),
 }
 # A generic module calls on behalf of the modules that give it paths: a process makes its calls only when it
