@@ -152,6 +152,7 @@ class KubeClient:
             except (OSError, ClosedBeforeAnswer) as err:
                 raise KubeConnectionError(f"watch {path}: {err}") from None
             pending = b""
+            heard = loop.time()  # the latest byte from the server
             while True:
                 pending += exchange.response.take_body()
                 *lines, pending = pending.split(b"\n")
@@ -164,18 +165,20 @@ class KubeClient:
                         yield _watch_event(line)
                 if exchange.response.complete:
                     return
-                silent_by = loop.time() + silence
                 try:
-                    async with asyncio.timeout_at(min(ends_by, silent_by)):
+                    async with asyncio.timeout_at(min(ends_by, heard + silence)):
                         if not await exchange.read_more():
                             return
+                    heard = loop.time()
                 except TimeoutError:
-                    if silent_by < ends_by:
+                    quiet = loop.time() - heard
+                    # Nothing since the end it was asked for, or for the silence timeout: silent, whichever came first.
+                    if quiet >= min(silence, timeout_seconds):
                         telemetry.WATCH_SILENCES.labels(_resource(path)).inc()
                         raise KubeWatchSilent(
-                            f"watch {path}: {self._peer} sent nothing (no event, no bookmark) for {silence:g}s: taken "
-                            "for dead, listing again; if something in between holds quiet streams longer, raise "
-                            "kubernetes.watch_silence_timeout"
+                            f"watch {path}: {self._peer} sent nothing (no event, no bookmark) for {quiet:.0f}s: taken "
+                            "for dead, listing again; if something in between holds quiet streams longer than "
+                            f"kubernetes.watch_silence_timeout ({silence:g}s), raise it"
                         ) from None
                     raise KubeConnectionError(
                         f"watch {path}: still open {self._timeout:g}s after the {timeout_seconds}s the server "
