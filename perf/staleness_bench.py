@@ -4,7 +4,8 @@
     python perf/staleness_bench.py [--rounds 3] [--repairs 20] [--silence 30] [--resync 30]
 
 A proxy in-process with one activator route, against the Kubernetes stand-in (tests/fixtures/kube_standin.py),
-with the given kubernetes.watch_silence_timeout and activator.resync_interval (the defaults by default).
+with the given kubernetes.watch_silence_timeout and activator.resync_interval (the defaults by default) and
+the default client timeout (10 s).
 
 - Staleness, each round: just after the activator's resync (it lists its inputs again, so their watches have just
   been opened: the worst moment, both the silence timeout and the next resync are as far as they get), every watch
@@ -85,7 +86,7 @@ def resyncs(kube: KubeStandIn) -> int:
 async def run(args: argparse.Namespace) -> None:
     with KubeStandIn(tls=False, token="t") as kube:
         seed(kube)
-        client = KubeClient.from_config(kube.client_config(watch_silence_timeout=args.silence))
+        client = KubeClient.from_config(kube.client_config(watch_silence_timeout=args.silence, timeout=10.0))
         route = {
             "name": "web",
             "upstream": {"service": "web-pods", "namespace": "default", "port": "http"},
