@@ -83,16 +83,16 @@ async def test_a_silent_watch_is_taken_for_dead_and_listed_again(kube: KubeStand
     assert copy.errors == []  # a silent watch is listed again, not reported as the API failing
 
 
-@pytest.mark.parametrize("copy", [2.0], indirect=True)
+@pytest.mark.parametrize("copy", [5.0], indirect=True)
 async def test_a_quiet_watch_that_sends_bookmarks_is_not_taken_for_silent(kube: KubeStandIn, copy: Copy) -> None:
-    """The server ends each watch before the silence timeout (timeoutSeconds), with a bookmark 2 s before; a
-    quiet, healthy watch is listed again then, never counted as silent."""
+    """The server ends each watch before the silence timeout (timeoutSeconds, 4 s here), with a bookmark 2 s
+    before; a quiet, healthy watch is listed again then, never counted as silent."""
     before = silences()
-    await asyncio.sleep(5)
+    await asyncio.sleep(10)
     assert silences() == before
     watches = [path for method, path, _ in kube.requests if method == "GET" and "watch=1" in path]
-    assert len(watches) >= 3, "ended by the server (timeoutSeconds=1) and watched again"
-    assert all("allowWatchBookmarks=true" in path and "timeoutSeconds=1" in path for path in watches)
+    assert len(watches) >= 2, "ended by the server and watched again"
+    assert all("allowWatchBookmarks=true" in path and "timeoutSeconds=4" in path for path in watches)
 
 
 async def test_bookmarks_keep_a_long_watch_alive_and_carry_only_a_resource_version(kube: KubeStandIn) -> None:
