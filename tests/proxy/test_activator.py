@@ -610,3 +610,13 @@ async def test_a_service_created_again_gets_its_slices_back_at_once(kube: KubeSt
             return body["metadata"]["ownerReferences"][0]["uid"] if body else None
 
         await until(lambda: listed(kube) == WARM and owner_uid() == "7f00-the-new-web", within=10)
+
+
+async def test_a_selector_given_to_the_service_removes_our_slices_at_once(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """The Service is watched: a selector given to it (Kubernetes' controller now writes its slices) removes ours
+    at once, not at the next resync (30 s here)."""
+    async with warm_writer(kube, kube_client, resync_interval=30):
+        kube.put("/api/v1/namespaces/default/services", service(selector={"app": "web"}))
+        await until(lambda: ours(kube) == [], within=10)
