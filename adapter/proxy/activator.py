@@ -13,6 +13,11 @@ When to switch, decided on every change of what it depends on:
     warm -> cold  the target's spec.replicas is 0 (before the last pod goes: connections made during the
                   scale-down must still find a listener), or no pod is ready
 
+Every resync_interval the inputs are read again (listed, not taken from the watches: an open watch may have
+gone silent) and the written slices compared with what they should be. The written slices and the Service are
+watched too, so a slice deleted or changed by someone else (a person, the garbage collector after the Service was
+created again) is written back at once, not at the next resync (docs/architecture.md#staleness-bounds).
+
 Nothing is written until the target, its pods and the proxy's pods have each been read once, so a restart or a
 new writer never flips a warm Service to the proxy while it looks. The HPA's status.desiredReplicas is not a
 signal: the HPA controller writes the scale subresource first and its status after, so spec.replicas is the
@@ -72,16 +77,16 @@ class ProxyPods:
         self._listeners: list[Activator] = []
         self._refused = RefusedEndpoints("", "proxy_service", f"the activator: the proxy's Service {service.service}")
         name = f"EndpointSlice watch of the proxy's Service {service.namespace}/{service.service}"
-        self._watch = ListWatch(kube, slice_lister(kube, service), name, self._changed, self._failed)
+        self.watch = ListWatch(kube, slice_lister(kube, service), name, self._changed, self._failed)
 
     def subscribe(self, activator: Activator) -> None:
         self._listeners.append(activator)
 
     def start(self) -> None:
-        self._watch.start()
+        self.watch.start()
 
     async def close(self) -> None:
-        await self._watch.close()
+        await self.watch.close()
 
     def _changed(self, slices: dict[str, dict[str, Any]]) -> None:
         # Any port of the Service (the chart names its port, a Service may have several): only the addresses are
@@ -141,6 +146,15 @@ class Activator:
         lister = collection_lister(kube, workload_collection_path(self.namespace, self._target.kind, self._target.name))
         name = f"{self._target.kind} watch of route {route.name}"
         self._workload = ListWatch(kube, lister, name, self._workload_changed, self._workload_failed)
+        # The upstream Service's slices are watched for the route (readiness.py): the server hands that watch over.
+        self.pods_watch: ListWatch | None = None
+        # Our outputs, watched: what someone else did to them is repaired at once.
+        where = f"route {route.name}'s Service {self.namespace}/{self.service}"
+        owned = collection_lister(kube, owned_slices_path(self.namespace, self.service))
+        self._outputs = ListWatch(kube, owned, f"EndpointSlice watch of {where}", self._outputs_changed, self._failed)
+        service = collection_lister(kube, service_collection_path(self.namespace, self.service))
+        self._service_watch = ListWatch(kube, service, f"watch of {where}", self._service_changed, self._failed)
+        self._service_seen: tuple[object, bool] | None = None  # (uid, has a selector) as the watch last said
         telemetry.ACTIVATOR_DIRECT.labels(route.name).set_function(lambda: int(self.warm))
 
     # --- inputs ---
@@ -150,6 +164,8 @@ class Activator:
         self._leader.subscribe(self._leadership)
         self._route.counts.subscribe(self._counts)
         self._workload.start()
+        self._outputs.start()
+        self._service_watch.start()
         self._task = asyncio.get_running_loop().create_task(self._write_loop(), name=f"activator {self._route.name}")
 
     def pods_changed(self, slices: dict[str, dict[str, Any]]) -> None:
@@ -165,6 +181,47 @@ class Activator:
         target = self._target
         log.warning(
             "route %s: cannot watch %s %s: %s%s", self._route.name, target.kind, target.name, err, self._hint(err)
+        )
+        return False
+
+    async def _reread_inputs(self) -> None:
+        """List the target, its pods and the proxy's pods again: a watch that went silent, or dropped an event,
+        would otherwise feed every later decision and resync with the same stale copy."""
+        watches = (self._workload, self.pods_watch, self._proxies.watch)
+        await asyncio.gather(*(watch.relist() for watch in watches if watch is not None))
+
+    # --- our outputs ---
+
+    def _outputs_changed(self, slices: dict[str, dict[str, Any]]) -> None:
+        """Our slices as the watch says: anything but what they should be is read again and written back (also the
+        echo of a write still on its way, which costs one read)."""
+        if not self._leader.leading or not self.inputs_read:
+            return
+        wanted = self.wanted()
+        if slices.keys() != wanted.keys() or not all(same_slice(slices[name], wanted[name]) for name in wanted):
+            self._relist = True
+            self._dirty.set()
+
+    def _service_changed(self, services: dict[str, dict[str, Any]]) -> None:
+        """Created again (a new uid owns the slices), deleted, or given a selector: read it again at once."""
+        service = services.get(self.service)
+        seen = (
+            None
+            if service is None
+            else (field(service, "metadata").get("uid"), bool(field(service, "spec").get("selector")))
+        )
+        if seen != self._service_seen:
+            self._service_seen = seen
+            self._relist = True
+            self._dirty.set()
+
+    def _failed(self, err: KubeError) -> bool:
+        log.warning(
+            "route %s: cannot watch Service %s/%s or its slices (someone else's changes wait for the next resync): %s",
+            self._route.name,
+            self.namespace,
+            self.service,
+            err,
         )
         return False
 
@@ -237,6 +294,7 @@ class Activator:
                 async with asyncio.timeout_at(resync_at):
                     await self._dirty.wait()
             if loop.time() >= resync_at:
+                await self._reread_inputs()
                 self._relist = True
                 resync_at = loop.time() + self._resync_interval
             self._dirty.clear()
@@ -271,7 +329,16 @@ class Activator:
                 return
             self._relist = False
             _, listing = await self._kube.request("GET", owned_slices_path(self.namespace, self.service))
-            written = self._written = objects_by_name(listing)
+            before, written = self._written, objects_by_name(listing)
+            self._written = written
+            if before and _versions(before) != _versions(written):
+                log.info(
+                    "route %s: the slices of Service %s/%s were changed since this replica wrote them (by another "
+                    "replica, a person or the garbage collector); writing what they should be",
+                    self._route.name,
+                    self.namespace,
+                    self.service,
+                )
         switch, decided_at, warm = self._unwritten_switch, self._decided_at, self.warm
         route = self._route.name
         wanted = self.wanted()
@@ -401,6 +468,8 @@ class Activator:
 
     async def close(self) -> None:
         await self._workload.close()
+        await self._outputs.close()
+        await self._service_watch.close()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -408,6 +477,15 @@ class Activator:
 
 class _NotLeading(Exception):
     """Leading stopped in the middle of writing: stop writing."""
+
+
+def service_collection_path(namespace: str, name: str) -> str:
+    """The collection holding just this Service, to list and watch it (fieldSelector on its name)."""
+    return f"/api/v1/namespaces/{namespace}/services?fieldSelector=metadata.name%3D{name}"
+
+
+def _versions(slices: dict[str, dict[str, Any]]) -> dict[str, object]:
+    return {name: field(body, "metadata").get("resourceVersion") for name, body in slices.items()}
 
 
 def _result(err: KubeError) -> str:

@@ -209,6 +209,8 @@ class ProxyServer:
         # An activator route copies the slices it reads: connect probes are no fallback for it.
         fallback = config.readiness == "auto" and activator is None
         watcher = endpoint_slice_watcher(kube, route, upstream, fallback=fallback, also=also)
+        if activator is not None:
+            activator.pods_watch = watcher  # re-read at each resync
         watcher.start()
         self._watchers.append(watcher)
 

@@ -51,13 +51,17 @@ CALLS: dict[tuple[str, str], set[Call]] = {
     # wake: scale reads the HPAs of its target's namespace before each patch (a list, never a watch).
     ("adapter/kube/hpas.py", "GET"): {("list", "autoscaling", "horizontalpodautoscalers")},
     # Every list-then-watch loop (ListWatch) and the collections it lists by path (collection_lister): an
-    # activator route's target workload; its watches are of those and of EndpointSlices.
+    # activator route's target workload; its watches are of those and of EndpointSlices. The activator's own
+    # outputs too: its Service and the slices it wrote, watched to repair them at once.
     ("adapter/kube/watching.py", "GET"): {
+        ("list", "", "services"),
+        ("list", "discovery.k8s.io", "endpointslices"),
         ("list", "apps", "deployments"),
         ("list", "apps", "statefulsets"),
         ("list", "apps", "replicasets"),
     },
     ("adapter/kube/watching.py", "watch"): {
+        ("watch", "", "services"),
         ("watch", "discovery.k8s.io", "endpointslices"),
         ("watch", "apps", "deployments"),
         ("watch", "apps", "statefulsets"),
@@ -83,7 +87,11 @@ CALLS: dict[tuple[str, str], set[Call]] = {
 }
 # Modules whose calls take paths built elsewhere: the API paths and resource names are in these modules.
 PATHS_FROM = {
-    "adapter/kube/watching.py": ("adapter/kube/endpointslices.py", "adapter/kube/scale.py"),
+    "adapter/kube/watching.py": (
+        "adapter/kube/endpointslices.py",
+        "adapter/kube/scale.py",
+        "adapter/proxy/activator.py",
+    ),
     "adapter/proxy/activator.py": ("adapter/kube/endpointslices.py",),
 }
 # A generic module calls on behalf of the modules that give it paths: a process makes its calls only when it

@@ -22,6 +22,7 @@ from adapter.children import port_outside_ephemeral
 from adapter.config.proxy import ProxyConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import MANAGED_BY, build_slices
+from adapter.proxy.server import ProxyServer
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
 from tests.fixtures.proxy import get, request, running_proxy, until
@@ -585,3 +586,89 @@ async def test_an_fqdn_slice_of_the_pods_is_not_copied(kube: KubeStandIn, kube_c
         await asyncio.sleep(0.3)  # nothing more is written
         assert listed(kube) == [("10.0.0.1", 8080, "http")]
         assert a.activators["web"].warm
+
+
+# --- bounded staleness and our own outputs (issue 28 findings 1 and 6; docs/architecture.md#staleness-bounds) ---
+
+
+def route_hosts(server: ProxyServer) -> list[str]:
+    return sorted(endpoint.host for endpoint in server.routes["web"].endpoints)
+
+
+async def test_a_pod_replaced_under_a_silent_watch_leaves_the_route_and_the_service_within_the_silence_timeout(
+    kube: KubeStandIn,
+) -> None:
+    """Finding 1: the EndpointSlice watch went silent (open, nothing sent, the lists fine) and the Service and the
+    in-path route listed the replaced pod for 301 s. Now for at most kubernetes.watch_silence_timeout (3 s here;
+    the resync, 30 s, is not what ends it)."""
+    client = KubeClient.from_config(kube.client_config(watch_silence_timeout=3))
+    seed(kube, 1, 8080, "10.0.0.1")
+    try:
+        async with running_proxy(
+            [activator_route(port_outside_ephemeral())], kube=client, activator=activator_settings()
+        ) as server:
+            await until(lambda: listed(kube) == WARM and route_hosts(server) == ["10.0.0.1"])
+            kube.silence_watches(SLICES_V1)
+            kube.put(SLICES, pods(8080, "10.0.0.2"))  # the pod replaced
+            await until(lambda: listed(kube) == [("10.0.0.2", 8080, "http")], within=20)
+            await until(lambda: route_hosts(server) == ["10.0.0.2"], within=5)
+    finally:
+        await client.close()
+
+
+async def test_the_resync_reads_the_inputs_again(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """The resync compared our slices with what they should be built from the watches' copies: under silent
+    watches it rebuilt the same stale slices at every resync. It lists the target, its pods and the proxy's pods
+    again (the watches' silence timeout here is the default 30 s)."""
+    port = port_outside_ephemeral()
+    seed(kube, 1, 8080, "10.0.0.1")
+    settings = activator_settings(resync_interval=0.5)
+    async with running_proxy([activator_route(port)], kube=kube_client, activator=settings):
+        await until(lambda: listed(kube) == WARM)
+        kube.silence_watches(SLICES_V1)
+        kube.silence_watches(DEPLOYMENTS)
+        kube.put(SLICES, pods(8080, "10.0.0.2"))
+        await until(lambda: listed(kube) == [("10.0.0.2", 8080, "http")], within=10)
+        set_replicas(kube, 0)
+        await until(lambda: listed(kube) == [(PROXY_ADDRESS, port, "http")], within=10)
+        kube.put(PROXY_SLICES, proxies("10.1.0.8"))  # the proxy's own pod replaced
+        await until(lambda: listed(kube) == [("10.1.0.8", port, "http")], within=10)
+
+
+async def test_a_slice_someone_deleted_or_changed_is_written_back_at_once(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """Finding 6: deleted (a person, the garbage collector), the Service had no slice until the next resync (28 s
+    in the review), refusing every connection. The writer watches its slices: back within a second (the test allows
+    10 s on a loaded machine; the resync is 30 s)."""
+    async with warm_writer(kube, kube_client, resync_interval=30):
+        kube.delete(SLICES, "web-zeroscale-0")
+        await until(lambda: listed(kube) == WARM, within=10)
+        tamper(kube)
+        await until(lambda: listed(kube) == WARM, within=10)
+
+
+async def test_a_service_created_again_gets_its_slices_back_at_once(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """Deleted, the Service's slices go with it (the garbage collector); created again, nothing about our slices
+    changes after that: the writer watches the Service too, and writes them, owned by the new one, at once."""
+    async with warm_writer(kube, kube_client, resync_interval=30):
+        kube.delete("/api/v1/namespaces/default/services", "web")
+        kube.delete(SLICES, "web-zeroscale-0")  # the garbage collector: its owner is gone
+        await asyncio.sleep(0.5)
+        kube.put("/api/v1/namespaces/default/services", service(uid="7f00-the-new-web"))
+
+        def owner_uid() -> str | None:
+            body = kube.get(SLICES, "web-zeroscale-0")
+            return body["metadata"]["ownerReferences"][0]["uid"] if body else None
+
+        await until(lambda: listed(kube) == WARM and owner_uid() == "7f00-the-new-web", within=10)
+
+
+async def test_a_selector_given_to_the_service_removes_our_slices_at_once(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """The Service is watched: a selector given to it (Kubernetes' controller now writes its slices) removes ours
+    at once, not at the next resync (30 s here)."""
+    async with warm_writer(kube, kube_client, resync_interval=30):
+        kube.put("/api/v1/namespaces/default/services", service(selector={"app": "web"}))
+        await until(lambda: ours(kube) == [], within=10)
