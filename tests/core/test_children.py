@@ -80,7 +80,7 @@ def test_zeroscale_binds_port_0_and_reports_every_listener_it_bound(command: str
             "port": 0,
             "admin_bind": "127.0.0.1",
             "admin_port": 0,
-            "routes": [{"name": "web", "upstream": {"address": "127.0.0.1:9"}, "wake": "none"}],
+            "routes": [{"name": "web", "upstream": {"address": "192.0.2.1:9"}, "wake": "none"}],
         },
         "sources": [{"name": "demo", "type": "static", "series": [{"value": 1}]}],
         "metrics": [{"name": "demo-depth", "type": "static", "source": "demo"}],
