@@ -99,11 +99,12 @@ PATHS_FROM = {
 CALLERS = {"adapter/kube/watching.py": {"adapter.proxy.readiness", "adapter.proxy.activator"}}
 # Made only when `delegate:` is configured: granted by deploy/overlays/beside-keda alone.
 DELEGATE_SITES = {("adapter/api/delegate.py", "GET")}
-# Made only for routes in mode activator: its own module's and the Lease's, and the target workload's list-then-watch
-# (through watching.py, which the in-path readiness and wake: scale use too, for slices and HPAs).
+# Made only for routes in mode activator: its own module's and the Lease's, and the list-then-watch of the target
+# workload and of the Service clients call (through watching.py, which the in-path readiness uses too, for slices).
 ACTIVATOR_SITES = {site for site in CALLS if site[0] in ("adapter/proxy/activator.py", "adapter/kube/leases.py")}
 WORKLOADS = ("deployments", "statefulsets", "replicasets")
-ACTIVATOR_WORKLOAD_CALLS = {(verb, "apps", plural) for verb in ("list", "watch") for plural in WORKLOADS}
+WATCHED = [("apps", plural) for plural in WORKLOADS] + [("", "services")]
+ACTIVATOR_WATCHED_CALLS = {(verb, group, plural) for verb in ("list", "watch") for group, plural in WATCHED}
 # Verbs that change an object: none on EndpointSlices unless an activator route needs it.
 WRITES = {"create", "update", "patch", "delete", "deletecollection", "*"}
 # deploy/examples/activator.zeroscale.yaml's route: Service `web` and Deployment `web` in `shop`, its Lease in the
@@ -205,7 +206,7 @@ def needed_by(service_account: str, delegate: bool = False, activator: bool = Fa
         if module in modules and modules & CALLERS.get(site[0], {module})
         for call in CALLS[site]
     }
-    return calls if activator else calls - ACTIVATOR_WORKLOAD_CALLS
+    return calls if activator else calls - ACTIVATOR_WATCHED_CALLS
 
 
 Grant = tuple[Call, str | None, tuple[str, ...]]  # the call, the namespace (None: every one), resourceNames (): any
@@ -397,8 +398,8 @@ def test_the_chart_grants_each_activator_namespace_its_own_routes(helm: Path, tm
         for ns in ("shop", "cart")
     }
     assert namespaced == writes | {
-        (("get", "", "services"), "shop", ("api", "web")),
-        (("get", "", "services"), "cart", ("cart",)),
+        *{((verb, "", "services"), "shop", ("api", "web")) for verb in ("get", "list", "watch")},
+        *{((verb, "", "services"), "cart", ("cart",)) for verb in ("get", "list", "watch")},
         *{((verb, "apps", "deployments"), "shop", ("web",)) for verb in ("list", "watch")},
         *{((verb, "apps", "statefulsets"), "shop", ("api",)) for verb in ("list", "watch")},
         *{((verb, "apps", "deployments"), "cart", ("cart",)) for verb in ("list", "watch")},
