@@ -372,3 +372,37 @@ async def test_a_replica_whose_routes_the_holder_does_not_write_says_so(
             assert "the holder a does not write routes of this replica: api (not written)" in warnings[0]
             assert "proxy.activator.lease_name" in warnings[0]
             assert ours(kube, "api") == []
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    [
+        "[" * 100_000,  # parsed, it is nested deeper than Python's recursion limit
+        "{not json",
+        '{"web": "default/web"}',
+    ],
+)
+async def test_a_lease_whose_routes_annotation_is_malformed_is_still_taken_over(
+    kube: KubeStandIn, kube_client: KubeClient, annotation: str
+) -> None:
+    """Another installation, another version or a person wrote zeroscale.io/activator-routes (annotations may hold
+    256 KiB): what it says is unknown, and the Lease is still timed and taken over as any other."""
+    kube.put(
+        lease_path("zeroscale"),
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": "zeroscale-proxy-activator",
+                "namespace": "zeroscale",
+                "annotations": {"zeroscale.io/activator-routes": annotation},
+            },
+            "spec": {"holderIdentity": "proxy-gone", "leaseDurationSeconds": 1},
+        },
+    )
+    elector = LeaderElector(kube_client, config("proxy-a"), {"web": "default/web@0123456789ab"})
+    elector.start()
+    try:
+        await until(lambda: elector.leading, within=5)
+    finally:
+        await elector.close()
