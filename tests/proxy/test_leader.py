@@ -406,3 +406,28 @@ async def test_a_lease_whose_routes_annotation_is_malformed_is_still_taken_over(
         await until(lambda: elector.leading, within=5)
     finally:
         await elector.close()
+
+
+async def test_a_lease_nobody_holds_is_not_said_to_write_our_routes(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """A Lease given up (holderIdentity "") that this replica cannot take (its Role lacks update on leases): nobody
+    writes the routes, and zeroscale_proxy_activator_holder_serves must not say the holder does."""
+    kube.put(
+        lease_path("zeroscale"),
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "zeroscale-proxy-activator", "namespace": "zeroscale"},
+            "spec": {"holderIdentity": "", "leaseDurationSeconds": 1},
+        },
+    )
+    forbidden = Reply(403, status_body(403, "Forbidden", 'cannot update resource "leases"'))
+    kube.add_route("PUT", LEASES + "/[^/]+", lambda _request, _match: forbidden)
+    elector = LeaderElector(kube_client, config("proxy-a"), {"quiet": "default/quiet@0123456789ab"})
+    elector.start()
+    try:
+        await until(lambda: holder_serves("quiet") is not None, within=5)
+        await asyncio.sleep(0.3)  # several reads and refused writes
+        assert not elector.leading
+        assert holder_serves("quiet") == 0
+    finally:
+        await elector.close()
