@@ -431,3 +431,15 @@ async def test_a_lease_nobody_holds_is_not_said_to_write_our_routes(kube: KubeSt
         assert holder_serves("quiet") == 0
     finally:
         await elector.close()
+
+
+def test_installations_in_other_namespaces_never_share_a_default_lease() -> None:
+    """Both namespace and Service names may hold a `-`: joined by one, a/zeroscale-proxy and a-zeroscale/proxy would
+    both elect on Lease a-zeroscale-proxy-activator, and one installation's routes would go unwritten."""
+    names = {
+        ActivatorConfig.model_validate(
+            activator_settings(lease_namespace="shared", proxy_service={"service": service, "namespace": namespace})
+        ).lease()
+        for namespace, service in [("a", "zeroscale-proxy"), ("a-zeroscale", "proxy"), ("shared", "a-zeroscale-proxy")]
+    }
+    assert len(names) == 3, names
