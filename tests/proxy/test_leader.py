@@ -387,19 +387,7 @@ async def test_a_lease_whose_routes_annotation_is_malformed_is_still_taken_over(
 ) -> None:
     """Another installation, another version or a person wrote zeroscale.io/activator-routes (annotations may hold
     256 KiB): what it says is unknown, and the Lease is still timed and taken over as any other."""
-    kube.put(
-        lease_path("zeroscale"),
-        {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": "zeroscale-proxy-activator",
-                "namespace": "zeroscale",
-                "annotations": {"zeroscale.io/activator-routes": annotation},
-            },
-            "spec": {"holderIdentity": "proxy-gone", "leaseDurationSeconds": 1},
-        },
-    )
+    put_lease(kube, "proxy-gone", {"zeroscale.io/activator-routes": annotation})
     elector = LeaderElector(kube_client, config("proxy-a"), {"web": "default/web@0123456789ab"})
     elector.start()
     try:
@@ -408,18 +396,29 @@ async def test_a_lease_whose_routes_annotation_is_malformed_is_still_taken_over(
         await elector.close()
 
 
-async def test_a_lease_nobody_holds_is_not_said_to_write_our_routes(kube: KubeStandIn, kube_client: KubeClient) -> None:
-    """A Lease given up (holderIdentity "") that this replica cannot take (its Role lacks update on leases): nobody
-    writes the routes, and zeroscale_proxy_activator_holder_serves must not say the holder does."""
+def put_lease(kube: KubeStandIn, holder: str, annotations: dict[str, str] | None = None) -> None:
     kube.put(
         lease_path("zeroscale"),
         {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": "zeroscale-proxy-activator", "namespace": "zeroscale"},
-            "spec": {"holderIdentity": "", "leaseDurationSeconds": 1},
+            "metadata": {
+                "name": "zeroscale-proxy-activator",
+                "namespace": "zeroscale",
+                "annotations": annotations or {},
+            },
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 1},
         },
     )
+
+
+async def test_a_lease_nobody_holds_is_not_said_to_write_our_routes(
+    kube: KubeStandIn, kube_client: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Lease given up (holderIdentity "") that this replica cannot take (its Role lacks update on leases): nobody
+    writes the routes, and zeroscale_proxy_activator_holder_serves must not say the holder does. Then another
+    installation takes it: that is said, though the routes not written are the same."""
+    put_lease(kube, "")
     forbidden = Reply(403, status_body(403, "Forbidden", 'cannot update resource "leases"'))
     kube.add_route("PUT", LEASES + "/[^/]+", lambda _request, _match: forbidden)
     elector = LeaderElector(kube_client, config("proxy-a"), {"quiet": "default/quiet@0123456789ab"})
@@ -428,6 +427,10 @@ async def test_a_lease_nobody_holds_is_not_said_to_write_our_routes(kube: KubeSt
         await until(lambda: holder_serves("quiet") is not None, within=5)
         await asyncio.sleep(0.3)  # several reads and refused writes
         assert not elector.leading
+        assert holder_serves("quiet") == 0
+        put_lease(kube, "other-proxy", {"zeroscale.io/activator-routes": '["shop/api@0123456789ab"]'})
+        said = "the holder other-proxy does not write routes of this replica: quiet (not written)"
+        await until(lambda: any(said in record.getMessage() for record in caplog.records), within=5)
         assert holder_serves("quiet") == 0
     finally:
         await elector.close()
