@@ -22,7 +22,7 @@ _HINT = (
     "give each installation its own proxy.activator.lease_name (by default it follows proxy_service), or wait for "
     "a rollout of the proxy to end"
 )
-_NOBODY_WRITES = "are the proxy's pods running, with get/create/update on leases in that namespace?"
+_NOBODY_WRITES = "are the proxy's pods running, with create on leases and get/update on this one in that namespace?"
 # How far this machine's clock may be from the holder's before a Lease renewed "long ago" is taken for abandoned.
 _CLOCK_SKEW = datetime.timedelta(minutes=1)
 

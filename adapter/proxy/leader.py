@@ -168,7 +168,12 @@ class LeaderElector(WatchTask):
     def _log_failure(self, why: str) -> None:
         if why != self._failure_logged:  # once per distinct failure, not every retry_period
             self._failure_logged = why
-            hint = " (grant get, create and update on leases in that namespace)" if "403" in why else ""
+            lease = self._config.lease()
+            hint = (
+                f" (grant create on leases, and get and update on Lease {lease}, in that namespace)"
+                if "403" in why
+                else ""
+            )
             log.warning("%s: cannot read or write the Lease: %s%s", self.watch_name, why, hint)
 
     def _set_leading(self, leading: bool) -> None:
