@@ -73,7 +73,13 @@ async def _check(get: Get, proxy: ProxyConfig) -> Finding:
             _NOBODY_WRITES,
         )
     if lease.routes is None:
-        return Finding("skip", CHECK, f"the holder of Lease {name}, {lease.holder}, does not say what it writes")
+        return Finding(
+            "skip",
+            CHECK,
+            f"the holder of Lease {name}, {lease.holder}, does not say what it writes",
+            "an older version of the proxy holds it (or another program): run the doctor again once the proxy's "
+            "rollout has ended, or give this installation its own proxy.activator.lease_name",
+        )
     missing = unserved(routes, lease.routes)
     if missing:
         listed = ", ".join(f"{route} ({how})" for route, how in sorted(missing.items()))

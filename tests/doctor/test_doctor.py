@@ -380,7 +380,17 @@ async def test_a_lease_holder_that_stopped_renewing_is_a_failure(cluster: Cluste
     (finding,) = activator_findings(await run_doctor(cluster))
     assert finding.level == "fail"
     assert "zeroscale-proxy-5c6b, has not renewed it for 3:0" in finding.message
-    assert "update on leases" in finding.hint
+    assert "get/update on this one" in finding.hint
     put_lease(cluster, "zeroscale-proxy-5c6b", served, micro_time(now - datetime.timedelta(seconds=3)))
     (finding,) = activator_findings(await run_doctor(cluster))
     assert finding.level == "ok"
+
+
+async def test_a_lease_holder_that_does_not_say_what_it_writes_is_not_judged_and_says_why(cluster: Cluster) -> None:
+    """An older proxy (before zeroscale.io/activator-routes), during a rollout: unknown, not a pass or a failure."""
+    with_activator_route(cluster)
+    put_lease(cluster, "zeroscale-proxy-old", None)
+    (finding,) = activator_findings(await run_doctor(cluster))
+    assert finding.level == "skip"
+    assert "zeroscale-proxy-old, does not say what it writes" in finding.message
+    assert "older version" in finding.hint
