@@ -139,6 +139,14 @@ class LeaderElector(WatchTask):
             for route in self._routes:
                 with contextlib.suppress(KeyError):
                     telemetry.ACTIVATOR_HOLDER_SERVES.remove(route)
+            if self._routes and self._unserved_logged != (other.holder, "unknown"):
+                self._unserved_logged = (other.holder, "unknown")
+                log.info(
+                    "%s: the holder %s does not say which routes it writes (an older version of the proxy, during a "
+                    "rollout, or another program): whether it writes this replica's is unknown until it does",
+                    self.watch_name,
+                    other.holder,
+                )
             return
         if other is None:
             missing = {}

@@ -396,7 +396,7 @@ async def test_a_lease_whose_routes_annotation_is_malformed_is_still_taken_over(
         await elector.close()
 
 
-def put_lease(kube: KubeStandIn, holder: str, annotations: dict[str, str] | None = None) -> None:
+def put_lease(kube: KubeStandIn, holder: str, annotations: dict[str, str] | None = None, seconds: int = 1) -> None:
     kube.put(
         lease_path("zeroscale"),
         {
@@ -407,7 +407,7 @@ def put_lease(kube: KubeStandIn, holder: str, annotations: dict[str, str] | None
                 "namespace": "zeroscale",
                 "annotations": annotations or {},
             },
-            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 1},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": seconds},
         },
     )
 
@@ -446,3 +446,22 @@ def test_installations_in_other_namespaces_never_share_a_default_lease() -> None
         for namespace, service in [("a", "zeroscale-proxy"), ("a-zeroscale", "proxy"), ("shared", "a-zeroscale-proxy")]
     }
     assert len(names) == 3, names
+
+
+async def test_a_holder_that_does_not_say_what_it_writes_is_said_once_and_not_counted(
+    kube: KubeStandIn, kube_client: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An older proxy holding the Lease during a rollout: zeroscale_proxy_activator_holder_serves is absent (unknown),
+    and the log says why, once."""
+    caplog.set_level("INFO", logger="adapter.proxy.leader")
+    put_lease(kube, "proxy-old", seconds=3600)  # renewed, as far as this replica can tell
+    elector = LeaderElector(kube_client, config("proxy-a"), {"unsaid": "default/unsaid@0123456789ab"})
+    elector.start()
+    try:
+        said = "the holder proxy-old does not say which routes it writes"
+        await until(lambda: any(said in record.getMessage() for record in caplog.records), within=5)
+        assert holder_serves("unsaid") is None
+        await asyncio.sleep(0.3)  # several reads
+        assert sum(said in record.getMessage() for record in caplog.records) == 1
+    finally:
+        await elector.close()
