@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from adapter.children import port_outside_ephemeral
+from adapter.config.proxy import ActivatorConfig
 from adapter.kube.client import KubeClient
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
@@ -360,7 +361,8 @@ def test_an_activator_route_is_granted_its_calls_in_its_namespaces_only(activato
     expected: set[Grant] = {(call, None, ()) for call in in_path}
     expected |= {(call, "shop", ()) for call in activator if call[2] == "endpointslices"}
     expected |= {(call, "shop", ("web",)) for call in activator if call[2] in ("services", "deployments")}
-    expected |= {(call, "zeroscale", ()) for call in activator if call[2] == "leases"}
+    # create cannot be limited by name; get and update only this installation's Lease
+    expected |= {(call, "zeroscale", lease_names(call)) for call in activator if call[2] == "leases"}
     # Every call the activator's code makes is granted, but the other kinds' watches (the route's target is a
     # Deployment).
     other_kinds = {(verb, "apps", plural) for verb in ("list", "watch") for plural in ("statefulsets", "replicasets")}
@@ -403,7 +405,9 @@ def test_the_chart_grants_each_activator_namespace_its_own_routes(helm: Path, tm
         *{((verb, "apps", "deployments"), "shop", ("web",)) for verb in ("list", "watch")},
         *{((verb, "apps", "statefulsets"), "shop", ("api",)) for verb in ("list", "watch")},
         *{((verb, "apps", "deployments"), "cart", ("cart",)) for verb in ("list", "watch")},
-        *{((verb, "coordination.k8s.io", "leases"), "ha", ()) for verb in ("get", "create", "update")},
+        (("create", "coordination.k8s.io", "leases"), "ha", ()),
+        # proxy_service zeroscale/zeroscale-proxy, its Lease in another namespace (adapter/config/proxy.py lease())
+        *{((verb, "coordination.k8s.io", "leases"), "ha", ("zeroscale.zeroscale-proxy-activator",)) for verb in GU},
     }
     assert sorted(endpointslice_writes(objects)) == [
         ("Role", "cart", "zeroscale-proxy-activator"),
@@ -411,17 +415,54 @@ def test_the_chart_grants_each_activator_namespace_its_own_routes(helm: Path, tm
     ]
 
 
+GU = ("get", "update")
+
+
+def lease_names(call: Call) -> tuple[str, ...]:
+    """The Lease of deploy/examples/activator.zeroscale.yaml's installation, for the verbs a name can limit."""
+    return ("zeroscale-proxy-activator",) if call[0] in GU else ()
+
+
+@pytest.mark.parametrize(
+    ("activator", "lease"),
+    [
+        ({}, "zeroscale-proxy-activator"),
+        ({"lease_namespace": "ha"}, "zeroscale.zeroscale-proxy-activator"),
+        ({"lease_name": "web-writer"}, "web-writer"),
+    ],
+)
+def test_the_chart_lets_the_proxy_read_and_update_its_own_lease_only(
+    helm: Path, tmp_path: Path, activator: dict[str, str], lease: str
+) -> None:
+    """Mode activator's Lease is in lease_namespace, which other programs' Leases may share (a controller's leader
+    election): update on any would let a compromised proxy take theirs. The name the chart grants is the one the
+    proxy elects on (ActivatorConfig.lease())."""
+    settings = {
+        "proxy_service": {"service": "zeroscale-proxy", "namespace": "zeroscale"},
+        "lease_namespace": "zeroscale",
+        **activator,
+    }
+    proxy = {"activator": settings, "routes": [activator_route("web", "shop", 8081)]}
+    assert ActivatorConfig.model_validate(settings).lease() == lease
+    leases = {
+        (call[0], names)
+        for call, _, names in grants(chart_with_routes(helm, tmp_path, proxy), "zeroscale-proxy")
+        if call[2] == "leases"
+    }
+    assert leases == {("create", ()), ("get", (lease,)), ("update", (lease,))}
+
+
 def test_the_proxy_takes_leases_in_its_own_namespace_only(activator_installation: Objects) -> None:
     """Mode activator's Lease: granted by a Role in the Lease's namespace, never cluster-wide (and without an
     activator route not at all: test_the_proxy_is_granted_exactly_its_calls)."""
-    lease_rules = [
+    lease_rules = {
         (obj["kind"], obj["metadata"].get("namespace"))
         for obj in activator_installation
         if obj["kind"] in ("Role", "ClusterRole")
         for rule in obj["rules"]
         if "coordination.k8s.io" in rule["apiGroups"]
-    ]
-    assert lease_rules == [("Role", "zeroscale")]
+    }
+    assert lease_rules == {("Role", "zeroscale")}
 
 
 def test_the_hpa_controller_may_get_and_list_external_metrics(installation: Objects) -> None:
