@@ -336,9 +336,59 @@ async def test_inactive_to_active_is_read_at_once() -> None:
     await cache.close()
 
 
-def edge_reads_at_rest() -> float:
-    found = {"metric": "jobs", "found": "at_rest"}
-    return REGISTRY.get_sample_value("zeroscale_cache_edge_reads_total", found) or 0.0
+def edge_reads_at_rest(found: str = "at_rest") -> float:
+    labels = {"metric": "jobs", "found": found}
+    return REGISTRY.get_sample_value("zeroscale_cache_edge_reads_total", labels) or 0.0
+
+
+async def at_rest_and_pushed_once(source: ScriptedSource, cache: MetricCache) -> None:
+    """The series read at 0, then a push read at once (the first after a quiet spell): the next push to the
+    series at rest comes within push_interval of that read."""
+    source.value = Decimal(0)
+    await cache.read("jobs", "ns", "")
+    source.changed(source.watched[0])
+    await _until(lambda: source.queries == 2)
+
+
+async def test_a_failed_early_read_is_counted_as_failed_and_the_next_change_waits_its_turn() -> None:
+    """An early read for the edge that fails is not "still at rest" (what an operator reads as a queue filled
+    and drained); the next change waits its turn (a failing source is not read once per round trip)."""
+    source = ScriptedSource()
+    clock = Clock()
+    cache = make_cache(source, clock, push_interval=5)
+    await at_rest_and_pushed_once(source, cache)
+    at_rest, failed = edge_reads_at_rest(), edge_reads_at_rest("failed")
+    source.failure = "broker down"
+    source.changed(source.watched[0])  # at rest: read at once, and it fails
+    await _until(lambda: source.queries == 3)
+    await _until(lambda: edge_reads_at_rest("failed") - failed == 1)
+    assert edge_reads_at_rest() == at_rest
+    source.failure, source.value = None, Decimal(1)
+    source.changed(source.watched[0])
+    await asyncio.sleep(0.3)
+    assert source.queries == 3
+    clock.now += 5  # its turn: read
+    await _until(lambda: source.queries == 4)
+    assert (await cache.read("jobs", "ns", "")).value == 1
+    await cache.close()
+
+
+async def test_a_value_refused_leaves_the_series_at_rest_so_the_next_change_is_read_at_once() -> None:
+    """0 (KEDA heard inactive), then a value the HPA could not read (refused: KEDA hears nothing), then 1:
+    the edge from zero for KEDA, read at once. Before, a refused value put the series out of rest, and the 1
+    waited for push_interval."""
+    source = ScriptedSource()
+    source.value = Decimal(0)
+    cache = make_cache(source, push_interval=5)
+    await cache.read("jobs", "ns", "")
+    source.value = Decimal("NaN")
+    source.changed(source.watched[0])  # the first push: read at once, refused
+    await _until(lambda: source.queries == 2)
+    source.value = Decimal(1)
+    source.changed(source.watched[0])  # within push_interval of that read
+    await _until(lambda: source.queries == 3)
+    assert (await cache.read("jobs", "ns", "")).value == 1
+    await cache.close()
 
 
 async def test_pushes_that_leave_a_series_at_rest_cost_two_reads_per_push_interval() -> None:
