@@ -15,7 +15,8 @@ the value is younger than `max_staleness`:
 - a subscribed series (KEDA's StreamIsActive) is asked continuously: refreshed every `interval`;
 - a change pushed by the source (keyspace notification, Kafka round) refreshes at the next tick
   a series that is subscribed or whose asker is still around (its next ask is not half an
-  `interval` late, or it was asked within `interval` when its asks have no period yet), one
+  `interval` late, or it was asked within `interval` when its asks have no period yet; a change
+  pushed while nobody was around is read at the next ask or subscription, as if pushed then), one
   refresh in flight at a time and, for pushes without pause, one per `push_interval`, except the
   edge from rest: a change to a series at rest (its value 0, or below its metric's
   `activation_threshold`) is read at once, whenever the latest read was, because it may be the one
@@ -160,7 +161,9 @@ class MetricCache:
         series = self._series.get(key)
         if series is not None:
             self._watch(series)
-            self._schedule.at(series, max(self._clock(), series.refreshed_at + series.interval))
+            now = self._clock()
+            self._schedule.at(series, max(now, series.refreshed_at + series.interval))
+            self._pending_push(series, now)
 
         def unsubscribe() -> None:
             listeners.remove(listener)
@@ -187,6 +190,7 @@ class MetricCache:
         self._asked(series, now)
         self._watch(series)
         if series.fresh(now):
+            self._pending_push(series, now)
             if now - series.read_at > series.interval:
                 if series.in_flight is None:  # served now, refreshed at the next tick
                     series.stale_asked = True
@@ -233,6 +237,13 @@ class MetricCache:
             series.edge = True
             return now
         return max(now, turn)
+
+    def _pending_push(self, series: _Series, now: float) -> None:
+        """A change pushed while nobody wanted the series (so not read then) is read now that someone does,
+        as if pushed now: else a value read before it is served until the next refresh for the asks or the
+        subscription, up to `interval` later, though it may be the edge from zero (a KEDA stream reopened)."""
+        if series.changed and series.in_flight is None:
+            self._schedule.at(series, self._after_push(series, now))
 
     def _wanted(self, series: _Series, now: float) -> bool:
         """Someone asks for it: subscribed, an ask waits for fresher, or its asker is still around."""

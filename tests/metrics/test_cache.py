@@ -410,6 +410,50 @@ async def test_pushes_that_leave_a_series_at_rest_cost_two_reads_per_push_interv
     await cache.close()
 
 
+async def pushed_while_nobody_wanted_it(source: ScriptedSource, clock: Clock) -> MetricCache:
+    """A series at 0, read for a push 1 s before its asker counted as gone (`interval` 10 s after its only ask);
+    then the change to 1 is pushed while nobody wants the series: not read."""
+    source.value = Decimal(0)
+    cache = make_cache(source, clock, interval=10)
+    await cache.read("jobs", "ns", "")
+    clock.now += 9
+    source.changed(source.watched[0])  # wanted: read at once
+    await _until(lambda: source.queries == 2)
+    clock.now += 1.5
+    source.value = Decimal(1)
+    source.changed(source.watched[0])  # nobody wants it now
+    await asyncio.sleep(0.1)
+    assert source.queries == 2
+    clock.now += 0.5
+    return cache
+
+
+async def test_a_change_pushed_while_nobody_wanted_the_series_is_read_when_it_is_asked_for() -> None:
+    """The asker comes back 2 s after that read: it is served the 0 (younger than `interval`), and the pushed
+    change is read at once. Before, nothing read it until the refresh planned for the next ask (8 s later);
+    the 1 may be the edge from zero."""
+    source = ScriptedSource()
+    cache = await pushed_while_nobody_wanted_it(source, Clock())
+    assert (await cache.read("jobs", "ns", "")).value == 0
+    await _until(lambda: source.queries == 3)
+    assert (await cache.read("jobs", "ns", "")).value == 1
+    await cache.close()
+
+
+async def test_a_change_pushed_while_nobody_wanted_the_series_is_read_when_it_is_subscribed() -> None:
+    """A KEDA stream reopened (its operator restarted): the change pushed meanwhile is read at once, not
+    `interval` after the latest read (8 s later here)."""
+    source = ScriptedSource()
+    clock = Clock()
+    cache = await pushed_while_nobody_wanted_it(source, clock)
+    readings: list[Decimal] = []
+    key, _ = cache.catalogue.resolve("jobs", "ns", "")
+    unsubscribe = cache.subscribe(key, lambda reading: readings.append(reading.value))
+    await _until(lambda: readings == [Decimal(1)])
+    unsubscribe()
+    await cache.close()
+
+
 async def _until(condition: Callable[[], bool]) -> None:
     async with asyncio.timeout(10):
         while not condition():  # noqa: ASYNC110 - the cache's state is plain attributes
