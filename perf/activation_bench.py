@@ -58,6 +58,8 @@ from tests.fixtures.replicas import (  # noqa: E402
 )
 
 _HELD_LINE = b'zeroscale_proxy_held_requests{route="web"} '
+# A round takes about a second; one that takes this long never ends (see run), and says so.
+_ROUND_DEADLINE = 30.0
 
 
 class APIPoller:
@@ -227,9 +229,19 @@ async def run(rounds: int, proxies: list[Process], adapters: list[Process]) -> N
             proxy = proxies[index % len(proxies)]
             await asyncio.sleep(quiet)
             bench.spent["quiet spells"] = bench.spent.get("quiet spells", 0.0) + quiet
-            await bench.activate(proxy, after_quiet)
-            await bench.activate(proxy, after_change)  # its return to 0 was just read: within push_interval
-            base_ms.append(await bench.baseline(proxy))
+            try:
+                async with asyncio.timeout(_ROUND_DEADLINE):
+                    await bench.activate(proxy, after_quiet)
+                    await bench.activate(proxy, after_change)  # its return to 0 was just read: within push_interval
+                    base_ms.append(await bench.baseline(proxy))
+            except TimeoutError:
+                # Seen once here: the proxy's upstream port (free when chosen, nobody listening) answered a
+                # probe, so the proxy forwarded the request instead of holding it, and the bench read forever.
+                raise RuntimeError(
+                    f"round {index} did not end within {_ROUND_DEADLINE:g}s: is {proxy.name}'s route web ready "
+                    f"(zeroscale_proxy_ready_endpoints on 127.0.0.1:{proxy.ports['admin']}/metrics)? Then its "
+                    "upstream port, chosen free, was taken by another process and the request was not held"
+                ) from None
         elapsed = time.perf_counter() - started
     finally:
         follower.cancel()

@@ -149,8 +149,9 @@ class MetricBase(Strict):
     namespaces: list[str] = Field(default_factory=list)
     interval: Duration | None = None
     max_staleness: Duration | None = None
-    # A workload is active (KEDA IsActive) when the value is at least this.
-    activation_threshold: float = 1.0
+    # A workload is active (KEDA IsActive) when the value is at least this. A number: NaN compares with no
+    # value, and the cache compares every reading with it (docs/architecture.md#edge-from-zero).
+    activation_threshold: float = Field(default=1.0, allow_inf_nan=False)
 
     @property
     def key(self) -> str:

@@ -15,7 +15,8 @@ the value is younger than `max_staleness`:
 - a subscribed series (KEDA's StreamIsActive) is asked continuously: refreshed every `interval`;
 - a change pushed by the source (keyspace notification, Kafka round) refreshes at the next tick
   a series that is subscribed or whose asker is still around (its next ask is not half an
-  `interval` late, or it was asked within `interval` when its asks have no period yet), one
+  `interval` late, or it was asked within `interval` when its asks have no period yet; a change
+  pushed while nobody was around is read at the next ask or subscription, as if pushed then), one
   refresh in flight at a time and, for pushes without pause, one per `push_interval`, except the
   edge from rest: a change to a series at rest (its value 0, or below its metric's
   `activation_threshold`) is read at once, whenever the latest read was, because it may be the one
@@ -103,11 +104,12 @@ class _Series:
         self.stale_asked = False  # an ask found the value older than `interval` and no refresh in flight
         self.changed = False  # the source pushed a change since the latest refresh started
         self.push_read_at = -float("inf")  # monotonic time the latest refresh for a pushed change started
-        # The value is 0 or below the activation threshold: a pushed change is read at once (_after_push).
+        # The latest good value is 0 or below the activation threshold (KEDA last heard inactive): a pushed
+        # change is read at once (_after_push). A failed read, or a value refused, leaves it as it was.
         self.activation = Decimal(repr(metric.activation_threshold))
         self.resting = False
         self.edge = False  # the next refresh is a push read made early because the series was at rest
-        self.missed = False  # the latest refresh was such a read and found it still at rest (_after_push)
+        self.missed = False  # the latest refresh was such a read and found it still at rest, or failed (_after_push)
         self.due: float | None = None  # when the schedule looks at it next
         self.watched = True  # the source pushes its changes (source.watch), see MetricCache._wanted
         self.in_flight: asyncio.Task[None] | None = None
@@ -159,7 +161,9 @@ class MetricCache:
         series = self._series.get(key)
         if series is not None:
             self._watch(series)
-            self._schedule.at(series, max(self._clock(), series.refreshed_at + series.interval))
+            now = self._clock()
+            self._schedule.at(series, max(now, series.refreshed_at + series.interval))
+            self._pending_push(series, now)
 
         def unsubscribe() -> None:
             listeners.remove(listener)
@@ -186,6 +190,7 @@ class MetricCache:
         self._asked(series, now)
         self._watch(series)
         if series.fresh(now):
+            self._pending_push(series, now)
             if now - series.read_at > series.interval:
                 if series.in_flight is None:  # served now, refreshed at the next tick
                     series.stale_asked = True
@@ -224,13 +229,21 @@ class MetricCache:
         (changes without pause, from any producer of the queue, would be a read per source round trip). A
         change to a series at rest is read at once all the same: it may be the edge from zero, which wakes a
         workload, and must never wait (docs/architecture.md#edge-from-zero). Unless the latest read was such
-        an early one and found it still at rest (a queue filled and drained without pause): then it waits
-        like any other, so a series at rest costs at most two reads per `push_interval`."""
+        an early one and found it still at rest (a queue filled and drained without pause) or failed (a
+        failing source is not read once per round trip): then it waits like any other, so a series at rest
+        costs at most two reads per `push_interval`."""
         turn = series.push_read_at + self._config.push_interval
         if now < turn and series.resting and not series.missed:
             series.edge = True
             return now
         return max(now, turn)
+
+    def _pending_push(self, series: _Series, now: float) -> None:
+        """A change pushed while nobody wanted the series (so not read then) is read now that someone does,
+        as if pushed now: else a value read before it is served until the next refresh for the asks or the
+        subscription, up to `interval` later, though it may be the edge from zero (a KEDA stream reopened)."""
+        if series.changed and series.in_flight is None:
+            self._schedule.at(series, self._after_push(series, now))
 
     def _wanted(self, series: _Series, now: float) -> bool:
         """Someone asks for it: subscribed, an ask waits for fresher, or its asker is still around."""
@@ -389,7 +402,8 @@ class MetricCache:
         if not self._live(series):
             return
         if series.edge:
-            telemetry.EDGE_READS.labels(series.key.metric, "at_rest" if series.resting else "active").inc()
+            found = "failed" if series.error is not None else "at_rest" if series.resting else "active"
+            telemetry.EDGE_READS.labels(series.key.metric, found).inc()
         series.missed, series.edge = series.edge and series.resting, False
         now = self._clock()
         schedule = self._schedule
@@ -445,7 +459,6 @@ class MetricCache:
             telemetry.VALUES_REFUSED.labels(series.key.metric).inc()
             # The last good value is no longer what the source says: it is not served either.
             series.reading = None
-            series.resting = False
             with contextlib.suppress(KeyError):
                 telemetry.SERIES_VALUE.remove(series.key.metric, series.key.namespace, series.key.selector)
             self._failed(series, f"source {series.query.metric.source} returned {value}, which {problem}")

@@ -114,3 +114,13 @@ def test_secrets_are_read_from_files_and_never_shown(tmp_path: Path) -> None:
     assert secret.read() == "hunter2"
     assert "hunter2" not in repr(secret)
     assert "hunter2" not in str(secret)
+
+
+@pytest.mark.parametrize("threshold", [".nan", ".inf", "-.inf"])
+def test_an_activation_threshold_is_a_number(tmp_path: Path, threshold: str) -> None:
+    """NaN compares with no value: the cache compares each reading with the threshold (is the series at rest?),
+    so before, every read of such a metric failed with decimal.InvalidOperation, the HPA's too."""
+    path = write(tmp_path, GOOD + f"    activation_threshold: {threshold}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert "metrics[0].activation_threshold: " in "\n".join(caught.value.problems)

@@ -26,13 +26,15 @@ class ScriptedSource(Source):
         super().__init__()
         self.value = Decimal(7)
         self.failure: str | None = None
-        self.queries = 0
+        self.queries = 0  # reads started
+        self.picked = 0  # reads that took their answer: `value` and `failure` may change for the next one
         self.delay = 0.0
         self.watched: list[SourceQuery] = []
 
     async def query(self, query: SourceQuery) -> list[Sample]:
         self.queries += 1
         await asyncio.sleep(self.delay)
+        self.picked += 1
         if self.failure is not None:
             raise SourceError(self.failure)
         return [Sample(self.value)]
@@ -292,7 +294,7 @@ async def test_changes_without_pause_refresh_once_per_push_interval() -> None:
     await asyncio.sleep(0.3)
     assert source.queries == 2
     clock.now += 0.25  # one push_interval later: the change pending since then is read, once
-    await _until(lambda: source.queries == 3)
+    await _until(lambda: source.picked == 3)
     await asyncio.sleep(0.1)
     assert source.queries == 3
     await cache.close()
@@ -307,11 +309,11 @@ async def test_the_edge_from_zero_is_read_at_once_right_after_another_push() -> 
     await cache.read("jobs", "ns", "")
     source.value = Decimal(0)
     source.changed(source.watched[0])  # the first push after a quiet spell: read at once
-    await _until(lambda: source.queries == 2)
+    await _until(lambda: source.picked == 2)
     source.value = Decimal(1)
     source.changed(source.watched[0])  # right after: within push_interval of that read
-    await _until(lambda: source.queries == 3)
-    assert (await cache.read("jobs", "ns", "")).value == 1
+    await _until(lambda: source.picked == 3)
+    await _served(cache, 1)
     source.value = Decimal(0)
     source.changed(source.watched[0])  # any other change keeps its coalescing
     await asyncio.sleep(0.3)
@@ -328,17 +330,67 @@ async def test_inactive_to_active_is_read_at_once() -> None:
     await cache.read("jobs", "ns", "")  # 7: active
     source.value = Decimal(2)
     source.changed(source.watched[0])  # the first push: read at once, now inactive
-    await _until(lambda: source.queries == 2)
+    await _until(lambda: source.picked == 2)
     source.value = Decimal(4)
     source.changed(source.watched[0])
-    await _until(lambda: source.queries == 3)
-    assert (await cache.read("jobs", "ns", "")).value == 4
+    await _until(lambda: source.picked == 3)
+    await _served(cache, 4)
     await cache.close()
 
 
-def edge_reads_at_rest() -> float:
-    found = {"metric": "jobs", "found": "at_rest"}
-    return REGISTRY.get_sample_value("zeroscale_cache_edge_reads_total", found) or 0.0
+def edge_reads_at_rest(found: str = "at_rest") -> float:
+    labels = {"metric": "jobs", "found": found}
+    return REGISTRY.get_sample_value("zeroscale_cache_edge_reads_total", labels) or 0.0
+
+
+async def at_rest_and_pushed_once(source: ScriptedSource, cache: MetricCache) -> None:
+    """The series read at 0, then a push read at once (the first after a quiet spell): the next push to the
+    series at rest comes within push_interval of that read."""
+    source.value = Decimal(0)
+    await cache.read("jobs", "ns", "")
+    source.changed(source.watched[0])
+    await _until(lambda: source.picked == 2)
+
+
+async def test_a_failed_early_read_is_counted_as_failed_and_the_next_change_waits_its_turn() -> None:
+    """An early read for the edge that fails is not "still at rest" (what an operator reads as a queue filled
+    and drained); the next change waits its turn (a failing source is not read once per round trip)."""
+    source = ScriptedSource()
+    clock = Clock()
+    cache = make_cache(source, clock, push_interval=5)
+    await at_rest_and_pushed_once(source, cache)
+    at_rest, failed = edge_reads_at_rest(), edge_reads_at_rest("failed")
+    source.failure = "broker down"
+    source.changed(source.watched[0])  # at rest: read at once, and it fails
+    await _until(lambda: source.picked == 3)
+    await _until(lambda: edge_reads_at_rest("failed") - failed == 1)
+    assert edge_reads_at_rest() == at_rest
+    source.failure, source.value = None, Decimal(1)
+    source.changed(source.watched[0])
+    await asyncio.sleep(0.3)
+    assert source.queries == 3
+    clock.now += 5  # its turn: read
+    await _until(lambda: source.picked == 4)
+    await _served(cache, 1)
+    await cache.close()
+
+
+async def test_a_value_refused_leaves_the_series_at_rest_so_the_next_change_is_read_at_once() -> None:
+    """0 (KEDA heard inactive), then a value the HPA could not read (refused: KEDA hears nothing), then 1:
+    the edge from zero for KEDA, read at once. Before, a refused value put the series out of rest, and the 1
+    waited for push_interval."""
+    source = ScriptedSource()
+    source.value = Decimal(0)
+    cache = make_cache(source, push_interval=5)
+    await cache.read("jobs", "ns", "")
+    source.value = Decimal("NaN")
+    source.changed(source.watched[0])  # the first push: read at once, refused
+    await _until(lambda: source.picked == 2)
+    source.value = Decimal(1)
+    source.changed(source.watched[0])  # within push_interval of that read
+    await _until(lambda: source.picked == 3)
+    await _served(cache, 1)
+    await cache.close()
 
 
 async def test_pushes_that_leave_a_series_at_rest_cost_two_reads_per_push_interval() -> None:
@@ -353,11 +405,63 @@ async def test_pushes_that_leave_a_series_at_rest_cost_two_reads_per_push_interv
     await asyncio.sleep(0.3)
     assert source.queries == 3
     clock.now += 0.25  # its turn: read, and once early again
-    await _until(lambda: source.queries == 5)
+    await _until(lambda: source.picked == 5)
     await asyncio.sleep(0.1)
     assert source.queries == 5
     assert edge_reads_at_rest() - before == 2  # counted, so the cost is seen
     await cache.close()
+
+
+async def pushed_while_nobody_wanted_it(source: ScriptedSource, clock: Clock) -> MetricCache:
+    """A series at 0, read for a push 1 s before its asker counted as gone (`interval` 10 s after its only ask);
+    then the change to 1 is pushed while nobody wants the series: not read."""
+    source.value = Decimal(0)
+    cache = make_cache(source, clock, interval=10)
+    await cache.read("jobs", "ns", "")
+    clock.now += 9
+    source.changed(source.watched[0])  # wanted: read at once
+    await _until(lambda: source.picked == 2)
+    clock.now += 1.5
+    source.value = Decimal(1)
+    source.changed(source.watched[0])  # nobody wants it now
+    await asyncio.sleep(0.1)
+    assert source.queries == 2
+    clock.now += 0.5
+    return cache
+
+
+async def test_a_change_pushed_while_nobody_wanted_the_series_is_read_when_it_is_asked_for() -> None:
+    """The asker comes back 2 s after that read: it is served the 0 (younger than `interval`), and the pushed
+    change is read at once. Before, nothing read it until the refresh planned for the next ask (8 s later);
+    the 1 may be the edge from zero."""
+    source = ScriptedSource()
+    cache = await pushed_while_nobody_wanted_it(source, Clock())
+    assert (await cache.read("jobs", "ns", "")).value == 0
+    await _until(lambda: source.picked == 3)
+    await _served(cache, 1)
+    await cache.close()
+
+
+async def test_a_change_pushed_while_nobody_wanted_the_series_is_read_when_it_is_subscribed() -> None:
+    """A KEDA stream reopened (its operator restarted): the change pushed meanwhile is read at once, not
+    `interval` after the latest read (8 s later here)."""
+    source = ScriptedSource()
+    clock = Clock()
+    cache = await pushed_while_nobody_wanted_it(source, clock)
+    readings: list[Decimal] = []
+    key, _ = cache.catalogue.resolve("jobs", "ns", "")
+    unsubscribe = cache.subscribe(key, lambda reading: readings.append(reading.value))
+    await _until(lambda: readings == [Decimal(1)])
+    unsubscribe()
+    await cache.close()
+
+
+async def _served(cache: MetricCache, expected: int) -> None:
+    """Until the cache serves `expected`: a read's value is stored by its own task, loop turns after it took its
+    answer (on a loaded machine, an ask right then was served the one before)."""
+    async with asyncio.timeout(10):
+        while (await cache.read("jobs", "ns", "")).value != expected:  # noqa: ASYNC110 - reads are the behaviour
+            await asyncio.sleep(0.005)
 
 
 async def _until(condition: Callable[[], bool]) -> None:

@@ -4,8 +4,9 @@ Each message is a whole snapshot of the replica's routes, so nothing is lost whe
 coalesced or a stream is reopened: the newest message of a replica is kept, and applied at most once
 per `coalesce` (the first after a quiet spell at once), except the edge from zero: a message that lifts
 a route's held or in-flight count above the 0 last applied is applied at once
-(docs/architecture.md#edge-from-zero), once per window beside the coalesced one, so a replica flooding
-messages still costs at most two applies per window. A stream that stays silent past
+(docs/architecture.md#edge-from-zero), once per window beside the coalesced one and looked for in the
+window's first message only, so a replica flooding messages still costs at most two applies and one such
+look per window. A stream that stays silent past
 `stale_after` (no update and no heartbeat) is abandoned and reopened; the source decides separately
 when the replica's counts expire.
 
@@ -160,6 +161,7 @@ class Subscription:
         self._flush: asyncio.TimerHandle | None = None
         self._applied_at = -config.coalesce
         self._early = False  # the latest apply was an edge from zero, within its window
+        self._checked = False  # a message was checked for an edge from zero since the latest apply
         self._streaming = False  # the current stream has delivered a message
 
     def start(self) -> None:
@@ -241,7 +243,7 @@ class Subscription:
         self._newest = message
         loop = asyncio.get_running_loop()
         delay = self._applied_at + self._config.coalesce - loop.time()
-        if delay > 0 and (self._early or not self._rises(message)):
+        if delay > 0 and not self._edge(message):
             if self._flush is None:
                 self._flush = loop.call_later(delay, self._apply_newest)
             return
@@ -249,8 +251,18 @@ class Subscription:
             self._flush.cancel()
         self._apply_newest(early=delay > 0)
 
+    def _edge(self, message: pb.CountsUpdate) -> bool:
+        """Whether a message within the window is applied at once: it lifts a route from 0, and it is the
+        window's first message looked at for that. Looking costs a walk of every route (more than decoding the
+        message), so a replica flooding messages pays it once per window, not per message; an edge in a later
+        message of the window waits for the window's end (`coalesce`, 5 ms)."""
+        if self._early or self._checked:
+            return False
+        self._checked = True
+        return self._rises(message)
+
     def _rises(self, message: pb.CountsUpdate) -> bool:
-        """A route's count is above the 0 last applied: the edge from zero, not coalesced (once per window)."""
+        """A route's count is above the 0 last applied: the edge from zero."""
         applied = self.replica.counts
         for route in message.routes:
             held, inflight = applied.get(route.route, (0, 0))
@@ -264,7 +276,7 @@ class Subscription:
         if message is None:
             return
         self._applied_at = asyncio.get_running_loop().time()
-        self._early = early
+        self._early, self._checked = early, False
         self._apply(message)
 
     def _apply(self, message: pb.CountsUpdate) -> None:
