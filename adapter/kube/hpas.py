@@ -7,17 +7,39 @@ from typing import Any
 from urllib.parse import quote
 
 from adapter.kube.client import KubeClient
-from adapter.kube.watching import field, items_of, objects_by_name
+from adapter.kube.errors import KubeConnectionError
+from adapter.kube.watching import field, items_of
+
+# A list asks for at most this many HPAs an answer (client-go's pager asks for as many) and follows `continue` to the
+# last page: a namespace of thousands is parsed a page at a time (~10 ms each), never all at once in the event loop.
+PAGE_SIZE = 500
 
 
 def hpas_path(namespace: str) -> str:
     return f"/apis/autoscaling/v2/namespaces/{quote(namespace, safe='')}/horizontalpodautoscalers"
 
 
-async def list_hpas(kube: KubeClient, namespace: str) -> dict[str, dict[str, Any]]:
-    """The namespace's HPAs by name, read from the API now (a list: never a watch's copy)."""
-    _, listing = await kube.request("GET", hpas_path(namespace))
-    return objects_by_name(listing)
+async def list_hpas(kube: KubeClient, namespace: str) -> list[dict[str, Any]]:
+    """The namespace's HPAs, read from the API now (a list: never a watch's copy), every page of it: a partial list
+    could miss the one HPA that refuses. An HPA without a name still counts (only a non-object is skipped); an answer
+    without an `items` list is no list: KubeConnectionError, as for no answer."""
+    hpas: list[dict[str, Any]] = []
+    token = ""
+    while True:
+        page = f"?limit={PAGE_SIZE}" + (f"&continue={quote(token, safe='')}" if token else "")
+        _, listing = await kube.request("GET", hpas_path(namespace) + page)
+        items = listing.get("items")
+        token = field(listing, "metadata").get("continue") or ""
+        if not isinstance(items, list) or not isinstance(token, str):
+            raise KubeConnectionError(f"the HorizontalPodAutoscaler list of {namespace} does not parse (no items)")
+        hpas += (item for item in items if isinstance(item, dict))
+        if not token:
+            return hpas
+
+
+def hpa_name(hpa: dict[str, Any]) -> str:
+    name = field(hpa, "metadata").get("name")
+    return name if isinstance(name, str) and name else "(no name)"
 
 
 def targets(hpa: dict[str, Any], group: str, kind: str, name: str) -> bool:

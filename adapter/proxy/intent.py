@@ -23,13 +23,13 @@ from typing import Any
 from adapter.config.proxy import ScaleTarget
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError
-from adapter.kube.hpas import list_hpas, scaled_to_zero, targets
+from adapter.kube.hpas import hpa_name, list_hpas, scaled_to_zero, targets
 from adapter.kube.scale import GROUP
 
-# The API's answers that may pass by themselves (a timeout, too many requests, the server's own failure): the
-# requests stay held and the list is read again. Any other refusal (401, 403, 404: autoscaling/v2 not served)
-# stays until a person acts, and is answered at once.
-_PASSING = frozenset({408, 429})
+# The API's answers that may pass by themselves (a timeout, a page's `continue` expired (410), too many requests, the
+# server's own failure): the requests stay held and the list is read again. Any other refusal (401, 403, 404:
+# autoscaling/v2 not served) stays until a person acts, and is answered at once.
+_PASSING = frozenset({408, 410, 429})
 
 
 @dataclass(frozen=True)
@@ -60,9 +60,9 @@ async def read_refusal(kube: KubeClient, target: ScaleTarget, wake_without_hpa: 
     return decide(hpas, target, wake_without_hpa)
 
 
-def decide(hpas: dict[str, dict[str, Any]], target: ScaleTarget, wake_without_hpa: bool) -> Refusal | None:
-    """From the namespace's HPAs by name: None when the target may be woken, else why not."""
-    scaling = sorted(name for name, hpa in hpas.items() if targets(hpa, GROUP, target.kind, target.name))
+def decide(hpas: list[dict[str, Any]], target: ScaleTarget, wake_without_hpa: bool) -> Refusal | None:
+    """From the namespace's HPAs: None when the target may be woken, else why not."""
+    scaling = sorted((hpa for hpa in hpas if targets(hpa, GROUP, target.kind, target.name)), key=hpa_name)
     start = f"kubectl scale -n {target.namespace} {target.kind.lower()}/{target.name} --replicas=1"
     if not scaling:
         if wake_without_hpa:
@@ -78,15 +78,16 @@ def decide(hpas: dict[str, dict[str, Any]], target: ScaleTarget, wake_without_hp
         return Refusal(
             "ambiguous_hpas",
             f"AmbiguousSelector: {_where(target)} is at 0 replicas and is scaled by more than one "
-            f"HorizontalPodAutoscaler ({', '.join(scaling)}); the HPA controller acts on none of them, and this "
-            "proxy does not wake it. Delete all but one of them",
+            f"HorizontalPodAutoscaler ({', '.join(map(hpa_name, scaling))}); the HPA controller acts on none of them, "
+            "and this proxy does not wake it. Delete all but one of them",
             needs_fix=True,
         )
-    if scaled_to_zero(hpas[scaling[0]]):
+    (only,) = scaling
+    if scaled_to_zero(only):
         return None
     return Refusal(
         "stopped_by_hand",
-        f"{_where(target)} was stopped by hand: it is at 0 replicas, but its HorizontalPodAutoscaler {scaling[0]} "
+        f"{_where(target)} was stopped by hand: it is at 0 replicas, but its HorizontalPodAutoscaler {hpa_name(only)} "
         f"did not scale it there (ScaledToZero is not True), so neither the HPA nor this proxy starts it. "
         f"Start it again with: {start}",
     )

@@ -16,6 +16,7 @@ from adapter.kube.client import KubeClient
 from tests.fixtures.kube_routes import (
     HPAS,
     SLICES_V1,
+    PagedLists,
     ScaleStandIn,
     SlowLists,
     hpa,
@@ -202,3 +203,49 @@ async def test_a_request_whose_hold_ends_while_the_hpas_cannot_be_read_is_told_s
     assert "did not become ready in 1 s (limits.hold_timeout); not woken:" in body
     assert "HorizontalPodAutoscalers could not be read (503 ServiceUnavailable" in body
     assert scale.patches == []
+
+
+async def test_the_hpas_are_read_a_page_at_a_time_to_the_last_page(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """A namespace with 1200 HPAs: the list was one answer of every HPA (12 MB parsed at once in the event loop for
+    thousands of real ones, on every wake attempt); it is read in pages of at most 500, and every page counts: the
+    HPA that says NotScaledToZero is on the last one (a partial list would have woken the target)."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    for i in range(1200):
+        kube.put(HPA_LIST, hpa(f"other-{i:04}", f"other-{i:04}", "True"))
+    kube.put(HPA_LIST, hpa("web", "web", "False"))
+    paged = PagedLists(kube, HPAS, "HorizontalPodAutoscalerList", "autoscaling/v2")
+    async with running_proxy([scale_route("many")], kube=kube_client) as server:
+        response = await refused(server.port, scale)
+    assert "its HorizontalPodAutoscaler web did not scale it there" in response.body.decode()
+    assert max(paged.pages) <= 500, paged.pages
+    assert sum(paged.pages[:3]) == 1201, paged.pages
+
+
+def listing(*items: object, **overrides: object) -> Reply:
+    """An HPA list answer carrying `items` as given (objects no API server would send, too)."""
+    body = {"kind": "HorizontalPodAutoscalerList", "apiVersion": "autoscaling/v2", "metadata": {}, "items": list(items)}
+    return Reply(200, {**body, **overrides})
+
+
+async def test_an_hpa_list_without_items_wakes_nothing(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """An answer to the HPA list that holds no `items` list is not a list: it read as a namespace without HPAs,
+    and woke the target (wake_without_hpa: true). Nothing is woken; the request waits, then is told why."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    kube.add_route("GET", HPAS, lambda _req, _match: listing(items="junk"))
+    async with running_proxy([scale_route("junk", limits={"hold_timeout": 1})], kube=kube_client) as server:
+        response = await request(server.port, get())
+    assert response.status == 504, response.body
+    assert "HorizontalPodAutoscalers could not be read" in response.body.decode()
+    assert scale.patches == []
+
+
+async def test_an_hpa_without_a_name_still_counts(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """An HPA object without metadata.name (no real API server sends one) was skipped: its NotScaledToZero was not
+    seen and the target woken. It counts as any other; a malformed one scaling nothing does not matter."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    nameless = hpa("web", "web", "False")
+    del nameless["metadata"]["name"]
+    kube.add_route("GET", HPAS, lambda _req, _match: listing(nameless, "junk", {"spec": []}))
+    async with running_proxy([scale_route("nameless")], kube=kube_client) as server:
+        response = await refused(server.port, scale)
+    assert "was stopped by hand" in response.body.decode()
