@@ -11,7 +11,7 @@ from adapter.kube.errors import KubeConnectionError
 from adapter.kube.watching import field, items_of
 
 # A list asks for at most this many HPAs an answer (client-go's pager asks for as many) and follows `continue` to the
-# last page: a namespace of thousands is parsed a page at a time (~10 ms each), never all at once in the event loop.
+# last page: a namespace of thousands is parsed a page at a time (45 ms each, loaded), never all at once in the loop.
 PAGE_SIZE = 500
 
 

@@ -17,6 +17,7 @@ timeout, 429, 5xx) leaves the requests held, and the waker reads again on its ne
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +43,54 @@ class Refusal:
     needs_fix: bool = False
 
 
-async def read_refusal(kube: KubeClient, target: ScaleTarget, wake_without_hpa: bool) -> Refusal | None:
+class NamespaceHPAs:
+    """The HPA lists of one namespace, shared by the wakers of its routes: routes going cold together send one list
+    between them, not one each (each a whole namespace parsed in the event loop).
+
+    A read never takes the answer of a list already in flight: that list may have been sent before the reader read
+    its Scale, and an HPA that changed its mind since (finding 2) would be missed. It shares the next list instead,
+    which starts when the one in flight ends: one list in flight per namespace, and every answer a reader gets was
+    asked for after it called read()."""
+
+    def __init__(self, kube: KubeClient, namespace: str) -> None:
+        self._kube = kube
+        self.namespace = namespace
+        self._current: asyncio.Task[list[dict[str, Any]]] | None = None  # the list in flight
+        self._next: asyncio.Task[list[dict[str, Any]]] | None = None  # the list that starts when it ends
+
+    async def read(self) -> list[dict[str, Any]]:
+        """The namespace's HPAs from a list sent after this call. Raises KubeError as list_hpas does."""
+        if self._next is None:
+            if self._current is None or self._current.done():
+                self._current = self._start(None)
+                return await asyncio.shield(self._current)
+            self._next = self._start(self._current)
+        return await asyncio.shield(self._next)
+
+    def _start(self, after: asyncio.Task[list[dict[str, Any]]] | None) -> asyncio.Task[list[dict[str, Any]]]:
+        task = asyncio.get_running_loop().create_task(self._list(after))
+        # Its readers may all be gone (cancelled): its failure is theirs, not the loop's to report.
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return task
+
+    async def _list(self, after: asyncio.Task[list[dict[str, Any]]] | None) -> list[dict[str, Any]]:
+        if after is not None:
+            await asyncio.wait([after])
+            self._current, self._next = self._next, None  # sent from now on: later readers wait for another
+        return await list_hpas(self._kube, self.namespace)
+
+    async def close(self) -> None:
+        for task in (self._next, self._current):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+
+async def read_refusal(hpas: NamespaceHPAs, target: ScaleTarget, wake_without_hpa: bool) -> Refusal | None:
     """Read the target's namespace's HPAs now and decide; None: wake it. Raises KubeError when the read failed for
     a reason that may pass (the caller keeps the requests held and reads again)."""
     try:
-        hpas = await list_hpas(kube, target.namespace)
+        listed = await hpas.read()
     except KubeAPIError as err:
         if err.status in _PASSING or err.status >= 500:
             raise
@@ -57,7 +101,7 @@ async def read_refusal(kube: KubeClient, target: ScaleTarget, wake_without_hpa: 
             "horizontalpodautoscalers, or set the route's wake: always",
             needs_fix=True,
         )
-    return decide(hpas, target, wake_without_hpa)
+    return decide(listed, target, wake_without_hpa)
 
 
 def decide(hpas: list[dict[str, Any]], target: ScaleTarget, wake_without_hpa: bool) -> Refusal | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -249,3 +250,72 @@ async def test_an_hpa_without_a_name_still_counts(kube: KubeStandIn, kube_client
     async with running_proxy([scale_route("nameless")], kube=kube_client) as server:
         response = await refused(server.port, scale)
     assert "was stopped by hand" in response.body.decode()
+
+
+def hpa_lists(kube: KubeStandIn) -> int:
+    return sum(1 for method, path, _ in kube.requests if method == "GET" and "horizontalpodautoscalers" in path)
+
+
+async def test_routes_waking_at_once_in_one_namespace_share_the_hpa_lists(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """Ten routes of one namespace go cold at once: each waker listed the namespace's HPAs itself (ten lists of the
+    whole namespace at once, each parsed in the event loop). A read never joins a list already in flight (it may
+    have been sent before the reader read its Scale), but all that arrive meanwhile share the next one: two lists."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    kube.put(HPA_LIST, hpa("web", "web", "True"))
+    slow = SlowLists(kube, HPAS)
+    routes = [scale_route(f"r{i}", hosts=[f"r{i}.example"]) for i in range(10)]
+    try:
+        async with running_proxy(routes, kube=kube_client) as server:
+            pending = [asyncio.create_task(request(server.port, get(host=f"r{i}.example"))) for i in range(10)]
+            await until(lambda: slow.waiting >= 1 and all(server.routes[f"r{i}"].counts.held for i in range(10)))
+            await asyncio.sleep(2)  # time for every waker to read its Scale and ask for a list
+            slow.answer()
+            await until(lambda: scale.replicas == 1)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+    finally:
+        slow.answer()
+    assert hpa_lists(kube) <= 2, hpa_lists(kube)
+
+
+async def test_a_wake_never_decides_from_a_list_sent_before_it_read_the_scale(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """Route a's list is in flight with the HPA's ScaledToZero=True; meanwhile the HPA rescaled (NotScaledToZero) and
+    a person scaled the Deployment to 0. Route b reads the Scale after that: were it to share a's list, the Scale it
+    read would let it wake what the person stopped. It waits for a list of its own time; a's patch meets a conflict
+    and a reads again: neither wakes it."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    kube.put(HPA_LIST, hpa("web", "web", "True"))
+    release, held = threading.Event(), threading.Event()
+
+    def answered_late(req: StandInRequest, _match: object) -> Reply | None:
+        if req.param("watch") in ("1", "true") or held.is_set():
+            return None  # later lists: the collection as the store holds it now
+        held.set()
+        items = kube.objects(HPA_LIST)  # what the server read when the list arrived, answered later
+        release.wait(30)
+        return listing(*items)
+
+    kube.add_route("GET", HPAS, answered_late)
+    routes = [scale_route(name, hosts=[f"{name}.example"]) for name in ("a", "b")]
+    try:
+        async with running_proxy(routes, kube=kube_client) as server:
+            first = asyncio.create_task(request(server.port, get(host="a.example")))
+            await until(held.is_set)
+            scale.set(2)
+            kube.put(HPA_LIST, hpa("web", "web", "False"))  # the HPA rescaled: NotScaledToZero
+            scale.set(0)  # kubectl scale --replicas=0
+            second = asyncio.create_task(request(server.port, get(host="b.example")))
+            await until(lambda: second.done() or server.routes["b"].counts.held == 1)
+            await asyncio.sleep(1)  # time for b to read the Scale and ask for the HPAs
+            release.set()
+            answers = await asyncio.gather(first, second)
+    finally:
+        release.set()
+    assert [answer.status for answer in answers] == [503, 503], answers
+    assert scale.replicas == 0
+    assert all(patch["metadata"]["resourceVersion"] != "102" for patch in scale.patches), scale.patches
