@@ -319,3 +319,39 @@ async def test_a_wake_never_decides_from_a_list_sent_before_it_read_the_scale(
     assert [answer.status for answer in answers] == [503, 503], answers
     assert scale.replicas == 0
     assert all(patch["metadata"]["resourceVersion"] != "102" for patch in scale.patches), scale.patches
+
+
+def wakes(route: str, result: str) -> float:
+    return REGISTRY.get_sample_value("zeroscale_proxy_wakes_total", {"route": route, "result": result}) or 0.0
+
+
+async def test_a_scale_that_keeps_changing_is_counted_once_a_conflict_and_the_request_told_why(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """Every patch meets a conflict (the Scale changes between each read and patch, still at 0): three tries, three
+    conflicts in zeroscale_proxy_wakes_total (the last was counted twice), and the request whose hold ends says
+    why the workload was not woken (it said nothing)."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    scale.before_patch = lambda current: current.set(0)
+    route = scale_route("churn", wake_retry_interval=60, limits={"hold_timeout": 1})
+    async with running_proxy([route], kube=kube_client) as server:
+        response = await request(server.port, get())
+    assert scale.conflicts == 3
+    assert wakes("churn", "conflict") == 3
+    assert response.status == 504
+    assert (
+        "not woken: the Scale of Deployment default/web changed between each read and patch" in response.body.decode()
+    )
+
+
+async def test_a_scale_without_a_resource_version_is_not_patched(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """A Scale answered without metadata.resourceVersion was patched with an empty one, which the API server takes
+    as no precondition at all: the patch could override a size the HPA chose meanwhile. It is not patched."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    bare = {"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": {"name": "web"}, "spec": {}, "status": {}}
+    kube.add_route("GET", r".*/deployments/web/scale", lambda _req, _match: Reply(200, bare))
+    async with running_proxy([scale_route("bare", limits={"hold_timeout": 1})], kube=kube_client) as server:
+        response = await request(server.port, get())
+    assert response.status == 504
+    assert "no resourceVersion" in response.body.decode()
+    assert scale.patches == []
