@@ -97,8 +97,8 @@ async def read_refusal(hpas: NamespaceHPAs, target: ScaleTarget, wake_without_hp
         return Refusal(
             "hpas_unreadable",
             f"{_where(target)} is at 0 replicas and the HorizontalPodAutoscalers of {target.namespace} cannot be "
-            f"read ({err}), so whether a person stopped it is unknown and it is not woken; grant the proxy list on "
-            "horizontalpodautoscalers, or set the route's wake: always",
+            f"read ({err}), so whether a person stopped it is unknown and it is not woken; {_fix(err.status, target)}"
+            ", or set the route's wake: always",
             needs_fix=True,
         )
     return decide(listed, target, wake_without_hpa)
@@ -135,6 +135,15 @@ def decide(hpas: list[dict[str, Any]], target: ScaleTarget, wake_without_hpa: bo
         f"did not scale it there (ScaledToZero is not True), so neither the HPA nor this proxy starts it. "
         f"Start it again with: {start}",
     )
+
+
+def _fix(status: int, target: ScaleTarget) -> str:
+    """What to change, for an HPA list the API refused with `status`."""
+    if status == 401:
+        return "fix the proxy's credentials (the API server did not accept its token or client certificate)"
+    if status == 404:
+        return "the API server does not serve autoscaling/v2 (Kubernetes 1.23 and later do)"
+    return f"grant the proxy list on horizontalpodautoscalers (API group autoscaling) in {target.namespace}"
 
 
 def _where(target: ScaleTarget) -> str:

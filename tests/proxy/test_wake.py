@@ -355,3 +355,26 @@ async def test_a_scale_without_a_resource_version_is_not_patched(kube: KubeStand
     assert response.status == 504
     assert "no resourceVersion" in response.body.decode()
     assert scale.patches == []
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "fix"),
+    [
+        (403, "Forbidden", "grant the proxy list on horizontalpodautoscalers (API group autoscaling) in default"),
+        (404, "NotFound", "the API server does not serve autoscaling/v2 (Kubernetes 1.23 and later do)"),
+        (401, "Unauthorized", "fix the proxy's credentials"),
+    ],
+)
+async def test_an_hpa_list_refused_says_what_to_fix(
+    kube: KubeStandIn, kube_client: KubeClient, status: int, reason: str, fix: str
+) -> None:
+    """The refusal's words named the fix for a 403 alone (grant list, without the API group) whatever the API said:
+    a 404 (autoscaling/v2 not served) or a 401 (credentials) was told to grant RBAC."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    kube.add_route("GET", HPAS, lambda _req, _match: Reply(status, status_body(status, reason, "no")))
+    async with running_proxy([scale_route("blind")], kube=kube_client) as server:
+        response = await refused(server.port, scale)
+    body = response.body.decode()
+    assert fix in body
+    assert "or set the route's wake: always" in body
+    assert refusals("blind", "hpas_unreadable") >= 1
