@@ -22,16 +22,20 @@ def hpas_path(namespace: str) -> str:
 async def list_hpas(kube: KubeClient, namespace: str) -> list[dict[str, Any]]:
     """The namespace's HPAs, read from the API now (a list: never a watch's copy), every page of it: a partial list
     could miss the one HPA that refuses. An HPA without a name still counts (only a non-object is skipped); an answer
-    without an `items` list is no list: KubeConnectionError, as for no answer."""
+    without an `items` list, or whose `continue` names a page already read (it would never end), is no list:
+    KubeConnectionError, as for no answer."""
     hpas: list[dict[str, Any]] = []
-    token = ""
+    token, read = "", set()
     while True:
         page = f"?limit={PAGE_SIZE}" + (f"&continue={quote(token, safe='')}" if token else "")
         _, listing = await kube.request("GET", hpas_path(namespace) + page)
+        read.add(token)
         items = listing.get("items")
         token = field(listing, "metadata").get("continue") or ""
-        if not isinstance(items, list) or not isinstance(token, str):
-            raise KubeConnectionError(f"the HorizontalPodAutoscaler list of {namespace} does not parse (no items)")
+        if not isinstance(items, list) or not isinstance(token, str) or (token and token in read):
+            raise KubeConnectionError(
+                f"the HorizontalPodAutoscaler list of {namespace} does not parse (no items, or a continue repeated)"
+            )
         hpas += (item for item in items if isinstance(item, dict))
         if not token:
             return hpas

@@ -378,3 +378,18 @@ async def test_an_hpa_list_refused_says_what_to_fix(
     assert fix in body
     assert "or set the route's wake: always" in body
     assert refusals("blind", "hpas_unreadable") >= 1
+
+
+async def test_a_list_whose_continue_goes_round_in_circles_wakes_nothing_and_says_so(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """An answer whose `continue` names a page already read (no API server sends one): the wake listed the same
+    page for ever, and the request whose hold ended was not told why. That list fails like no answer."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    looping = listing(hpa("other", "other", "True"), metadata={"continue": "again"})
+    kube.add_route("GET", HPAS, lambda _req, _match: looping)
+    async with running_proxy([scale_route("circle", limits={"hold_timeout": 1})], kube=kube_client) as server:
+        response = await request(server.port, get())
+    assert response.status == 504
+    assert "HorizontalPodAutoscalers could not be read" in response.body.decode()
+    assert scale.patches == []
