@@ -70,6 +70,19 @@ async def refused(port: int, scale: ScaleStandIn) -> Response:
     return response
 
 
+async def not_woken(kube_client: KubeClient, scale: ScaleStandIn, name: str, **overrides: Any) -> str:
+    """One request to route `name`, held until its 1 s hold_timeout with nothing woken: its 504's body, which must
+    say why (`not woken: ...`)."""
+    route = scale_route(name, limits={"hold_timeout": 1}, **overrides)
+    async with running_proxy([route], kube=kube_client) as server:
+        response = await request(server.port, get())
+    assert response.status == 504, response.body
+    assert scale.conflicts == len(scale.patches), scale.patches  # no patch went through
+    body = response.body.decode()
+    assert "did not become ready in 1 s (limits.hold_timeout); not woken:" in body
+    return body
+
+
 async def test_a_silent_hpa_watch_does_not_wake_what_a_person_stopped(
     kube: KubeStandIn, kube_client: KubeClient
 ) -> None:
@@ -197,13 +210,8 @@ async def test_a_request_whose_hold_ends_while_the_hpas_cannot_be_read_is_told_s
     scale = ScaleStandIn(kube, "default", "web", replicas=0)
     down = Reply(503, status_body(503, "ServiceUnavailable", "the server is currently unable to handle the request"))
     kube.add_route("GET", HPAS, lambda _req, _match: down)
-    async with running_proxy([scale_route("outage", limits={"hold_timeout": 1})], kube=kube_client) as server:
-        response = await request(server.port, get())
-    assert response.status == 504
-    body = response.body.decode()
-    assert "did not become ready in 1 s (limits.hold_timeout); not woken:" in body
+    body = await not_woken(kube_client, scale, "outage")
     assert "HorizontalPodAutoscalers could not be read (503 ServiceUnavailable" in body
-    assert scale.patches == []
 
 
 async def test_the_hpas_are_read_a_page_at_a_time_to_the_last_page(kube: KubeStandIn, kube_client: KubeClient) -> None:
@@ -233,11 +241,7 @@ async def test_an_hpa_list_without_items_wakes_nothing(kube: KubeStandIn, kube_c
     and woke the target (wake_without_hpa: true). Nothing is woken; the request waits, then is told why."""
     scale = ScaleStandIn(kube, "default", "web", replicas=0)
     kube.add_route("GET", HPAS, lambda _req, _match: listing(items="junk"))
-    async with running_proxy([scale_route("junk", limits={"hold_timeout": 1})], kube=kube_client) as server:
-        response = await request(server.port, get())
-    assert response.status == 504, response.body
-    assert "HorizontalPodAutoscalers could not be read" in response.body.decode()
-    assert scale.patches == []
+    assert "HorizontalPodAutoscalers could not be read" in await not_woken(kube_client, scale, "junk")
 
 
 async def test_an_hpa_without_a_name_still_counts(kube: KubeStandIn, kube_client: KubeClient) -> None:
@@ -333,15 +337,10 @@ async def test_a_scale_that_keeps_changing_is_counted_once_a_conflict_and_the_re
     why the workload was not woken (it said nothing)."""
     scale = ScaleStandIn(kube, "default", "web", replicas=0)
     scale.before_patch = lambda current: current.set(0)
-    route = scale_route("churn", wake_retry_interval=60, limits={"hold_timeout": 1})
-    async with running_proxy([route], kube=kube_client) as server:
-        response = await request(server.port, get())
+    body = await not_woken(kube_client, scale, "churn", wake_retry_interval=60)
     assert scale.conflicts == 3
     assert wakes("churn", "conflict") == 3
-    assert response.status == 504
-    assert (
-        "not woken: the Scale of Deployment default/web changed between each read and patch" in response.body.decode()
-    )
+    assert "not woken: the Scale of Deployment default/web changed between each read and patch" in body
 
 
 async def test_a_scale_without_a_resource_version_is_not_patched(kube: KubeStandIn, kube_client: KubeClient) -> None:
@@ -350,10 +349,7 @@ async def test_a_scale_without_a_resource_version_is_not_patched(kube: KubeStand
     scale = ScaleStandIn(kube, "default", "web", replicas=0)
     bare = {"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": {"name": "web"}, "spec": {}, "status": {}}
     kube.add_route("GET", r".*/deployments/web/scale", lambda _req, _match: Reply(200, bare))
-    async with running_proxy([scale_route("bare", limits={"hold_timeout": 1})], kube=kube_client) as server:
-        response = await request(server.port, get())
-    assert response.status == 504
-    assert "no resourceVersion" in response.body.decode()
+    assert "with no resourceVersion" in await not_woken(kube_client, scale, "bare")
     assert scale.patches == []
 
 
@@ -388,8 +384,4 @@ async def test_a_list_whose_continue_goes_round_in_circles_wakes_nothing_and_say
     scale = ScaleStandIn(kube, "default", "web", replicas=0)
     looping = listing(hpa("other", "other", "True"), metadata={"continue": "again"})
     kube.add_route("GET", HPAS, lambda _req, _match: looping)
-    async with running_proxy([scale_route("circle", limits={"hold_timeout": 1})], kube=kube_client) as server:
-        response = await request(server.port, get())
-    assert response.status == 504
-    assert "HorizontalPodAutoscalers could not be read" in response.body.decode()
-    assert scale.patches == []
+    assert "HorizontalPodAutoscalers could not be read" in await not_woken(kube_client, scale, "circle")
