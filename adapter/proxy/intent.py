@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 from adapter.config.proxy import ScaleTarget
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError
-from adapter.kube.hpas import hpa_name, list_hpas, scaled_to_zero, targets
+from adapter.kube.hpas import HPA, list_hpas
 from adapter.kube.scale import GROUP
 
 # The API's answers that may pass by themselves (a timeout, a page's `continue` expired (410), too many requests, the
@@ -55,10 +54,10 @@ class NamespaceHPAs:
     def __init__(self, kube: KubeClient, namespace: str) -> None:
         self._kube = kube
         self.namespace = namespace
-        self._current: asyncio.Task[list[dict[str, Any]]] | None = None  # the list in flight
-        self._next: asyncio.Task[list[dict[str, Any]]] | None = None  # the list that starts when it ends
+        self._current: asyncio.Task[list[HPA]] | None = None  # the list in flight
+        self._next: asyncio.Task[list[HPA]] | None = None  # the list that starts when it ends
 
-    async def read(self) -> list[dict[str, Any]]:
+    async def read(self) -> list[HPA]:
         """The namespace's HPAs from a list sent after this call. Raises KubeError as list_hpas does."""
         if self._next is None:
             if self._current is None or self._current.done():
@@ -67,13 +66,13 @@ class NamespaceHPAs:
             self._next = self._start(self._current)
         return await asyncio.shield(self._next)
 
-    def _start(self, after: asyncio.Task[list[dict[str, Any]]] | None) -> asyncio.Task[list[dict[str, Any]]]:
+    def _start(self, after: asyncio.Task[list[HPA]] | None) -> asyncio.Task[list[HPA]]:
         task = asyncio.get_running_loop().create_task(self._list(after))
         # Its readers may all be gone (cancelled): its failure is theirs, not the loop's to report.
         task.add_done_callback(lambda done: done.cancelled() or done.exception())
         return task
 
-    async def _list(self, after: asyncio.Task[list[dict[str, Any]]] | None) -> list[dict[str, Any]]:
+    async def _list(self, after: asyncio.Task[list[HPA]] | None) -> list[HPA]:
         if after is not None:
             await asyncio.wait([after])
             self._current, self._next = self._next, None  # sent from now on: later readers wait for another
@@ -104,9 +103,9 @@ async def read_refusal(hpas: NamespaceHPAs, target: ScaleTarget, wake_without_hp
     return decide(listed, target, wake_without_hpa)
 
 
-def decide(hpas: list[dict[str, Any]], target: ScaleTarget, wake_without_hpa: bool) -> Refusal | None:
+def decide(hpas: list[HPA], target: ScaleTarget, wake_without_hpa: bool) -> Refusal | None:
     """From the namespace's HPAs: None when the target may be woken, else why not."""
-    scaling = sorted((hpa for hpa in hpas if targets(hpa, GROUP, target.kind, target.name)), key=hpa_name)
+    scaling = sorted((hpa for hpa in hpas if hpa.targets(GROUP, target.kind, target.name)), key=lambda hpa: hpa.name)
     start = f"kubectl scale -n {target.namespace} {target.kind.lower()}/{target.name} --replicas=1"
     if not scaling:
         if wake_without_hpa:
@@ -122,16 +121,16 @@ def decide(hpas: list[dict[str, Any]], target: ScaleTarget, wake_without_hpa: bo
         return Refusal(
             "ambiguous_hpas",
             f"AmbiguousSelector: {_where(target)} is at 0 replicas and is scaled by more than one "
-            f"HorizontalPodAutoscaler ({', '.join(map(hpa_name, scaling))}); the HPA controller acts on none of them, "
-            "and this proxy does not wake it. Delete all but one of them",
+            f"HorizontalPodAutoscaler ({', '.join(hpa.name for hpa in scaling)}); the HPA controller acts on none of "
+            "them, and this proxy does not wake it. Delete all but one of them",
             needs_fix=True,
         )
     (only,) = scaling
-    if scaled_to_zero(only):
+    if only.scaled_to_zero:
         return None
     return Refusal(
         "stopped_by_hand",
-        f"{_where(target)} was stopped by hand: it is at 0 replicas, but its HorizontalPodAutoscaler {hpa_name(only)} "
+        f"{_where(target)} was stopped by hand: it is at 0 replicas, but its HorizontalPodAutoscaler {only.name} "
         f"did not scale it there (ScaledToZero is not True), so neither the HPA nor this proxy starts it. "
         f"Start it again with: {start}",
     )
