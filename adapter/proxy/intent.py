@@ -25,6 +25,7 @@ from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError
 from adapter.kube.hpas import HPA, list_hpas
 from adapter.kube.scale import GROUP
+from adapter.telemetry import proxy as telemetry
 
 # The API's answers that may pass by themselves (a timeout, a page's `continue` expired (410), too many requests, the
 # server's own failure): the requests stay held and the list is read again. Any other refusal (401, 403, 404:
@@ -76,7 +77,10 @@ class NamespaceHPAs:
         if after is not None:
             await asyncio.wait([after])
             self._current, self._next = self._next, None  # sent from now on: later readers wait for another
-        return await list_hpas(self._kube, self.namespace)
+        telemetry.HPA_LISTS.labels(self.namespace).inc()
+        listed = await list_hpas(self._kube, self.namespace)
+        telemetry.HPAS_LISTED.labels(self.namespace).set(len(listed))
+        return listed
 
     async def close(self) -> None:
         for task in (self._next, self._current):

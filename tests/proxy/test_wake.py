@@ -228,6 +228,7 @@ async def test_the_hpas_are_read_a_page_at_a_time_to_the_last_page(kube: KubeSta
     assert "its HorizontalPodAutoscaler web did not scale it there" in response.body.decode()
     assert max(paged.pages) <= 500, paged.pages
     assert sum(paged.pages[:3]) == 1201, paged.pages
+    assert REGISTRY.get_sample_value("zeroscale_proxy_hpas_listed", {"namespace": "default"}) == 1201
 
 
 def listing(*items: object, **overrides: object) -> Reply:
@@ -256,6 +257,10 @@ async def test_an_hpa_without_a_name_still_counts(kube: KubeStandIn, kube_client
     assert "was stopped by hand" in response.body.decode()
 
 
+def lists_counted() -> float:
+    return REGISTRY.get_sample_value("zeroscale_proxy_hpa_lists_total", {"namespace": "default"}) or 0.0
+
+
 def hpa_lists(kube: KubeStandIn) -> int:
     return sum(1 for method, path, _ in kube.requests if method == "GET" and "horizontalpodautoscalers" in path)
 
@@ -270,6 +275,7 @@ async def test_routes_waking_at_once_in_one_namespace_share_the_hpa_lists(
     kube.put(HPA_LIST, hpa("web", "web", "True"))
     slow = SlowLists(kube, HPAS)
     routes = [scale_route(f"r{i}", hosts=[f"r{i}.example"]) for i in range(10)]
+    counted = lists_counted()
     try:
         async with running_proxy(routes, kube=kube_client) as server:
             pending = [asyncio.create_task(request(server.port, get(host=f"r{i}.example"))) for i in range(10)]
@@ -283,6 +289,7 @@ async def test_routes_waking_at_once_in_one_namespace_share_the_hpa_lists(
     finally:
         slow.answer()
     assert hpa_lists(kube) <= 2, hpa_lists(kube)
+    assert lists_counted() - counted == hpa_lists(kube)
 
 
 async def test_a_wake_never_decides_from_a_list_sent_before_it_read_the_scale(
