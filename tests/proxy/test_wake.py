@@ -392,3 +392,19 @@ async def test_a_list_whose_continue_goes_round_in_circles_wakes_nothing_and_say
     looping = listing(hpa("other", "other", "True"), metadata={"continue": "again"})
     kube.add_route("GET", HPAS, lambda _req, _match: looping)
     assert "HorizontalPodAutoscalers could not be read" in await not_woken(kube_client, scale, "circle")
+
+
+async def test_a_continue_that_expired_keeps_the_requests_held(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """A list's later page answered 410 Expired (its `continue` older than the compaction window): a failure that
+    passes by itself (the next attempt lists again from the start), not a refusal answered at once."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+
+    def expired(req: StandInRequest, _match: object) -> Reply:
+        if req.param("continue"):
+            return Reply(410, status_body(410, "Expired", "The provided continue parameter is too old"))
+        return listing(hpa("other", "other", "True"), metadata={"continue": "page-2"})
+
+    kube.add_route("GET", HPAS, expired)
+    body = await not_woken(kube_client, scale, "expired")
+    assert "could not be read (410 Expired" in body
+    assert refusals("expired", "hpas_unreadable") == 0
