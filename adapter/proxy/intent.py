@@ -120,13 +120,14 @@ def decide(hpas: list[HPA], target: ScaleTarget, wake_without_hpa: bool) -> Refu
             f"what an HPA scaled to zero (wake_without_hpa: false). Start it with: {start}",
         )
     if len(scaling) > 1:
-        # The HPA controller refuses to act on such a target (ScalingActive=False, reason AmbiguousSelector); which
-        # of their conditions to believe is unknown, so neither is.
+        # The HPA controller refuses to act on such a target once it has pods (ScalingActive=False, reason
+        # AmbiguousSelector; docs/protocols.md#hpa-scale-to-zero); which of their conditions to believe is unknown,
+        # so neither is.
         return Refusal(
             "ambiguous_hpas",
             f"AmbiguousSelector: {_where(target)} is at 0 replicas and is scaled by more than one "
             f"HorizontalPodAutoscaler ({', '.join(hpa.name for hpa in scaling)}); the HPA controller acts on none of "
-            "them, and this proxy does not wake it. Delete all but one of them",
+            "them once it has pods, and this proxy does not wake it. Delete all but one of them",
             needs_fix=True,
         )
     (only,) = scaling
