@@ -32,7 +32,7 @@ def _load(args: argparse.Namespace) -> ZeroscaleConfig:
 def _serve(args: argparse.Namespace) -> int:
     from adapter.serve import run_adapter
 
-    return run_adapter(_load(args))
+    return run_adapter(_load(args), args.ready_file)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -47,7 +47,7 @@ def _proxy(args: argparse.Namespace) -> int:
     from adapter.proxy_main import run_proxy
 
     config = _load(args)
-    return run_proxy(config.proxy, config.grpc.counts)
+    return run_proxy(config.proxy, config.grpc.counts, args.ready_file)
 
 
 # One row per subcommand, in the order `zeroscale --help` lists them: name, help, and what runs it.
@@ -62,6 +62,9 @@ SUBCOMMANDS: list[tuple[str, str, Command | str]] = [
     ("doctor", "check an installation in a cluster and say what is wrong", "adapter.doctor.run"),
     ("demo", "watch workloads wake from zero and go back, on this machine", "adapter.demo.run"),
 ]
+
+# The long-running servers: each can say which ports it bound (docs/architecture.md#no-port-races).
+_SERVERS = ("serve", "proxy")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             _add_config_option(command)
             command.set_defaults(run=target)
+        if name in _SERVERS:
+            command.add_argument(
+                "--ready-file",
+                type=Path,
+                default=None,
+                help="once every listener is bound, write their addresses here as JSON (name -> host:port); "
+                "with port 0 in the config, this is how a starter learns the ports the kernel picked",
+            )
     return parser
 
 

@@ -14,6 +14,7 @@ import gc
 import logging
 import signal
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 import uvloop
@@ -35,6 +36,7 @@ from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeConfigError
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
+from adapter.ready import address, announce
 from adapter.sources import Source, build_source
 from adapter.telemetry.probe import start_probe
 
@@ -153,8 +155,9 @@ async def _listen(
     tls: ServingTLS,
     cache: MetricCache,
     handler: ExternalMetricsAPI,
-) -> None:
-    """The HTTPS API, the plain metrics port and KEDA's scaler (when enabled), each stopped by the stack."""
+) -> dict[str, str]:
+    """The HTTPS API, the plain metrics port and KEDA's scaler (when enabled), each stopped by the stack;
+    returns what each bound (name -> host:port: a port 0 in the config is the kernel's pick)."""
     server = config.server
     api = HTTPServer(handler, listener_limits(server, "api"), "api")
     metrics = HTTPServer(MetricsPage(_PAGE_SECONDS), listener_limits(server, "metrics"), "metrics")
@@ -162,9 +165,11 @@ async def _listen(
     port = await api.start(server.bind, server.port, tls.listener_context)
     stack.push_async_callback(metrics.stop)
     metrics_port = await metrics.start(server.metrics_bind, server.metrics_port, None)
+    bound = {"api": address(server.bind, port), "metrics": address(server.metrics_bind, metrics_port)}
     scaler = await start_scaler(config.grpc.scaler, cache)  # KEDA's external scaler, when enabled
     if scaler is not None:
         stack.push_async_callback(scaler.stop)
+        bound["scaler"] = address(config.grpc.scaler.bind, scaler.port)
     log.info(
         "serving external.metrics.k8s.io on https://%s:%d, Prometheus metrics on http://%s:%d/metrics",
         server.bind,
@@ -172,10 +177,12 @@ async def _listen(
         server.metrics_bind,
         metrics_port,
     )
+    return bound
 
 
-async def serve(config: ZeroscaleConfig, stop: asyncio.Event) -> int:
-    """Serve until `stop` is set; return the process exit code."""
+async def serve(config: ZeroscaleConfig, stop: asyncio.Event, ready_file: Path | None = None) -> int:
+    """Serve until `stop` is set; return the process exit code. With `ready_file`, the bound ports are
+    written there once every listener is up (adapter/ready.py)."""
     server = config.server
     try:
         tls = ServingTLS(server.tls, verify_clients=server.auth.enabled)
@@ -191,16 +198,20 @@ async def serve(config: ZeroscaleConfig, stop: asyncio.Event) -> int:
         _background(stack, _reload_certificates(tls, server.tls.reload_interval), "certificate reload")
         cache, delegate = await _metrics(stack, config)
         try:
-            await _listen(stack, config, tls, cache, ExternalMetricsAPI(cache, authenticator, authorizer, delegate))
+            bound = await _listen(
+                stack, config, tls, cache, ExternalMetricsAPI(cache, authenticator, authorizer, delegate)
+            )
         except OSError as err:
             log.error("cannot listen: %s", err)
             return 1
+        if ready_file is not None:
+            announce(stack, ready_file, bound)
         await stop.wait()
         log.info("stopping")
     return 0
 
 
-async def _main(config: ZeroscaleConfig) -> int:
+async def _main(config: ZeroscaleConfig, ready_file: Path | None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -213,14 +224,14 @@ async def _main(config: ZeroscaleConfig) -> int:
     gc.freeze()
     undo = freeze_after_full_collections()
     try:
-        return await serve(config, stop)
+        return await serve(config, stop, ready_file)
     finally:
         undo()
         if probe is not None:
             probe.stop()
 
 
-def run_adapter(config: ZeroscaleConfig) -> int:
+def run_adapter(config: ZeroscaleConfig, ready_file: Path | None = None) -> int:
     problem = unsafe_without_auth(config)
     if problem is not None:
         log.error("refusing to start: %s", problem)
@@ -231,4 +242,4 @@ def run_adapter(config: ZeroscaleConfig) -> int:
         f"server.max_connections + server.metrics_max_connections ({server.max_connections} + "
         f"{server.metrics_max_connections}) and connections to sources",
     )
-    return uvloop.run(_main(config))
+    return uvloop.run(_main(config, ready_file))

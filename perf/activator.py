@@ -18,8 +18,6 @@ import asyncio
 import math
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -103,13 +101,14 @@ def _objects(address: str, upstream: int, proxy_port: int) -> list[dict[str, Any
     ]
 
 
-def _proxy_config(kubeconfig: Path, proxy_port: int, admin: int, route_port: int, upstream: int) -> dict[str, Any]:
+def _proxy_config(kubeconfig: Path, route_port: int, upstream: int) -> dict[str, Any]:
+    """Its own listeners on port 0 (it reports what it bound), the route's on `route_port`."""
     return {
         "proxy": {
             "bind": "0.0.0.0",
-            "port": proxy_port,
+            "port": 0,
             "admin_bind": "127.0.0.1",
-            "admin_port": admin,
+            "admin_port": 0,
             "kubernetes": {"kubeconfig": str(kubeconfig)},
             "activator": {
                 "proxy_service": {"service": "zs-proxy", "namespace": NAMESPACE},
@@ -222,9 +221,12 @@ def run(
     """The activator figures, or None when the control plane is not built (`make e2e` builds it)."""
     if not built():
         return None
-    from tests.fixtures.netutil import free_port, wait_for_port
+    from adapter.children import port_outside_ephemeral
+    from tests.fixtures.replicas import spawn
 
-    proxy_port, admin, route_port = free_port(), free_port(), free_port()
+    # The route's port is written into the Service's slices: outside the ephemeral range, so no outgoing
+    # connection takes it; the proxy's own listeners bind port 0 and report (docs/architecture.md#no-port-races).
+    route_port = port_outside_ephemeral()
     with control_plane() as kube, tempfile.TemporaryDirectory(prefix="bench-activator-") as workdir:
         from tests.e2e.test_04_proxy_wake import pod_address  # after control_plane(): see there
 
@@ -233,13 +235,13 @@ def run(
         kube.apply(_objects(address, upstream, route_port))
         kubeconfig = kube.plane.admin_kubeconfig
         config = Path(workdir, "zeroscale.yaml")
-        config.write_text(yaml.safe_dump(_proxy_config(kubeconfig, proxy_port, admin, route_port, upstream)))
-        command = [sys.executable, "-m", "adapter", "--log-level", "WARNING", "proxy", "--config", str(config)]
-        env = {key: value for key, value in os.environ.items() if key != "ZEROSCALE_CONFIG"}
-        process = subprocess.Popen(command, cwd=ROOT, env=env)
+        config.write_text(yaml.safe_dump(_proxy_config(kubeconfig, route_port, upstream)))
+        proxy = spawn("proxy", "proxy", Path(workdir), "--config", str(config))
         try:
-            wait_for_port(admin)
-            result = asyncio.run(_measure(kube, kubeconfig, process.pid, upstream, route_port, address, wrk, rounds))
+            admin = proxy.ports["admin"]
+            result = asyncio.run(
+                _measure(kube, kubeconfig, proxy.process.pid, upstream, route_port, address, wrk, rounds)
+            )
             # The proxy is not on the path: what it spends is its own background (Lease renewals every retry_period,
             # watches), given per second of the run and per request the app served meanwhile.
             cpu = result.pop("cpu")
@@ -247,8 +249,7 @@ def run(
             result["cpu_us_per_request"] = [spent / (rps * seconds) * 1e6 for spent, rps in cpu]
             result["metrics"] = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=5).read().decode()
         finally:
-            process.terminate()
-            process.wait(30)
+            proxy.stop()
     return result
 
 

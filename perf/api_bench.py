@@ -13,6 +13,7 @@ connections. Goal: ratio >= 0.25, p99 <= 5 ms. The figures move with the machine
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shutil
@@ -29,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from adapter.api.tls import self_signed  # noqa: E402
-from tests.fixtures.netutil import free_port, wait_for_port  # noqa: E402
+from adapter.children import listening, on_a_free_port, wait_ready_blocking  # noqa: E402
+from tests.fixtures.replicas import spawn  # noqa: E402
 
 PATH = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/bench-queue-depth"
 CONFIG = """\
@@ -137,21 +139,15 @@ def fetch_body(port: int) -> bytes:
 
 
 def start_adapter(directory: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
+    """`zeroscale serve`, its listeners on port 0; returns once it has bound them (its ready file)."""
     config = directory / "zeroscale.yaml"
-    config.write_text(CONFIG.format(port=port, metrics_port=free_port()))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "adapter", "--log-level", "WARNING", "serve", "--config", str(config)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=(directory / "adapter.log").open("wb"),
-    )
-    wait_for_port(port)
-    return process, port
+    config.write_text(CONFIG.format(port=0, metrics_port=0))
+    adapter = spawn("adapter", "serve", directory, "--config", str(config))
+    return adapter.process, adapter.ports["https"]
 
 
 def start_nginx(directory: Path, body: bytes) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
+    """nginx serving `body` on a port outside the ephemeral range (docs/architecture.md#no-port-races)."""
     cert, key = self_signed(["localhost", "127.0.0.1"])
     (directory / "tls.crt").write_bytes(cert)
     (directory / "tls.key").write_bytes(key)
@@ -163,10 +159,16 @@ def start_nginx(directory: Path, body: bytes) -> tuple[subprocess.Popen[bytes], 
     for path in [directory, *directory.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     conf = directory / "nginx.conf"
-    conf.write_text(NGINX.format(dir=directory, port=port))
-    process = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(directory)], stderr=subprocess.DEVNULL)
-    wait_for_port(port)
-    return process, port
+    log = directory / "nginx.log"
+
+    def start(port: int) -> tuple[subprocess.Popen[bytes], int]:
+        conf.write_text(NGINX.format(dir=directory, port=port))
+        with log.open("ab") as out:
+            process = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(directory)], stderr=out)
+        wait_ready_blocking(process, functools.partial(listening, process.pid, port), "nginx", log)
+        return process, port
+
+    return on_a_free_port(start)
 
 
 def stop(process: subprocess.Popen[bytes], signum: signal.Signals) -> None:

@@ -1,6 +1,6 @@
 """Kafka lag refresh: time and broker requests per refresh, beside Kafka's own consumer-groups tool.
 
-Starts a real broker (scripts/kafka/run.sh) on free loopback ports and measures
+Starts a real broker (scripts/kafka/run.sh) on loopback ports outside the ephemeral range and measures
   (a) one group on a topic with 1,000 partitions,
   (b) 200 groups of 10 partitions each (20 topics, 10 groups per topic), refreshed together,
 each as a full refresh (metadata, OffsetFetch, ListOffsets: nothing reused from the previous one),

@@ -27,7 +27,6 @@ import os
 import re
 import resource
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -36,7 +35,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from functools import partial
 from pathlib import Path
 
@@ -45,7 +44,9 @@ sys.path.insert(0, str(ROOT))
 
 import activator  # noqa: E402  (perf/activator.py: this directory is on sys.path)
 
-from tests.fixtures.netutil import free_port, wait_for_port  # noqa: E402
+from adapter.children import listening, on_a_free_port, wait_ready_blocking  # noqa: E402
+from tests.fixtures.netutil import refused_port  # noqa: E402
+from tests.fixtures.replicas import spawn  # noqa: E402
 
 ROUNDS = 3
 SECONDS = int(os.environ.get("PROXY_BENCH_SECONDS", "5"))
@@ -59,8 +60,19 @@ _UNITS = {"us": 1.0, "ms": 1000.0, "s": 1_000_000.0}
 
 @contextmanager
 def nginx(body: str) -> Iterator[int]:
-    """One nginx master with one worker, configured by `body` (a server block using {port})."""
-    port = free_port()
+    """One nginx master with one worker, configured by `body` (a server block using {port}), on a port outside
+    the ephemeral range (docs/architecture.md#no-port-races)."""
+    with ExitStack() as running:
+
+        def start(port: int) -> int:
+            running.enter_context(_nginx(body, port))  # returns once it listens, or raises ChildFailed
+            return port
+
+        yield on_a_free_port(start)
+
+
+@contextmanager
+def _nginx(body: str, port: int) -> Iterator[None]:
     with tempfile.TemporaryDirectory(prefix="bench-nginx-") as prefix:
         conf = Path(prefix, "nginx.conf")
         conf.write_text(
@@ -81,10 +93,12 @@ http {{
 }}
 """
         )
-        process = subprocess.Popen(["nginx", "-c", str(conf), "-p", prefix], stderr=subprocess.DEVNULL)
+        log = Path(prefix, "nginx.log")
+        with log.open("wb") as out:
+            process = subprocess.Popen(["nginx", "-c", str(conf), "-p", prefix], stderr=out)
         try:
-            wait_for_port(port)
-            yield port
+            wait_ready_blocking(process, partial(listening, process.pid, port), "nginx", log)
+            yield
         finally:
             process.terminate()
             process.wait(10)
@@ -92,29 +106,21 @@ http {{
 
 @contextmanager
 def zeroscale_proxy(upstream: int, **extra: str) -> Iterator[tuple[int, int, subprocess.Popen[bytes]]]:
-    port, admin = free_port(), free_port()
+    """A sidecar-mode proxy, its listeners on port 0; returns once it has bound them (its ready file)."""
     env = {
-        **os.environ,
         "ZEROSCALE_PROXY__SIDECAR__UPSTREAM": f"127.0.0.1:{upstream}",
         "ZEROSCALE_PROXY__BIND": "127.0.0.1",
-        "ZEROSCALE_PROXY__PORT": str(port),
+        "ZEROSCALE_PROXY__PORT": "0",
         "ZEROSCALE_PROXY__ADMIN_BIND": "127.0.0.1",
-        "ZEROSCALE_PROXY__ADMIN_PORT": str(admin),
+        "ZEROSCALE_PROXY__ADMIN_PORT": "0",
         **extra,
     }
-    env.pop("ZEROSCALE_CONFIG", None)
-    process = subprocess.Popen([sys.executable, "-m", "adapter", "--log-level", "WARNING", "proxy"], env=env, cwd=ROOT)
-    try:
-        wait_for_port(port)
-        wait_for_port(admin)  # opened just after the proxy port
-        yield port, admin, process
-    finally:
-        process.send_signal(signal.SIGTERM)
+    with tempfile.TemporaryDirectory(prefix="bench-proxy-") as directory:
+        proxy = spawn("proxy", "proxy", Path(directory), env=env)
         try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            yield proxy.ports["http"], proxy.ports["admin"], proxy.process
+        finally:
+            proxy.stop()
 
 
 def wrk(port: int, connections: int) -> tuple[float, float, float]:
@@ -188,7 +194,9 @@ async def wake_trials(proxy_port: int, upstream_port: int) -> list[float]:
         await asyncio.sleep(0.02 + (trial % 7) * 0.003)  # held, probes failing
         first_byte: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         started = time.perf_counter()
-        server = await asyncio.start_server(partial(answer_once, first_byte), "127.0.0.1", upstream_port)
+        server = await asyncio.start_server(
+            partial(answer_once, first_byte), "127.0.0.1", upstream_port, reuse_port=True
+        )
         arrived = await asyncio.wait_for(first_byte, 10)
         delays.append((arrived - started) * 1000)
         response = await asyncio.wait_for(reader.read(65536), 10)
@@ -224,7 +232,7 @@ def held_memory() -> tuple[float, int]:
         "ZEROSCALE_PROXY__SIDECAR__PROBE_INTERVAL": "0.5",
         "ZEROSCALE_PROXY__MAX_CONNECTIONS": str(HELD + 100),
     }
-    with zeroscale_proxy(free_port(), **limits) as (port, admin, process):
+    with zeroscale_proxy(refused_port(), **limits) as (port, admin, process):
         warm = socket.create_connection(("127.0.0.1", port))
         warm.sendall(b"GET /warm HTTP/1.1\r\nHost: bench\r\n\r\n")
         while held_count(admin) < 1:
@@ -249,7 +257,7 @@ def held_memory() -> tuple[float, int]:
 
 def pipelined_memory() -> int:
     """RSS growth (KiB) while PIPELINING_CONNECTIONS each pipeline PIPELINED_BYTES behind a held request."""
-    with zeroscale_proxy(free_port(), ZEROSCALE_PROXY__SIDECAR__PROBE_INTERVAL="0.5") as (port, admin, process):
+    with zeroscale_proxy(refused_port(), ZEROSCALE_PROXY__SIDECAR__PROBE_INTERVAL="0.5") as (port, admin, process):
         warm = socket.create_connection(("127.0.0.1", port))
         warm.sendall(b"GET /warm HTTP/1.1\r\nHost: bench\r\n\r\n")
         while held_count(admin) < 1:
@@ -295,7 +303,7 @@ def main() -> None:
     )
 
     print(f"(b) wake detection: {WAKE_TRIALS} cold starts, upstream listen() -> first forwarded byte", flush=True)
-    upstream_port = free_port()
+    upstream_port = refused_port()  # each trial's upstream listens there with SO_REUSEPORT
     with zeroscale_proxy(upstream_port) as (port, _, _):
         delays = asyncio.run(wake_trials(port, upstream_port))
     delays.sort()

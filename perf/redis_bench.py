@@ -1,6 +1,6 @@
 """Redis refresh: time and round trips per refresh, beside redis-benchmark's pipelined LLEN in the same run.
 
-Starts a real redis-server on a free loopback port and measures
+Starts a real redis-server on a loopback port outside the ephemeral range and measures
   (a) 1,000 list keys read with `length` (TYPE + LLEN each), as the cache refreshes them: 1,000
       separate `query()` calls arriving together, which the source coalesces into one pipeline;
   (b) 100 streams with consumer groups read with `stream_backlog` (XLEN + XINFO GROUPS each);

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -58,10 +59,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from adapter.children import listening, on_a_free_port, port_outside_ephemeral, wait_ready_blocking  # noqa: E402
 from adapter.telemetry.probe import ENV as PROBE_ENV  # noqa: E402
 from adapter.telemetry.probe import Probe  # noqa: E402
 from tests.fixtures.kafka_broker import KafkaBroker, commit  # noqa: E402
-from tests.fixtures.netutil import free_port, wait_for_port  # noqa: E402
 from tests.fixtures.redis_servers import RedisProcess  # noqa: E402
 
 KEYS = 10_000
@@ -165,20 +166,28 @@ def rates(adapters: list[Adapter], before: list[Sample]) -> tuple[float, float]:
 
 
 def start_adapter(code: Path, directory: Path, backend: Backend, name: str) -> Adapter:
-    port, metrics_port = free_port(), free_port()
-    config = directory / f"{name}.yaml"
-    config.write_text(SERVER.format(port=port, metrics_port=metrics_port) + backend.config)
+    """`zeroscale serve` from `code`, which may be a baseline without `--ready-file`: its ports are chosen
+    outside the ephemeral range (again if a listener holds one: docs/architecture.md#no-port-races)."""
     probe = directory / f"{name}.probe.json"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "adapter", "--log-level", "WARNING", "serve", "--config", str(config)],
-        cwd=code,
-        env={**os.environ, PROBE_ENV: str(probe)},
-        stdout=subprocess.DEVNULL,
-        stderr=(directory / f"{name}.log").open("wb"),
-    )
-    wait_for_port(port, timeout=60)
-    wait_for_port(metrics_port, timeout=60)
-    return Adapter(process, port, metrics_port, probe)
+    log = directory / f"{name}.log"
+    metrics_port = port_outside_ephemeral()
+
+    def start(port: int) -> Adapter:
+        config = directory / f"{name}.yaml"
+        config.write_text(SERVER.format(port=port, metrics_port=metrics_port) + backend.config)
+        with log.open("ab") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "adapter", "--log-level", "WARNING", "serve", "--config", str(config)],
+                cwd=code,
+                env={**os.environ, PROBE_ENV: str(probe)},
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        for bound in (port, metrics_port):
+            wait_ready_blocking(process, functools.partial(listening, process.pid, bound), "zeroscale serve", log)
+        return Adapter(process, port, metrics_port, probe)
+
+    return on_a_free_port(start)
 
 
 def stop(adapters: list[Adapter]) -> None:

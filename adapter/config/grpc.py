@@ -117,7 +117,8 @@ class CountsServerConfig(GRPCServerConfig):
     heartbeat_interval: Duration = Field(default=1.0, gt=0)
     # An adapter holds one stream per `http` source that lists this replica.
     max_streams_per_peer: int = Field(default=16, ge=1)
-    # Changes closer together than this go out as one message.
+    # Changes closer together than this go out as one message, except one that lifts a route from 0: at once,
+    # once per interval beside (docs/architecture.md#edge-from-zero).
     coalesce: Duration = 0.002
 
 

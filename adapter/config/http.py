@@ -29,8 +29,9 @@ class HTTPSource(SourceBase):
     # A count above this (or below 0) is a broken or hostile replica: it fails the metric until it
     # sends sane counts again. Far above any real backlog, far below int64 overflow when summed.
     max_count: int = Field(default=10**9, ge=1, le=10**12)
-    # A replica's updates closer together than this are applied as one (the newest), so a replica
-    # flooding updates costs at most one cache refresh per interval.
+    # A replica's updates closer together than this are applied as one (the newest), except one that lifts a
+    # route from 0 (applied at once, once per interval beside: docs/architecture.md#edge-from-zero), so a
+    # replica flooding updates costs at most two applies per interval.
     coalesce: Duration = 0.005
     tls: TLSClientFiles | None = None
     # Name to check in the proxies' certificate (replicas are dialled by IP address).

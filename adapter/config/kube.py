@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from adapter.config.base import Duration, Strict, credential_in_url
 
@@ -21,6 +21,10 @@ class KubeAPIConfig(Strict):
     client_cert_file: Path | None = None
     client_key_file: Path | None = None
     timeout: Duration = 10.0
+    # The most a watch's copy of the world may lag behind the API when the stream goes silent (open, but nothing
+    # sent: no event, no bookmark): the watch is then taken for dead, and its collection listed and watched again.
+    # The server is asked to end each watch a little sooner (docs/architecture.md#staleness-bounds).
+    watch_silence_timeout: Duration = Field(default=30.0, ge=2)
 
     @field_validator("url")
     @classmethod

@@ -6,6 +6,8 @@ proxy from its environment (`ZEROSCALE_PROXY__SIDECAR__UPSTREAM=127.0.0.1:8081`,
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from typing import Literal
 from urllib.parse import urlsplit
@@ -14,8 +16,10 @@ from pydantic import Field, field_validator, model_validator
 
 from adapter.config.base import Duration, Strict, split_address
 from adapter.config.kube import KubeAPIConfig
+from adapter.k8s_wire.endpoint_ip import LOOPBACK, NOT_AN_IP, endpoint_refusal
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_LABEL_VALUE_MAX = 63  # a Kubernetes label value
 _HOST_PATTERN = re.compile(r"^(\*|\*\.[a-z0-9.-]+|[a-z0-9.-]+)$")
 
 
@@ -187,8 +191,21 @@ class RouteConfig(Strict):
                 raise ValueError("mode: activator needs a Service upstream (the one selecting the pods) read by slices")
             if not isinstance(self.target, ScaleTarget):
                 raise ValueError("mode: activator needs a Kubernetes target: its spec.replicas says when to switch")
+            if self.target.namespace != self.upstream.namespace:
+                # Its spec.replicas is read in the Service's namespace, where the activator's Role is granted.
+                raise ValueError(
+                    f"mode: activator needs its target in the upstream's namespace ({self.upstream.namespace}), "
+                    f"not {self.target.namespace}: the Service clients call and the pods it switches to are there"
+                )
             if self.activator is not None and self.activator.service == self.upstream.service:
                 raise ValueError("activator.service is the Service clients call, not the upstream that selects pods")
+            if len(self.name) > _LABEL_VALUE_MAX:
+                # Refused here, not shortened: a label nobody can read back as the route's name helps no one.
+                raise ValueError(
+                    f"route {self.name} is in mode: activator, so its name is the value of the zeroscale.io/route "
+                    f"label on every EndpointSlice it writes, and a label value has at most {_LABEL_VALUE_MAX} "
+                    f"characters (this name has {len(self.name)}): shorten the route's name"
+                )
         return self
 
     def slice_port_name(self) -> str:
@@ -235,7 +252,10 @@ class ActivatorConfig(Strict):
     # addresses are used, with each route's activator.port).
     proxy_service: ServiceRef
     lease_namespace: str = Field(pattern=_DNS_LABEL)
-    lease_name: str = Field(default="zeroscale-proxy-activator", pattern=_DNS_LABEL)
+    # Empty: `<proxy_service.service>-activator` (prefixed with proxy_service.namespace when that is not
+    # lease_namespace), so each installation, with a proxy Service of its own, has a Lease of its own: two sharing one
+    # would leave one's routes unwritten (docs/architecture.md#activator).
+    lease_name: str = Field(default="", pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$", max_length=253)
     # This replica's name in the Lease; empty: the host name (a pod's name). Set it from the downward API.
     identity: str = Field(default="", max_length=253)
     # As Kubernetes' own components elect a leader: a holder that has not renewed for lease_duration is replaced;
@@ -245,6 +265,14 @@ class ActivatorConfig(Strict):
     retry_period: Duration = Field(default=2.0, gt=0)
     # The written slices are listed and compared with what they should be this often, whatever the watches said.
     resync_interval: Duration = Field(default=30.0, gt=0)
+
+    def lease(self) -> str:
+        """The Lease's name: lease_name, or the one that follows the installation's proxy Service."""
+        if self.lease_name:
+            return self.lease_name
+        service = self.proxy_service
+        prefix = "" if service.namespace == self.lease_namespace else f"{service.namespace}-"
+        return f"{prefix}{service.service}-activator"
 
     @model_validator(mode="after")
     def _lease_timing(self) -> ActivatorConfig:
@@ -282,6 +310,11 @@ class ProxyConfig(Strict):
     sidecar: SidecarConfig | None = None
     # Needed by routes in mode: activator.
     activator: ActivatorConfig | None = None
+    # Development only (`zeroscale demo`, tests on a stand-in of the API): a loopback address may be a route's endpoint,
+    # from the config, a slice or a name's DNS answer. In a cluster one is the proxy's own pod (its admin port, its
+    # counts), never an upstream, and the API refuses it in a slice (docs/architecture.md#only-ip-endpoints). A
+    # sidecar's upstream, the app beside it in the pod, is on loopback whatever this says.
+    allow_loopback_endpoints: bool = False
 
     @model_validator(mode="after")
     def _one_mode(self) -> ProxyConfig:
@@ -310,6 +343,39 @@ class ProxyConfig(Strict):
         if len(set(ports)) != len(ports) or {self.port, self.admin_port} & set(ports):
             raise ValueError("each activator route needs a port of its own, not the proxy's port or admin_port")
         return self
+
+    @model_validator(mode="after")
+    def _only_ip_endpoints(self) -> ProxyConfig:
+        """An address in the config that may not be an endpoint is refused at load (names: when they resolve)."""
+        given = [
+            (f"route {r.name}", getattr(r.upstream, "address", None), self.allow_loopback_endpoints)
+            for r in self.routes
+        ]
+        if self.sidecar is not None:
+            given.append(("proxy.sidecar", self.sidecar.upstream, True))
+        for where, address, loopback in given:
+            why = endpoint_refusal(split_address(address)[0]) if address else None
+            if why not in (None, NOT_AN_IP) and not (why == LOOPBACK and loopback):
+                hint = " (set proxy.allow_loopback_endpoints for development)" if why == LOOPBACK else ""
+                raise ValueError(
+                    f"{where}: upstream address {address} is {why.replace('_', '-')}, which may not be an endpoint "
+                    f"(docs/architecture.md#only-ip-endpoints){hint}: give the upstream's own address or name"
+                )
+        return self
+
+    def activator_routes(self) -> dict[str, str]:
+        """What each activator route writes, by route name: `<namespace>/<service>@<digest>`, the digest of all the
+        slices depend on (the route's name, upstream, target and activator settings, and the proxy's own Service).
+        The Lease holder publishes its set; a replica whose entry is not in it is not served (leader.py)."""
+        proxy_service = self.activator.proxy_service.model_dump() if self.activator is not None else None
+        served = {}
+        for route in self.routes:
+            if route.activator is None:
+                continue
+            fields = route.model_dump(mode="json", include={"name", "upstream", "target", "activator"})
+            digest = hashlib.sha256(json.dumps([fields, proxy_service], sort_keys=True).encode()).hexdigest()[:12]
+            served[route.name] = f"{route.upstream.namespace}/{route.activator.service}@{digest}"  # type: ignore[union-attr]
+        return served
 
     def effective_routes(self) -> list[RouteConfig]:
         return [self.sidecar.as_route()] if self.sidecar is not None else list(self.routes)

@@ -100,6 +100,8 @@ class CacheConfig(Strict):
     query_timeout: Duration = 10.0
     # Pushed changes refresh a series at most once per this long: a queue written to without pause (any
     # producer) would otherwise make one read per source round trip. Above the schedule's 50 ms coalescing.
+    # Not the edge from zero: a change to a series at 0 (or below activation_threshold) is read at once
+    # (docs/architecture.md#edge-from-zero), at most once more per this long.
     push_interval: Duration = Field(default=0.25, ge=0.1, le=60)
     max_series: int = Field(default=10_000, ge=1)
     # One namespace's share of max_series: a caller who may read one namespace cannot fill the table.

@@ -1,6 +1,6 @@
 """`zeroscale demo`: start everything on loopback, run the scenario under the live view, print the summary.
 
-Order: local scaler, config and certificates, Redis (and Kafka), adapter and proxy, then the HPA loop
+Order: local scaler and the web app's port, Redis (and Kafka), proxy, adapter, then the HPA loop
 and the sampler; the scenario runs; everything is stopped in reverse, also on Ctrl-C or an error.
 """
 
@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from adapter.argtypes import whole_number
+from adapter.children import ChildFailed, shared_port
 from adapter.demo.autoscaler import LocalHPA, Reading, Timing, hpa_manifests, load_hpas, run_hpas
 from adapter.demo.observe import sample_forever
 from adapter.demo.processes import Supervisor
@@ -32,7 +33,6 @@ from adapter.demo.stack import (
     start_kafka,
     start_redis,
     start_zeroscale,
-    write_config,
 )
 from adapter.demo.timeline import ScaleEvent, Timeline
 from adapter.demo.view import View
@@ -103,6 +103,7 @@ class Demo:
         self.view = View(self.timeline, self.hpas)
 
     def _workloads(self) -> dict[str, LocalWorkload]:
+        """Each command is built when a replica starts: `ports` is filled in as the servers start."""
         python, ports = sys.executable, self.ports
         apps = [python, "-m", "adapter.demo.apps"]
         workloads = {
@@ -125,17 +126,11 @@ class Demo:
             ),
         }
         if self.with_kafka:
-            kafka = [
-                *apps,
-                "kafka",
-                "--bootstrap",
-                ports.kafka_bootstrap,
-                "--topic",
-                KAFKA_TOPIC,
-                "--group",
-                KAFKA_GROUP,
-            ]
-            workloads["consumer"] = LocalWorkload("consumer", lambda i: kafka, self.supervisor)
+            # Built when a replica starts, as the others are: the broker's port is known only once it runs.
+            kafka = [*apps, "kafka", "--topic", KAFKA_TOPIC, "--group", KAFKA_GROUP]
+            workloads["consumer"] = LocalWorkload(
+                "consumer", lambda i: [*kafka, "--bootstrap", ports.kafka_bootstrap], self.supervisor
+            )
         return workloads
 
     async def main(self) -> int:
@@ -152,7 +147,7 @@ class Demo:
         )
         try:
             return await self._run()
-        except StackError as err:
+        except (StackError, ChildFailed) as err:
             self.view.line(f"demo: {err}")
             return 2
         except asyncio.CancelledError:
@@ -181,11 +176,13 @@ class Demo:
 
     async def _run(self) -> int:
         scaler = await start_scaler(self.workloads, self._proxy_woke, HOST)
+        # Held until the end: the web app's replicas all listen on it (SO_REUSEPORT), nobody else can take it.
+        web_port = shared_port(HOST)
+        self.ports.web = web_port.getsockname()[1]
         client: KubeClient | None = None
         background: list[asyncio.Task[None]] = []
         try:
             scaler_port: int = scaler.sockets[0].getsockname()[1]
-            config = write_config(self.run_dir, self.ports, scaler_port, self.with_kafka)
             manifests_text = hpa_manifests(self.timing, self.with_kafka)
             (self.run_dir / "hpa.yaml").write_text(manifests_text)
             self.view.line(
@@ -194,7 +191,7 @@ class Demo:
             await start_redis(self.supervisor, self.run_dir, self.ports)
             if self.with_kafka:
                 await start_kafka(self.supervisor, self.run_dir, self.ports)
-            await start_zeroscale(self.supervisor, config, self.ports)
+            await start_zeroscale(self.supervisor, self.run_dir, self.ports, scaler_port, self.with_kafka)
             # As the aggregator would: HTTPS, the serving certificate checked against this run's CA.
             client = adapter_client(f"https://localhost:{self.ports.adapter}", ca_file=self.run_dir / "tls" / "ca.crt")
             for manifest in load_hpas(manifests_text):
@@ -235,6 +232,7 @@ class Demo:
             if client is not None:
                 await client.close()
             scaler.close()
+            web_port.close()
 
     async def _first_reads(self) -> None:
         """Wait until every HPA can read its metric (the sources connect in the background)."""

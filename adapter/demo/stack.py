@@ -1,25 +1,28 @@
 """The servers the demo runs on loopback: Redis, optionally Kafka, the adapter and the proxy, and their config.
 
-One config file serves both `zeroscale serve` and `zeroscale proxy` (each reads its own sections). The
-adapter serves HTTPS with a certificate from a CA made for this run (`adapter.certs`), so the demo's
-HPA verifies it as the kube-aggregator would with a caBundle; authentication is off, on loopback only.
+Each has its config file in the run directory (proxy.yaml, zeroscale.yaml for the adapter), and no port is
+chosen for another process to bind: see `Ports` (docs/architecture.md#no-port-races). The adapter serves
+HTTPS with a certificate from a CA made for this run (`adapter.certs`), so the demo's HPA verifies it as the
+kube-aggregator would with a caBundle; authentication is off, on loopback only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from adapter import certs
+from adapter.children import ChildFailed, PortAttempts, log_says, port_outside_ephemeral, wait_ready
 from adapter.demo.processes import Supervisor
+from adapter.ready import read_ready_file
 
 HOST = "127.0.0.1"
 NAMESPACE = "demo"
@@ -37,39 +40,20 @@ class StackError(Exception):
     """A server could not be started; the message says which and where its log is."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-async def wait_for_port(port: int, what: str, log: Path, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            _, writer = await asyncio.open_connection(HOST, port)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise StackError(f"{what} is not listening on {HOST}:{port} after {within:g}s; see {log}") from None
-            await asyncio.sleep(0.05)
-            continue
-        writer.close()
-        return
-
-
-@dataclass(frozen=True)
+@dataclass
 class Ports:
-    redis: int = field(default_factory=free_port)
-    adapter: int = field(default_factory=free_port)
-    adapter_metrics: int = field(default_factory=free_port)
-    proxy: int = field(default_factory=free_port)
-    proxy_admin: int = field(default_factory=free_port)
-    counts: int = field(default_factory=free_port)
-    web: int = field(default_factory=free_port)
-    kafka: int = field(default_factory=free_port)
-    kafka_sasl: int = field(default_factory=free_port)
-    kafka_controller: int = field(default_factory=free_port)
+    """Where the demo's servers listen, filled in as each starts (docs/architecture.md#no-port-races): ours
+    bind port 0 and report theirs, Redis and Kafka get ports outside the ephemeral range, and `web`, the one
+    port every replica of the web app shares, is held by the demo from the start (`shared_port`)."""
+
+    redis: int = 0
+    adapter: int = 0
+    adapter_metrics: int = 0
+    proxy: int = 0
+    proxy_admin: int = 0
+    counts: int = 0
+    web: int = 0
+    kafka: int = 0
 
     @property
     def redis_url(self) -> str:
@@ -80,8 +64,36 @@ class Ports:
         return f"{HOST}:{self.kafka}"
 
 
-def zeroscale_config(ports: Ports, tls_dir: Path, scaler_port: int, with_kafka: bool) -> dict[str, Any]:
-    """Short intervals so one second of HPA sync sees fresh values; everything on loopback."""
+def proxy_config(ports: Ports, scaler_port: int) -> dict[str, Any]:
+    """The proxy's listeners on port 0 (it reports what it bound); its route to the web app's shared port."""
+    return {
+        "proxy": {
+            "bind": HOST,
+            "port": 0,
+            "admin_bind": HOST,
+            "admin_port": 0,
+            "grace_period": "5s",
+            "allow_loopback_endpoints": True,  # development mode: the demo's apps are local processes
+            "routes": [
+                {
+                    "name": "web",
+                    "upstream": {"address": f"{HOST}:{ports.web}"},
+                    # Development mode: the demo's local scaler stands in for the scale subresource.
+                    "target": {"kind": "Local", "name": "web", "url": f"http://{HOST}:{scaler_port}"},
+                    "wake": "scale",
+                    "wake_retry_interval": "1s",
+                    "readiness": "probe",
+                    "limits": {"hold_timeout": "60s"},
+                }
+            ],
+        },
+        "grpc": {"counts": {"enabled": True, "bind": HOST, "port": 0, "heartbeat_interval": "500ms"}},
+    }
+
+
+def adapter_config(ports: Ports, tls_dir: Path, with_kafka: bool) -> dict[str, Any]:
+    """Short intervals so one second of HPA sync sees fresh values; everything on loopback, listeners on
+    port 0 (it reports what it bound), the proxy's count stream at the port the proxy reported."""
     sources: list[dict[str, Any]] = [
         {"name": "redis", "type": "redis", "url": ports.redis_url},
         {"name": "proxies", "type": "http", "proxies": [f"{HOST}:{ports.counts}"], "stale_after": "3s"},
@@ -108,58 +120,59 @@ def zeroscale_config(ports: Ports, tls_dir: Path, scaler_port: int, with_kafka: 
     return {
         "server": {
             "bind": HOST,
-            "port": ports.adapter,
+            "port": 0,
             "metrics_bind": HOST,
-            "metrics_port": ports.adapter_metrics,
+            "metrics_port": 0,
             "tls": {"cert_file": str(tls_dir / "tls.crt"), "key_file": str(tls_dir / "tls.key")},
             "auth": {"enabled": False},
         },
         "cache": {"interval": "500ms", "max_staleness": "10s"},
-        "proxy": {
-            "bind": HOST,
-            "port": ports.proxy,
-            "admin_bind": HOST,
-            "admin_port": ports.proxy_admin,
-            "grace_period": "5s",
-            "routes": [
-                {
-                    "name": "web",
-                    "upstream": {"address": f"{HOST}:{ports.web}"},
-                    # Development mode: the demo's local scaler stands in for the scale subresource.
-                    "target": {"kind": "Local", "name": "web", "url": f"http://{HOST}:{scaler_port}"},
-                    "wake": "scale",
-                    "wake_retry_interval": "1s",
-                    "readiness": "probe",
-                    "limits": {"hold_timeout": "60s"},
-                }
-            ],
-        },
-        "grpc": {"counts": {"enabled": True, "bind": HOST, "port": ports.counts, "heartbeat_interval": "500ms"}},
         "sources": sources,
         "metrics": metrics,
     }
 
 
-def write_config(run_dir: Path, ports: Ports, scaler_port: int, with_kafka: bool) -> Path:
-    tls_dir = run_dir / "tls"
-    certs.write(certs.issue("zeroscale-demo", NAMESPACE, 1, ["localhost"]), tls_dir)
-    path = run_dir / "zeroscale.yaml"
-    document = zeroscale_config(ports, tls_dir, scaler_port, with_kafka)
+def _write(path: Path, document: dict[str, Any]) -> Path:
     path.write_text("# Written by `zeroscale demo` for this run.\n" + yaml.safe_dump(document, sort_keys=False))
     return path
 
 
-def _zeroscale(*args: str) -> list[str]:
-    return [sys.executable, "-m", "adapter", "--log-level", "WARNING", *args]
+async def _start_reporting(supervisor: Supervisor, name: str, command: str, config: Path) -> dict[str, int]:
+    """`zeroscale <command>` with `--ready-file`; the ports it bound, once it has bound them all."""
+    ready = supervisor.log_dir / f"{name}.ready.json"
+    ready.unlink(missing_ok=True)  # `--out` may be a directory an earlier run used
+    argv = [sys.executable, "-m", "adapter", "--log-level", "WARNING", command, "--config", str(config)]
+    process = await supervisor.start(name, [*argv, "--ready-file", str(ready)])
+    log = supervisor.log_dir / f"{name}.log"
+    return await wait_ready(process, lambda: read_ready_file(ready), f"zeroscale {command}", log)
+
+
+async def _start_on_a_free_port(
+    supervisor: Supervisor, name: str, argv: Callable[[int], list[str]], says: str, within: float = 60.0
+) -> int:
+    """Start a server that cannot report its port on one outside the ephemeral range, ready once its log
+    `says` so; again on another port if that one was taken. Returns the port."""
+    log = supervisor.log_dir / f"{name}.log"
+    attempts = PortAttempts(HOST)
+    while True:
+        port = attempts.port()
+        ready = log_says(log, says)
+        try:
+            await wait_ready(await supervisor.start(name, argv(port)), ready, name, log, within)
+            return port
+        except ChildFailed as failed:
+            attempts.failed(failed)
 
 
 async def start_redis(supervisor: Supervisor, run_dir: Path, ports: Ports) -> None:
     binary = shutil.which("redis-server")
     if binary is None:
         raise StackError(_REDIS_MISSING)
-    argv = [binary, "--bind", HOST, "--port", str(ports.redis), "--save", "", "--appendonly", "no"]
-    await supervisor.start("redis", [*argv, "--dir", str(run_dir)])
-    await wait_for_port(ports.redis, "redis-server", supervisor.log_dir / "redis.log")
+
+    def argv(port: int) -> list[str]:
+        return [binary, "--bind", HOST, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(run_dir)]
+
+    ports.redis = await _start_on_a_free_port(supervisor, "redis", argv, "Ready to accept connections")
 
 
 async def start_kafka(supervisor: Supervisor, run_dir: Path, ports: Ports) -> None:
@@ -168,11 +181,17 @@ async def start_kafka(supervisor: Supervisor, run_dir: Path, ports: Ports) -> No
         raise StackError(f"--with-kafka runs {_KAFKA_RUN}, which is not here: run the demo from a source checkout")
     if shutil.which("java") is None:
         raise StackError("--with-kafka needs Java: run `sudo apt-get install default-jre-headless` (or `make setup`)")
-    state = run_dir / "kafka"
-    ports_args = [str(p) for p in (ports.kafka, ports.kafka_sasl, ports.kafka_controller)]
-    await supervisor.start("kafka", [str(_KAFKA_RUN), str(state), *ports_args])
-    log = supervisor.log_dir / "kafka.log"
-    await wait_for_port(ports.kafka, "the Kafka broker", log, within=180.0)
+
+    def argv(port: int) -> list[str]:
+        # Its SASL and controller listeners get ports outside the ephemeral range too; one taken is retried.
+        others = (port_outside_ephemeral(HOST), port_outside_ephemeral(HOST))
+        return [str(_KAFKA_RUN), str(run_dir / "kafka"), *(str(p) for p in (port, *others))]
+
+    ports.kafka = await _start_on_a_free_port(supervisor, "kafka", argv, "Kafka Server started", within=180.0)
+    await _create_topic(ports, supervisor.log_dir / "kafka.log")
+
+
+async def _create_topic(ports: Ports, log: Path) -> None:
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import KafkaError
 
@@ -196,10 +215,16 @@ async def start_kafka(supervisor: Supervisor, run_dir: Path, ports: Ports) -> No
         await asyncio.sleep(0.5)
 
 
-async def start_zeroscale(supervisor: Supervisor, config: Path, ports: Ports) -> None:
-    """The adapter and the proxy, each waited for on its ports."""
-    await supervisor.start("adapter", _zeroscale("serve", "--config", str(config)))
-    await supervisor.start("proxy", _zeroscale("proxy", "--config", str(config)))
-    await wait_for_port(ports.adapter, "zeroscale serve", supervisor.log_dir / "adapter.log")
-    await wait_for_port(ports.proxy, "zeroscale proxy", supervisor.log_dir / "proxy.log")
-    await wait_for_port(ports.counts, "the proxy's count stream", supervisor.log_dir / "proxy.log")
+async def start_zeroscale(
+    supervisor: Supervisor, run_dir: Path, ports: Ports, scaler_port: int, with_kafka: bool
+) -> None:
+    """The proxy, then the adapter reading its count stream; each reports the ports it bound (written to
+    `ports`). Their config files are in the run directory: proxy.yaml and zeroscale.yaml."""
+    proxy = _write(run_dir / "proxy.yaml", proxy_config(ports, scaler_port))
+    bound = await _start_reporting(supervisor, "proxy", "proxy", proxy)
+    ports.proxy, ports.proxy_admin, ports.counts = bound["proxy"], bound["admin"], bound["counts"]
+    tls_dir = run_dir / "tls"
+    certs.write(certs.issue("zeroscale-demo", NAMESPACE, 1, ["localhost"]), tls_dir)
+    adapter = _write(run_dir / "zeroscale.yaml", adapter_config(ports, tls_dir, with_kafka))
+    bound = await _start_reporting(supervisor, "adapter", "serve", adapter)
+    ports.adapter, ports.adapter_metrics = bound["api"], bound["metrics"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapter.doctor import certificates, scale_to_zero
+from adapter.doctor.activator import check_activator_lease
 from adapter.doctor.findings import Finding
 from adapter.doctor.grpc import check_grpc_authentication
 from adapter.kube.client import KubeClient
@@ -48,6 +49,8 @@ class Installation:
     namespace: str = "zeroscale"
     service_account: str = "zeroscale-adapter"
     deployment: str = "zeroscale-adapter"
+    # The proxy's Deployment, whose mounted config says which Lease its activator routes are written under.
+    proxy_deployment: str = "zeroscale-proxy"
     serving_secret: str = "zeroscale-adapter-serving"
     # The namespace whose HPAs are checked for access (any namespace works the same with the shipped RBAC).
     hpa_namespace: str = "default"
@@ -84,6 +87,7 @@ class Doctor:
             self._check_hpa_access,
             self._check_adapter_access,
             self._check_grpc,
+            self._check_activator_lease,
         ):
             findings.extend(await check())
         return findings
@@ -382,6 +386,9 @@ class Doctor:
 
     async def _check_grpc(self) -> list[Finding]:
         return await check_grpc_authentication(self._get, self._where.namespace, self._where.deployment)
+
+    async def _check_activator_lease(self) -> list[Finding]:
+        return await check_activator_lease(self._get, self._where.namespace, self._where.proxy_deployment)
 
     async def _check_adapter_access(self) -> list[Finding]:
         where = self._where

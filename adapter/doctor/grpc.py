@@ -21,8 +21,10 @@ _HINT = "set grpc.<server>.tls.client_ca_file and remove allow_unauthenticated (
 Get = Callable[[str], Awaitable[dict[str, Any] | None]]
 
 
-async def _mounted_configs(get: Get, namespace: str, deployment: str) -> list[dict[str, Any]] | str:
-    """Every YAML document with a `grpc` or `server` key in the Deployment's ConfigMaps, or why there are none."""
+async def mounted_configs(
+    get: Get, namespace: str, deployment: str, keys: tuple[str, ...] = ("grpc", "server")
+) -> list[dict[str, Any]] | str:
+    """Every YAML document with one of `keys` in the Deployment's ConfigMaps, or why there are none."""
     found = await get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{deployment}")
     if found is None:
         return f"no Deployment {namespace}/{deployment}"
@@ -38,14 +40,14 @@ async def _mounted_configs(get: Get, namespace: str, deployment: str) -> list[di
                 document = yaml.safe_load(text)
             except yaml.YAMLError:
                 continue
-            if isinstance(document, dict) and ("grpc" in document or "server" in document):
+            if isinstance(document, dict) and any(key in document for key in keys):
                 configs.append(document)
     return configs or f"no Zeroscale config in the ConfigMaps Deployment {namespace}/{deployment} mounts"
 
 
 async def check_grpc_authentication(get: Get, namespace: str, deployment: str) -> list[Finding]:
     try:
-        configs = await _mounted_configs(get, namespace, deployment)
+        configs = await mounted_configs(get, namespace, deployment)
     except KubeError as err:
         return [Finding("skip", CHECK, f"cannot read the adapter's config: {err}")]
     if isinstance(configs, str):

@@ -38,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the adapter's Deployment, whose mounted config is read for the gRPC check (default: %(default)s)",
     )
     parser.add_argument(
+        "--proxy-deployment",
+        default=default.proxy_deployment,
+        help="the proxy's Deployment, whose mounted config names the activator Lease (default: %(default)s)",
+    )
+    parser.add_argument(
         "--serving-secret",
         default=default.serving_secret,
         help="the serving certificate (default: %(default)s)",
@@ -78,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         service_account=args.service_account,
         deployment=args.deployment,
+        proxy_deployment=args.proxy_deployment,
         serving_secret=args.serving_secret,
         hpa_namespace=args.hpa_namespace,
     )

@@ -12,18 +12,22 @@ import socket
 import ssl
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 from adapter import __version__
 from adapter.config.kube import KubeAPIConfig
 from adapter.kube.connection import ClosedBeforeAnswer, Connection, Exchange
-from adapter.kube.errors import KubeAPIError, KubeConnectionError
+from adapter.kube.errors import KubeAPIError, KubeConnectionError, KubeWatchSilent
 from adapter.kube.kubeconfig import APIServer, TokenSource, resolve_api_server
 from adapter.redact import redact
+from adapter.telemetry import kube as telemetry
 
 _POOL_SIZE = 8
 _MAX_ERROR_TEXT = 512
-# The API server is asked to end each watch after this long; the caller lists and watches again.
-WATCH_TIMEOUT_SECONDS = 290
+# The API server is asked to end each watch after this share of the silence timeout (the caller lists and watches
+# again): a quiet, healthy watch (no event; bookmarks come about once a minute, and one 2 s before the end asked
+# for) ends on its own before it could be taken for silent; the rest is the margin for a server's lateness.
+_SERVER_END_SHARE = 0.8
 # One watch event (a JSON line) longer than this is refused: etcd stores objects of at most 1.5 MiB.
 MAX_WATCH_EVENT_BYTES = 8 * 1024 * 1024
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL = 15, 5
@@ -52,10 +56,13 @@ class KubeClient:
         timeout: float = 10.0,
         peer: str = "the Kubernetes API",
         max_response_bytes: int | None = None,
+        watch_silence: float = 30.0,
     ) -> None:
-        """`peer` names the server in error messages; `max_response_bytes` bounds an answer (not a watch)."""
+        """`peer` names the server in error messages; `max_response_bytes` bounds an answer (not a watch);
+        `watch_silence` is how long a watch may send nothing before it is taken for dead."""
         self._server = server
         self._timeout = timeout
+        self._watch_silence = watch_silence
         self._peer = peer
         self._max_response_bytes = max_response_bytes
         self._token = TokenSource(server)
@@ -63,7 +70,7 @@ class KubeClient:
 
     @classmethod
     def from_config(cls, config: KubeAPIConfig) -> KubeClient:
-        return cls(resolve_api_server(config), config.timeout)
+        return cls(resolve_api_server(config), config.timeout, watch_silence=config.watch_silence_timeout)
 
     async def request(
         self,
@@ -72,28 +79,29 @@ class KubeClient:
         json_body: object = None,
         content_type: str = "application/json",
         secret: str | None = None,
+        within: float | None = None,
     ) -> tuple[int, dict[str, Any]]:
         """Make one call; return (status, decoded JSON) for 2xx, raise KubeAPIError for >= 400.
 
         `secret` is a credential the body carries (a TokenReview's token): never in an error message.
+        `within` shortens the client's timeout for this call (a write that must land by a deadline).
         """
         # A task of its own: asyncio.timeout needs one, and the API server runs a handler's first
         # step outside any task (adapter/api/http.py). Cancelling the caller cancels this task.
         return await asyncio.get_running_loop().create_task(
-            self._request(method, path, json_body, content_type, secret)
+            self._request(method, path, json_body, content_type, secret, self._timeout if within is None else within)
         )
 
     async def _request(
-        self, method: str, path: str, json_body: object, content_type: str, secret: str | None
+        self, method: str, path: str, json_body: object, content_type: str, secret: str | None, within: float
     ) -> tuple[int, dict[str, Any]]:
         body = b"" if json_body is None else json.dumps(json_body).encode()
+        within = min(within, self._timeout)
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(within):
                 status, data = await self._exchange_with_retry(method, path, body, content_type)
         except TimeoutError:
-            raise KubeConnectionError(
-                f"{method} {path}: no answer from {self._peer} within {self._timeout:g}s"
-            ) from None
+            raise KubeConnectionError(f"{method} {path}: no answer from {self._peer} within {within:g}s") from None
         if status >= 400:
             raise _api_error(status, data, (secret, self._token.get()))
         try:
@@ -105,20 +113,28 @@ class KubeClient:
         return status, decoded
 
     async def watch(
-        self, path: str, resource_version: str | None = None, timeout_seconds: int = WATCH_TIMEOUT_SECONDS
+        self, path: str, resource_version: str | None = None, timeout_seconds: int | None = None
     ) -> AsyncIterator[dict[str, Any]]:
-        """Yield the watch events ({"type", "object"}) of a collection until the server ends the watch.
+        """Yield the watch events ({"type", "object"}, BOOKMARK included) of a collection until the server ends the
+        watch.
 
-        The server is asked to end it after `timeout_seconds`; a stream still open `timeout` seconds
-        after that is a peer that went away without closing (no FIN, no RST): KubeConnectionError, so the
-        caller lists and watches again instead of waiting on it for ever. An ERROR event (e.g. 410 Gone:
-        the resourceVersion is too old) raises KubeAPIError, so the caller lists again and restarts.
+        Bookmarks are asked for (allowWatchBookmarks): the server then sends one about every minute even when
+        nothing changes, and one just before the end. A stream that sends nothing for `watch_silence` seconds is
+        taken for dead (KubeWatchSilent: an open connection proves nothing, docs/architecture.md#staleness-bounds);
+        the server is asked to end the watch after `timeout_seconds` (by default a little less than that), and a
+        stream still open `timeout` seconds after it is a peer that went away without closing (no FIN, no RST).
+        Either way KubeConnectionError, so the caller lists and watches again instead of trusting it. An ERROR event
+        (e.g. 410 Gone: the resourceVersion is too old) raises KubeAPIError, so the caller lists again and restarts.
         """
-        query = f"watch=1&timeoutSeconds={timeout_seconds}" + (
+        silence = self._watch_silence
+        if timeout_seconds is None:
+            timeout_seconds = max(1, int(silence * _SERVER_END_SHARE))
+        query = f"watch=1&allowWatchBookmarks=true&timeoutSeconds={timeout_seconds}" + (
             f"&resourceVersion={resource_version}" if resource_version else ""
         )
         full_path = f"{path}{'&' if '?' in path else '?'}{query}"
-        ends_by = asyncio.get_running_loop().time() + timeout_seconds + self._timeout
+        loop = asyncio.get_running_loop()
+        ends_by = loop.time() + timeout_seconds + self._timeout
         try:
             async with asyncio.timeout(self._timeout):
                 connection = await self._connect()
@@ -137,6 +153,7 @@ class KubeClient:
             except (OSError, ClosedBeforeAnswer) as err:
                 raise KubeConnectionError(f"watch {path}: {err}") from None
             pending = b""
+            heard = loop.time()  # the latest byte from the server
             while True:
                 pending += exchange.response.take_body()
                 *lines, pending = pending.split(b"\n")
@@ -150,10 +167,20 @@ class KubeClient:
                 if exchange.response.complete:
                     return
                 try:
-                    async with asyncio.timeout_at(ends_by):
+                    async with asyncio.timeout_at(min(ends_by, heard + silence)):
                         if not await exchange.read_more():
                             return
+                    heard = loop.time()
                 except TimeoutError:
+                    quiet = loop.time() - heard
+                    # Nothing since the end it was asked for, or for the silence timeout: silent, whichever came first.
+                    if quiet >= min(silence, timeout_seconds):
+                        telemetry.WATCH_SILENCES.labels(_resource(path)).inc()
+                        raise KubeWatchSilent(
+                            f"watch {path}: {self._peer} sent nothing (no event, no bookmark) for {quiet:.0f}s: taken "
+                            "for dead, listing again; if something in between holds quiet streams longer than "
+                            f"kubernetes.watch_silence_timeout ({silence:g}s), raise it"
+                        ) from None
                     raise KubeConnectionError(
                         f"watch {path}: still open {self._timeout:g}s after the {timeout_seconds}s the server "
                         "was asked to end it at: the connection is dead"
@@ -237,6 +264,11 @@ def _keep_alive(sock: socket.socket | None) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+
+
+def _resource(path: str) -> str:
+    """The resource a collection path names (`endpointslices` for .../endpointslices?labelSelector=...)."""
+    return urlsplit(path).path.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _watch_event(line: bytes) -> dict[str, Any]:

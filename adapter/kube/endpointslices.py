@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
+from adapter.k8s_wire.endpoint_ip import LOOPBACK, endpoint_refusal
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError
 from adapter.kube.watching import field, items_of, objects_by_name
@@ -51,9 +52,12 @@ def _port_of(slice_obj: dict[str, Any], port: str | int) -> int | None:
     return None
 
 
-def ready_addresses(slices: Iterable[dict[str, Any]], port: str | int) -> list[tuple[str, int]]:
+def ready_addresses(
+    slices: Iterable[dict[str, Any]], port: str | int, *, loopback: bool = False
+) -> list[tuple[str, int]]:
     """Addresses that may take traffic (the rule of `routable`), each with its number of `port`."""
-    every = [(endpoint, number) for number, group in endpoints_by_port(slices, port).items() for endpoint in group]
+    groups = endpoints_by_port(slices, port, loopback=loopback)
+    every = [(endpoint, number) for number, group in groups.items() for endpoint in group]
     chosen = [pair for pair in every if is_usable(pair[0])] or [pair for pair in every if is_serving(pair[0])]
     return [(address, number) for endpoint, number in chosen for address in endpoint["addresses"]]
 
@@ -89,25 +93,60 @@ def slice_path(namespace: str, name: str = "") -> str:
     return f"{base}/{name}" if name else base
 
 
-def endpoints_by_port(slices: Iterable[dict[str, Any]], port: str | int) -> dict[int, list[dict[str, Any]]]:
+def endpoints_by_port(
+    slices: Iterable[dict[str, Any]], port: str | int, *, loopback: bool = False
+) -> dict[int, list[dict[str, Any]]]:
     """The endpoints of the slices that have `port`, grouped by its number there (a rollout that changed a
     targetPort has two), each with only the fields a written slice keeps. Conditions are kept as they are."""
     groups: dict[int, list[dict[str, Any]]] = {}
     for slice_obj in slices:
         number = _port_of(slice_obj, port)
         if number is not None:
-            groups.setdefault(number, []).extend(kept_endpoints(slice_obj))
+            groups.setdefault(number, []).extend(kept_endpoints(slice_obj, loopback=loopback))
     return {number: endpoints for number, endpoints in groups.items() if endpoints}
 
 
-def kept_endpoints(slice_obj: dict[str, Any]) -> list[dict[str, Any]]:
-    """A slice's endpoints that have an address, each with only the fields a written slice keeps."""
+# Only IP endpoints (docs/architecture.md#only-ip-endpoints): kube-proxy routes IPv4 and IPv6 slices and ignores FQDN
+# ones, whose names could resolve anywhere (`localhost`: the proxy's own pod); an address the API refuses in an IP
+# slice is refused here too, loopback alone allowed with `loopback` (development, a stand-in of the API).
+IP_ADDRESS_TYPES = ("IPv4", "IPv6")
+FQDN_SLICE = "fqdn_slice"  # why an address of a slice of another addressType is refused
+
+
+def kept_endpoints(slice_obj: dict[str, Any], *, loopback: bool = False) -> list[dict[str, Any]]:
+    """A slice's endpoints that have an address that may be one, each with only the fields a written slice keeps;
+    none of a slice that is not of IP addresses."""
+    if slice_obj.get("addressType") not in IP_ADDRESS_TYPES:
+        return []
     kept = []
     for endpoint in items_of(slice_obj, "endpoints"):
-        addresses = [address for address in items_of(endpoint, "addresses") if isinstance(address, str)]
+        addresses = [
+            address
+            for address in items_of(endpoint, "addresses")
+            if isinstance(address, str) and refusal(address, loopback=loopback) is None
+        ]
         if addresses:
             kept.append({**{key: endpoint[key] for key in _ENDPOINT_FIELDS if key in endpoint}, "addresses": addresses})
     return kept
+
+
+def refusal(address: str, *, loopback: bool = False) -> str | None:
+    """Why `address` may not be an endpoint, None when it may (loopback too, with `loopback`)."""
+    why = endpoint_refusal(address)
+    return None if why == LOOPBACK and loopback else why
+
+
+def refused_addresses(slices: Iterable[dict[str, Any]], *, loopback: bool = False) -> set[tuple[str, str]]:
+    """(address, why) of every address `kept_endpoints` leaves out of the slices."""
+    refused = set()
+    for slice_obj in slices:
+        fqdn = slice_obj.get("addressType") not in IP_ADDRESS_TYPES
+        for endpoint in items_of(slice_obj, "endpoints"):
+            for address in items_of(endpoint, "addresses"):
+                why = FQDN_SLICE if fqdn else refusal(str(address), loopback=loopback)
+                if why is not None:
+                    refused.add((str(address), why))
+    return refused
 
 
 def is_usable(endpoint: dict[str, Any]) -> bool:

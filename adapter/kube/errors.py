@@ -15,6 +15,11 @@ class KubeConnectionError(KubeError):
     """The API server could not be reached, or the connection broke before a whole answer."""
 
 
+class KubeWatchSilent(KubeConnectionError):
+    """A watch stream sent nothing (no event, no bookmark) for the client's watch_silence_timeout: taken for dead,
+    though its connection may still look open (docs/architecture.md#staleness-bounds)."""
+
+
 class KubeAPIError(KubeError):
     """The API server answered with an error; `message` and `reason` come from its metav1.Status."""
 

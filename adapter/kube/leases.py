@@ -6,10 +6,14 @@ it first), so two replicas never both believe a write of theirs made them the ho
 Each write also names the writing process in the annotation INSTANCE_ANNOTATION: holderIdentity is a name people
 choose (a host name, which pods share with hostNetwork or spec.hostname), and a replica that took a Lease naming
 its identity for its own would renew another process's Lease and lead beside it.
+
+And each write says, in ROUTES_ANNOTATION, what the holder writes (a JSON list of its activator routes, as
+ProxyConfig.activator_routes names them): a replica reading it knows whether the holder serves its routes too.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -20,6 +24,7 @@ from adapter.kube.errors import KubeAPIError
 from adapter.kube.watching import field
 
 INSTANCE_ANNOTATION = "zeroscale.io/leader-instance"
+ROUTES_ANNOTATION = "zeroscale.io/activator-routes"
 
 
 @dataclass(frozen=True)
@@ -30,10 +35,23 @@ class Lease:
     acquire_time: str
     resource_version: str
     instance: str = ""  # the process that wrote it (INSTANCE_ANNOTATION); "" when written by another program
+    # What the holder writes (ROUTES_ANNOTATION); None when it does not say (another program, an older version).
+    routes: frozenset[str] | None = None
 
     def record(self) -> tuple[str, str]:
         """What changes whenever the holder renews or changes: the leader election's clock reads this."""
         return self.holder, self.resource_version
+
+
+def unserved(mine: dict[str, str], theirs: frozenset[str]) -> dict[str, str]:
+    """Which of `mine` (route name -> `<namespace>/<service>@<digest>`) the holder's ROUTES_ANNOTATION lacks, each with
+    how: "not written" (nobody writes its Service), or "written from another config" (its Service, not as ours)."""
+    services = {entry.split("@")[0] for entry in theirs}
+    return {
+        route: "written from another config" if entry.split("@")[0] in services else "not written"
+        for route, entry in mine.items()
+        if entry not in theirs
+    }
 
 
 def lease_path(namespace: str, name: str = "") -> str:
@@ -57,7 +75,18 @@ def parse_lease(obj: dict[str, Any]) -> Lease:
         acquire_time=str(spec.get("acquireTime") or ""),
         resource_version=str(field(obj, "metadata").get("resourceVersion", "")),
         instance=str(field(field(obj, "metadata"), "annotations").get(INSTANCE_ANNOTATION) or ""),
+        routes=_routes(field(field(obj, "metadata"), "annotations").get(ROUTES_ANNOTATION)),
     )
+
+
+def _routes(text: object) -> frozenset[str] | None:
+    try:
+        routes = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    if not isinstance(routes, list) or not all(isinstance(route, str) for route in routes):
+        return None
+    return frozenset(routes)
 
 
 async def get_lease(client: KubeClient, namespace: str, name: str) -> Lease | None:
@@ -79,6 +108,7 @@ async def write_lease(
     instance: str,
     duration_seconds: int,
     previous: Lease | None,
+    routes: frozenset[str] = frozenset(),
 ) -> Lease:
     """Make `holder` (the process `instance`) the holder (or, with holder "", give the lease up), renewed now.
 
@@ -95,7 +125,8 @@ async def write_lease(
         "acquireTime": previous.acquire_time if kept and previous is not None else now,
         "leaseTransitions": (previous.transitions + (0 if kept else 1)) if previous is not None else 0,
     }
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "annotations": {INSTANCE_ANNOTATION: instance}}
+    annotations = {INSTANCE_ANNOTATION: instance, ROUTES_ANNOTATION: json.dumps(sorted(routes))}
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "annotations": annotations}
     body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
     if previous is None:
         _, obj = await client.request("POST", lease_path(namespace), body)

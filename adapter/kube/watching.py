@@ -4,17 +4,16 @@ events applied to a copy."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from adapter.kube.client import KubeClient
-from adapter.kube.errors import KubeAPIError, KubeError
+from adapter.kube.errors import KubeAPIError, KubeError, KubeWatchSilent
 from adapter.telemetry import kube as telemetry
 
 log = logging.getLogger(__name__)
-# After an unexpected error, the watch loop starts again after this long (doubling up to the second).
-_RESTART_START, _RESTART_MAX = 1.0, 30.0
 # After the API said no or went away, list again after this long (doubling up to the second).
 _BACKOFF_START, _BACKOFF_MAX = 0.5, 30.0
 
@@ -33,6 +32,10 @@ class WatchTask:
     _task: asyncio.Task[None] | None = None
     # Names the watch in logs and in zeroscale_kube_watch_crashes_total.
     watch_name = "watch"
+    # After an unexpected error the loop starts again after the first delay, doubling up to the second; a run that
+    # lasted longer than that second one was a recovery, so the next crash waits the first delay again (else,
+    # after five crashes in a process's life, every later one would cost the longest delay).
+    restart_backoff = (1.0, 30.0)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._supervise(), name=self.watch_name)
@@ -43,16 +46,21 @@ class WatchTask:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _supervise(self) -> None:
-        delay = _RESTART_START
+        loop = asyncio.get_running_loop()
+        first, longest = self.restart_backoff
+        delay = first
         while True:
+            started = loop.time()
             try:
                 await self._run()
                 return
             except Exception:
+                if loop.time() - started > longest:
+                    delay = first
                 telemetry.WATCH_CRASHES.labels(self.watch_name).inc()
                 log.exception("%s stopped on an unexpected error; starting it again in %gs", self.watch_name, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, _RESTART_MAX)
+            delay = min(delay * 2, longest)
 
     async def _run(self) -> None:
         raise NotImplementedError
@@ -111,7 +119,8 @@ def collection_lister(kube: KubeClient, path: str) -> Lister:
 
 class ListWatch(WatchTask):
     """A collection kept current for ever: list it, watch from the list's resourceVersion, list again when the
-    watch ends or its version is too old (410 Gone).
+    watch ends, falls silent (docs/architecture.md#staleness-bounds) or its version is too old (410 Gone), and
+    whenever a reader doubts the copy (`relist()`).
 
     `on_change(objects)` is called with every object by name after the list and after each event that changed
     something. `on_error(err)` is told each time the API said no or went away (the objects last seen stay as
@@ -131,18 +140,47 @@ class ListWatch(WatchTask):
         self.watch_name = watch_name
         self._on_change = on_change
         self._on_error = on_error
+        self._doubted = asyncio.Event()  # relist() was called since the latest list began
+        self._waiters: list[asyncio.Future[None]] = []  # relist() callers waiting for the next list
+        self._following: asyncio.Timeout | None = None  # the watch being followed, cut short by relist()
+
+    async def relist(self) -> None:
+        """List the collection again now (and watch from there): a reader that cannot tell a quiet watch from a
+        stale one re-reads its inputs this way. Returns once that list has been applied or has failed."""
+        if self._task is None or self._task.done():
+            return
+        done = asyncio.get_running_loop().create_future()
+        self._waiters.append(done)
+        self._doubted.set()
+        if self._following is not None:
+            self._following.reschedule(asyncio.get_running_loop().time())
+        await done
 
     async def _run(self) -> None:
+        try:
+            await self._list_and_watch()
+        finally:  # stopped or crashed: nobody is left to answer relist()
+            _wake(self._waiters)
+            self._waiters = []
+
+    async def _list_and_watch(self) -> None:
         backoff = _BACKOFF_START
         while True:
+            waiting, self._waiters = self._waiters, []
+            self._doubted.clear()
             try:
-                path, objects, version = await self._lister()
-                self._on_change(objects)
-                async for event in self._kube.watch(path, version or None):
-                    if apply_event(objects, event):
-                        self._on_change(objects)
+                try:
+                    path, objects, version = await self._lister()
+                    self._on_change(objects)
+                finally:
+                    _wake(waiting)
+                if not self._doubted.is_set():
+                    await self._follow(path, version, objects)
                 backoff = _BACKOFF_START
                 continue
+            except KubeWatchSilent as err:
+                log.warning("%s: %s", self.watch_name, err)
+                continue  # nothing went wrong that listing again cannot tell: at once
             except KubeAPIError as err:
                 if err.status == 410:
                     continue  # our resourceVersion is too old: list again at once
@@ -151,5 +189,28 @@ class ListWatch(WatchTask):
             except KubeError as err:
                 if self._on_error(err):
                     return
-            await asyncio.sleep(backoff)
+            with contextlib.suppress(TimeoutError):  # a relist() asked for meanwhile is not put off
+                async with asyncio.timeout(backoff):
+                    await self._doubted.wait()
             backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    async def _follow(self, path: str, version: str, objects: dict[str, dict[str, Any]]) -> None:
+        """Apply the watch's events until the watch ends or relist() cuts it short."""
+        cut = asyncio.timeout(None)
+        try:
+            async with cut:
+                self._following = cut
+                async for event in self._kube.watch(path, version or None):
+                    if apply_event(objects, event):
+                        self._on_change(objects)
+        except TimeoutError:
+            if not cut.expired():
+                raise
+        finally:
+            self._following = None
+
+
+def _wake(waiters: list[asyncio.Future[None]]) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)

@@ -16,7 +16,10 @@ the value is younger than `max_staleness`:
 - a change pushed by the source (keyspace notification, Kafka round) refreshes at the next tick
   a series that is subscribed or whose asker is still around (its next ask is not half an
   `interval` late, or it was asked within `interval` when its asks have no period yet), one
-  refresh in flight at a time and, for pushes without pause, one per `push_interval`;
+  refresh in flight at a time and, for pushes without pause, one per `push_interval`, except the
+  edge from rest: a change to a series at rest (its value 0, or below its metric's
+  `activation_threshold`) is read at once, whenever the latest read was, because it may be the one
+  that wakes a workload from zero (docs/architecture.md#edge-from-zero);
 - the source follows a series' changes (`Source.watch`: a Kafka group polled every round, Redis
   keyspace notifications) only while it is subscribed or its asker is around, by the same rule but
   for at least `unwatch_after` after each ask; a look that finds the asker gone then unwatches it,
@@ -100,6 +103,11 @@ class _Series:
         self.stale_asked = False  # an ask found the value older than `interval` and no refresh in flight
         self.changed = False  # the source pushed a change since the latest refresh started
         self.push_read_at = -float("inf")  # monotonic time the latest refresh for a pushed change started
+        # The value is 0 or below the activation threshold: a pushed change is read at once (_after_push).
+        self.activation = Decimal(repr(metric.activation_threshold))
+        self.resting = False
+        self.edge = False  # the next refresh is a push read made early because the series was at rest
+        self.missed = False  # the latest refresh was such a read and found it still at rest (_after_push)
         self.due: float | None = None  # when the schedule looks at it next
         self.watched = True  # the source pushes its changes (source.watch), see MetricCache._wanted
         self.in_flight: asyncio.Task[None] | None = None
@@ -213,9 +221,16 @@ class MetricCache:
 
     def _after_push(self, series: _Series, now: float) -> float:
         """When a pushed change is read: at once, but not within `push_interval` of the latest read for a push
-        (changes without pause, from any producer of the queue, would be a read per source round trip). The
-        first push after a quiet spell is read at once: that is the one that wakes a workload from zero."""
-        return max(now, series.push_read_at + self._config.push_interval)
+        (changes without pause, from any producer of the queue, would be a read per source round trip). A
+        change to a series at rest is read at once all the same: it may be the edge from zero, which wakes a
+        workload, and must never wait (docs/architecture.md#edge-from-zero). Unless the latest read was such
+        an early one and found it still at rest (a queue filled and drained without pause): then it waits
+        like any other, so a series at rest costs at most two reads per `push_interval`."""
+        turn = series.push_read_at + self._config.push_interval
+        if now < turn and series.resting and not series.missed:
+            series.edge = True
+            return now
+        return max(now, turn)
 
     def _wanted(self, series: _Series, now: float) -> bool:
         """Someone asks for it: subscribed, an ask waits for fresher, or its asker is still around."""
@@ -373,6 +388,9 @@ class MetricCache:
         series.in_flight = None
         if not self._live(series):
             return
+        if series.edge:
+            telemetry.EDGE_READS.labels(series.key.metric, "at_rest" if series.resting else "active").inc()
+        series.missed, series.edge = series.edge and series.resting, False
         now = self._clock()
         schedule = self._schedule
         if not series.answered and series.error is not None:
@@ -427,6 +445,7 @@ class MetricCache:
             telemetry.VALUES_REFUSED.labels(series.key.metric).inc()
             # The last good value is no longer what the source says: it is not served either.
             series.reading = None
+            series.resting = False
             with contextlib.suppress(KeyError):
                 telemetry.SERIES_VALUE.remove(series.key.metric, series.key.namespace, series.key.selector)
             self._failed(series, f"source {series.query.metric.source} returned {value}, which {problem}")
@@ -438,6 +457,7 @@ class MetricCache:
             timestamp=min((asked_at if s.read_at is None else s.read_at for s in samples), default=asked_at),
         )
         series.read_at = self._clock() - max(0.0, time.time() - series.reading.timestamp)
+        series.resting = value <= 0 or value < series.activation
         series.answered = True
         series.error = None
         telemetry.LAST_REFRESH.labels(series.key.metric).set(series.reading.timestamp)

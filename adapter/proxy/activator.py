@@ -13,6 +13,11 @@ When to switch, decided on every change of what it depends on:
     warm -> cold  the target's spec.replicas is 0 (before the last pod goes: connections made during the
                   scale-down must still find a listener), or no pod is ready
 
+Every resync_interval the inputs are read again (listed, not taken from the watches: an open watch may have
+gone silent) and the written slices compared with what they should be. The written slices and the Service are
+watched too, so a slice deleted or changed by someone else (a person, the garbage collector after the Service was
+created again) is written back at once, not at the next resync (docs/architecture.md#staleness-bounds).
+
 Nothing is written until the target, its pods and the proxy's pods have each been read once, so a restart or a
 new writer never flips a warm Service to the proxy while it looks. The HPA's status.desiredReplicas is not a
 signal: the HPA controller writes the scale subresource first and its status after, so spec.replicas is the
@@ -33,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from adapter.config.proxy import ActivatorConfig, RouteConfig, ScaleTarget, ServiceUpstream
@@ -43,6 +49,7 @@ from adapter.kube.endpointslices import (
     is_usable,
     kept_endpoints,
     owned_slices_path,
+    refused_addresses,
     routable,
     same_slice,
     slice_path,
@@ -52,6 +59,7 @@ from adapter.kube.scale import spec_replicas, workload_collection_path
 from adapter.kube.watching import ListWatch, collection_lister, field, objects_by_name
 from adapter.proxy.leader import LeaderElector
 from adapter.proxy.readiness import slice_lister
+from adapter.proxy.refused import RefusedEndpoints
 from adapter.proxy.route import Route
 from adapter.telemetry import proxy as telemetry
 
@@ -67,21 +75,24 @@ class ProxyPods:
         self.endpoints: list[dict[str, Any]] = []
         self.seen = False  # listed at least once
         self._listeners: list[Activator] = []
+        self._refused = RefusedEndpoints("", "proxy_service", f"the activator: the proxy's Service {service.service}")
         name = f"EndpointSlice watch of the proxy's Service {service.namespace}/{service.service}"
-        self._watch = ListWatch(kube, slice_lister(kube, service), name, self._changed, self._failed)
+        self.watch = ListWatch(kube, slice_lister(kube, service), name, self._changed, self._failed)
 
     def subscribe(self, activator: Activator) -> None:
         self._listeners.append(activator)
 
     def start(self) -> None:
-        self._watch.start()
+        self.watch.start()
 
     async def close(self) -> None:
-        await self._watch.close()
+        await self.watch.close()
 
     def _changed(self, slices: dict[str, dict[str, Any]]) -> None:
         # Any port of the Service (the chart names its port, a Service may have several): only the addresses are
         # used, each with the route's activator.port, so a pod listed once per port is one endpoint.
+        # Never loopback: the cold slices send clients' connections to these addresses through kube-proxy.
+        self._refused.report(refused_addresses(slices.values()))
         every = list({tuple(ep["addresses"]): ep for s in slices.values() for ep in kept_endpoints(s)}.values())
         # While none is ready, those still serving (a rollout's last old pods).
         self.endpoints = routable(every)
@@ -135,6 +146,15 @@ class Activator:
         lister = collection_lister(kube, workload_collection_path(self.namespace, self._target.kind, self._target.name))
         name = f"{self._target.kind} watch of route {route.name}"
         self._workload = ListWatch(kube, lister, name, self._workload_changed, self._workload_failed)
+        # The upstream Service's slices are watched for the route (readiness.py): the server hands that watch over.
+        self.pods_watch: ListWatch | None = None
+        # Our outputs, watched: what someone else did to them is repaired at once.
+        where = f"route {route.name}'s Service {self.namespace}/{self.service}"
+        owned = collection_lister(kube, owned_slices_path(self.namespace, self.service))
+        self._outputs = ListWatch(kube, owned, f"EndpointSlice watch of {where}", self._outputs_changed, self._failed)
+        service = collection_lister(kube, service_collection_path(self.namespace, self.service))
+        self._service_watch = ListWatch(kube, service, f"watch of {where}", self._service_changed, self._failed)
+        self._service_seen: tuple[object, bool] | None = None  # (uid, has a selector) as the watch last said
         telemetry.ACTIVATOR_DIRECT.labels(route.name).set_function(lambda: int(self.warm))
 
     # --- inputs ---
@@ -144,6 +164,8 @@ class Activator:
         self._leader.subscribe(self._leadership)
         self._route.counts.subscribe(self._counts)
         self._workload.start()
+        self._outputs.start()
+        self._service_watch.start()
         self._task = asyncio.get_running_loop().create_task(self._write_loop(), name=f"activator {self._route.name}")
 
     def pods_changed(self, slices: dict[str, dict[str, Any]]) -> None:
@@ -156,7 +178,51 @@ class Activator:
         self.changed(f"spec.replicas is {self._replicas}")
 
     def _workload_failed(self, err: KubeError) -> bool:
-        log.warning("route %s: cannot watch %s %s: %s", self._route.name, self._target.kind, self._target.name, err)
+        target = self._target
+        log.warning(
+            "route %s: cannot watch %s %s: %s%s", self._route.name, target.kind, target.name, err, self._hint(err)
+        )
+        return False
+
+    async def _reread_inputs(self) -> None:
+        """List the target, its pods and the proxy's pods again: a watch that went silent, or dropped an event,
+        would otherwise feed every later decision and resync with the same stale copy."""
+        watches = (self._workload, self.pods_watch, self._proxies.watch)
+        await asyncio.gather(*(watch.relist() for watch in watches if watch is not None))
+
+    # --- our outputs ---
+
+    def _outputs_changed(self, slices: dict[str, dict[str, Any]]) -> None:
+        """Our slices as the watch says: anything but what they should be is read again and written back (also the
+        echo of a write still on its way, which costs one read)."""
+        if not self._leader.leading or not self.inputs_read:
+            return
+        wanted = self.wanted()
+        if slices.keys() != wanted.keys() or not all(same_slice(slices[name], wanted[name]) for name in wanted):
+            self._relist = True
+            self._dirty.set()
+
+    def _service_changed(self, services: dict[str, dict[str, Any]]) -> None:
+        """Created again (a new uid owns the slices), deleted, or given a selector: read it again at once."""
+        service = services.get(self.service)
+        seen = (
+            None
+            if service is None
+            else (field(service, "metadata").get("uid"), bool(field(service, "spec").get("selector")))
+        )
+        if seen != self._service_seen:
+            self._service_seen = seen
+            self._relist = True
+            self._dirty.set()
+
+    def _failed(self, err: KubeError) -> bool:
+        log.warning(
+            "route %s: cannot watch Service %s/%s or its slices (someone else's changes wait for the next resync): %s",
+            self._route.name,
+            self.namespace,
+            self.service,
+            err,
+        )
         return False
 
     def _counts(self, _route: str, held: int, _inflight: int) -> None:
@@ -180,7 +246,7 @@ class Activator:
         """Why the Service must list the proxy now, or None when it may list the pods."""
         if not self._replicas:
             return f"{self._target.kind} {self._target.name} is at 0 replicas (or not read yet)"
-        groups = endpoints_by_port((self._pods or {}).values(), self._upstream.port)
+        groups = self._pod_groups()
         if not any(is_usable(ep) for group in groups.values() for ep in group):
             return "no pod is ready"
         return None
@@ -195,9 +261,15 @@ class Activator:
             log.info("route %s: %s (%s)", self._route.name, "pods take new connections" if warm else "proxy", why)
         self._dirty.set()
 
+    def _pod_groups(self) -> dict[int, list[dict[str, Any]]]:
+        """The pods' endpoints by port number: only IP ones (docs/architecture.md#only-ip-endpoints), which the API
+        takes in the slices we write (an FQDN slice's name copied into an IPv4 slice fails every write)."""
+        pods = (self._pods or {}).values()
+        return endpoints_by_port(pods, self._upstream.port, loopback=self._route.allow_loopback)
+
     def wanted(self) -> dict[str, dict[str, Any]]:
         """The slices the Service should have now."""
-        pods = endpoints_by_port((self._pods or {}).values(), self._upstream.port)
+        pods = self._pod_groups()
         groups = pods if self.warm or not self._proxies.endpoints else {self._settings.port: self._proxies.endpoints}
         return build_slices(
             self.namespace,
@@ -222,6 +294,7 @@ class Activator:
                 async with asyncio.timeout_at(resync_at):
                     await self._dirty.wait()
             if loop.time() >= resync_at:
+                await self._reread_inputs()
                 self._relist = True
                 resync_at = loop.time() + self._resync_interval
             self._dirty.clear()
@@ -235,7 +308,9 @@ class Activator:
                 self._relist = True  # what we wrote last may not be what is there when we lead again
                 continue
             except KubeError as err:
-                self._problem(f"cannot write the slices of Service {self.namespace}/{self.service}: {err}")
+                self._problem(
+                    f"cannot write the slices of Service {self.namespace}/{self.service}: {err}{self._hint(err)}"
+                )
                 telemetry.SLICE_WRITES.labels(self._route.name, _result(err)).inc()
             except Exception:  # a bug or a shape nobody foresaw: the writer must outlive it, as watches do
                 log.exception("route %s: the slice writer failed; trying again in %gs", self._route.name, delay)
@@ -254,7 +329,16 @@ class Activator:
                 return
             self._relist = False
             _, listing = await self._kube.request("GET", owned_slices_path(self.namespace, self.service))
-            written = self._written = objects_by_name(listing)
+            before, written = self._written, objects_by_name(listing)
+            self._written = written
+            if before and _versions(before) != _versions(written):
+                log.info(
+                    "route %s: the slices of Service %s/%s were changed since this replica wrote them (by another "
+                    "replica, a person or the garbage collector); writing what they should be",
+                    self._route.name,
+                    self.namespace,
+                    self.service,
+                )
         switch, decided_at, warm = self._unwritten_switch, self._decided_at, self.warm
         route = self._route.name
         wanted = self.wanted()
@@ -295,26 +379,43 @@ class Activator:
                 )
         self._last_problem = None
 
-    # The writes, each only while this replica leads: a write can take up to the API client's timeout, and leading
-    # may have stopped during the one before (another replica may be writing by now).
+    # The writes, each only while this replica leads and bounded to land while it still may: a write can take up to
+    # the API client's timeout (10 s), longer than the margin before another replica may take the Lease.
 
     async def _create(self, body: dict[str, Any]) -> dict[str, Any]:
-        self._check_leading()
-        _, created = await self._kube.request("POST", slice_path(self.namespace), body)
-        return created
+        left, timeout = self._write_deadline()
+        with self._cut_off_when_no_longer_leading():
+            _, answer = await self._kube.request("POST", slice_path(self.namespace) + timeout, body, within=left)
+        return answer
 
     async def _replace(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        self._check_leading()
-        _, replaced = await self._kube.request("PUT", slice_path(self.namespace, name), body)
-        return replaced
+        left, timeout = self._write_deadline()
+        with self._cut_off_when_no_longer_leading():
+            _, answer = await self._kube.request("PUT", slice_path(self.namespace, name) + timeout, body, within=left)
+        return answer
 
     async def _delete(self, name: str) -> None:
-        self._check_leading()
-        await self._kube.request("DELETE", slice_path(self.namespace, name))
+        left, timeout = self._write_deadline()
+        with self._cut_off_when_no_longer_leading():
+            await self._kube.request("DELETE", slice_path(self.namespace, name) + timeout, within=left)
 
-    def _check_leading(self) -> None:
-        if not self._leader.leading:
-            raise _NotLeading
+    def _write_deadline(self) -> tuple[float, str]:
+        """The leadership time left, as the client's deadline and as the API server's `?timeout=` query: the
+        client gives up then, and the server drops the write rather than apply it later
+        (docs/architecture.md#activator). Each write is its own `request` call, so the RBAC check sees its verb."""
+        left = self._leader.write_time_left()
+        if left <= 0:
+            raise _NotLeading  # not sent: it could land after another replica's
+        return left, f"?timeout={max(1, int(left * 1000))}ms"  # whole milliseconds, rounded down (1 at least)
+
+    @contextlib.contextmanager
+    def _cut_off_when_no_longer_leading(self) -> Iterator[None]:
+        try:
+            yield
+        except KubeError:
+            if not self._leader.leading:
+                raise _NotLeading from None  # cut off at the leadership's end (a timeout, the server's 504)
+            raise
 
     async def _read_service(self) -> bool:
         """Read the Service for its ownerReference; False (nothing written) when it is not ours to write."""
@@ -349,6 +450,17 @@ class Activator:
             telemetry.SLICE_WRITES.labels(self._route.name, "deleted").inc()
         self._written = {}
 
+    def _hint(self, err: KubeError) -> str:
+        """What to grant when the API refused (403): deploy/base grants nothing of this mode, and the chart only
+        in the namespaces its routes name (README, "Security model")."""
+        if not (isinstance(err, KubeAPIError) and err.status == 403):
+            return ""
+        return (
+            f"; the proxy's ServiceAccount needs mode activator's Role in namespace {self.namespace} (the Helm chart "
+            "renders it from the routes in its config; with kustomize, apply deploy/overlays/activator edited for "
+            f"Service {self.service} and {self._target.kind} {self._target.name})"
+        )
+
     def _problem(self, message: str) -> None:
         if message != self._last_problem:  # once per distinct problem, not every retry
             self._last_problem = message
@@ -356,6 +468,8 @@ class Activator:
 
     async def close(self) -> None:
         await self._workload.close()
+        await self._outputs.close()
+        await self._service_watch.close()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -363,6 +477,15 @@ class Activator:
 
 class _NotLeading(Exception):
     """Leading stopped in the middle of writing: stop writing."""
+
+
+def service_collection_path(namespace: str, name: str) -> str:
+    """The collection holding just this Service, to list and watch it (fieldSelector on its name)."""
+    return f"/api/v1/namespaces/{namespace}/services?fieldSelector=metadata.name%3D{name}"
+
+
+def _versions(slices: dict[str, dict[str, Any]]) -> dict[str, object]:
+    return {name: field(body, "metadata").get("resourceVersion") for name, body in slices.items()}
 
 
 def _result(err: KubeError) -> str:

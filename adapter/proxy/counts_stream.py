@@ -2,8 +2,11 @@
 
 The proxy's hot path calls `_changed` synchronously on each count change; it only records the
 numbers and, if no send is scheduled, schedules one. The first change after a quiet spell goes out
-on the next loop turn; later ones within `coalesce` seconds share one message. Each message is a
-whole snapshot, so a slow reader just gets the newest one (its wake-up flag coalesces further).
+on the next loop turn; later ones within `coalesce` seconds share one message, except the edge from
+zero (a route's held or in-flight count above the 0 last sent), which goes out on the next loop turn
+too (docs/architecture.md#edge-from-zero), once per route and window: no traffic makes more than one
+message per configured route and one coalesced message per window. Each message is a whole snapshot,
+so a slow reader just gets the newest one (its wake-up flag coalesces further).
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ class CountsHub:
         self._snapshot: dict[str, tuple[int, int]] = {}
         self._streams: set[asyncio.Event] = set()
         self._scheduled: asyncio.Handle | None = None
+        self._delayed = False  # `_scheduled` waits for the coalescing window's end
         self._sent_at = -coalesce
+        self._sent: dict[str, tuple[int, int]] = {}  # the snapshot at the latest send
+        self._early: set[str] = set()  # routes sent early (their edge from zero) since the latest coalesced send
         self._unsubscribe = subscribe(self._changed)
 
     def close(self) -> None:
@@ -45,16 +51,34 @@ class CountsHub:
 
     def _changed(self, route: str, held: int, inflight: int) -> None:
         self._snapshot[route] = (held, inflight)
-        if self._scheduled is None:
-            delay = self._sent_at + self._coalesce - self._loop.time()
-            if delay > 0:
-                self._scheduled = self._loop.call_later(delay, self._wake)
-            else:
-                self._scheduled = self._loop.call_soon(self._wake)
+        if self._scheduled is not None and not self._delayed:
+            return  # goes out on the next loop turn
+        delay = self._sent_at + self._coalesce - self._loop.time()
+        if delay > 0 and not self._rises(route, held, inflight):
+            if self._scheduled is None:
+                self._scheduled = self._loop.call_later(delay, self._wake, False)
+                self._delayed = True
+            return
+        if self._scheduled is not None:
+            self._scheduled.cancel()
+        if delay > 0:
+            self._early.add(route)
+        self._scheduled = self._loop.call_soon(self._wake, delay > 0)
+        self._delayed = False
 
-    def _wake(self) -> None:
+    def _rises(self, route: str, held: int, inflight: int) -> bool:
+        """A count of the route is above the 0 last sent: the edge from zero, not coalesced (once per window)."""
+        if route in self._early:
+            return False
+        sent_held, sent_inflight = self._sent.get(route, (0, 0))
+        return bool((held and not sent_held) or (inflight and not sent_inflight))
+
+    def _wake(self, early: bool) -> None:
         self._scheduled = None
         self._sent_at = self._loop.time()
+        if not early:
+            self._early.clear()
+        self._sent = dict(self._snapshot)
         for stream in self._streams:
             stream.set()
 

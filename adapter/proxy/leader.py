@@ -10,11 +10,17 @@ at most one writer; and one that reads the Lease held by someone else (taken, or
 another replica) stops at once rather than at its renew_deadline. The Lease is ours only when it names our
 identity and this process (leases.INSTANCE_ANNOTATION): two replicas may share an identity. On shutdown the holder
 gives the Lease up, so another replica takes over within a `retry_period` instead of a `lease_duration`.
+
+The holder says on the Lease which routes it writes (leases.ROUTES_ANNOTATION); a replica that does not hold it
+compares them with its own at every read, and says so (log, zeroscale_proxy_activator_holder_serves) when the holder
+does not write some of its routes, or writes them from another config: two installations sharing one Lease, or a
+rollout changing the routes (docs/architecture.md#activator).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import secrets
@@ -25,7 +31,7 @@ from collections.abc import Callable
 from adapter.config.proxy import ActivatorConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError, KubeError
-from adapter.kube.leases import Lease, get_lease, write_lease
+from adapter.kube.leases import Lease, get_lease, unserved, write_lease
 from adapter.kube.watching import WatchTask
 from adapter.telemetry import proxy as telemetry
 
@@ -33,12 +39,15 @@ log = logging.getLogger(__name__)
 
 
 class LeaderElector(WatchTask):
-    def __init__(self, kube: KubeClient, config: ActivatorConfig) -> None:
+    def __init__(self, kube: KubeClient, config: ActivatorConfig, routes: dict[str, str] | None = None) -> None:
+        """`routes`: what this replica's activator routes write, by name (ProxyConfig.activator_routes)."""
         self._kube = kube
         self._config = config
+        self._routes = routes or {}
+        self._unserved_logged: str | None = None
         self.identity = config.identity or socket.gethostname()
         self.instance = secrets.token_hex(8)  # this process, whatever its identity
-        self.watch_name = f"activator lease {config.lease_namespace}/{config.lease_name}"
+        self.watch_name = f"activator lease {config.lease_namespace}/{config.lease()}"
         self._leading = False  # as last told to the listeners; `leading` also ends at the renew deadline
         self._listeners: list[Callable[[bool], None]] = []
         self._lease: Lease | None = None
@@ -51,7 +60,19 @@ class LeaderElector(WatchTask):
     @property
     def leading(self) -> bool:
         """This replica may write: it holds the Lease, renewed less than renew_deadline ago."""
-        return self._leading and time.monotonic() - self._renewed_at < self._config.renew_deadline
+        return self.write_time_left() > 0
+
+    def write_time_left(self) -> float:
+        """Seconds a write sent now has to land, while this replica may still be the only writer; <= 0: none.
+
+        Another replica may take the Lease lease_duration after our last renewal's start at the earliest (it times
+        the record from when it read it changed, which is later). A write is bounded by renew_deadline from that
+        start instead: the rest, lease_duration - renew_deadline, is the margin for the API server, which counts
+        the request's own deadline from when it receives it, and for two clocks running at different rates
+        (docs/architecture.md#activator)."""
+        if not self._leading:
+            return 0.0
+        return self._renewed_at + self._config.renew_deadline - time.monotonic()
 
     def subscribe(self, listener: Callable[[bool], None]) -> None:
         """Call `listener(leading)` whenever this replica starts or stops leading."""
@@ -75,13 +96,14 @@ class LeaderElector(WatchTask):
         config = self._config
         try:
             async with asyncio.timeout(config.retry_period):
-                lease = await get_lease(self._kube, config.lease_namespace, config.lease_name)
+                lease = await get_lease(self._kube, config.lease_namespace, config.lease())
                 # The record was current at most now (an answer may be slow): the lease_duration is timed from here.
                 now = time.monotonic()
                 if lease is not None:
                     if lease.record() != self._seen:
                         self._seen, self._seen_at = lease.record(), now
                     ours = lease.holder == self.identity and lease.instance == self.instance
+                    self._compare(lease if lease.holder and not ours else None)
                     if lease.holder and not ours:
                         self._set_leading(False)  # someone else holds it: it may be writing now
                         if now - self._seen_at < lease.duration_seconds:
@@ -89,11 +111,12 @@ class LeaderElector(WatchTask):
                 self._lease = await write_lease(
                     self._kube,
                     config.lease_namespace,
-                    config.lease_name,
+                    config.lease(),
                     self.identity,
                     self.instance,
                     math.ceil(config.lease_duration),
                     lease,
+                    frozenset(self._routes.values()),
                 )
         except KubeAPIError as err:
             if err.status == 409:  # someone else wrote it since we read it: they may hold it now
@@ -105,7 +128,35 @@ class LeaderElector(WatchTask):
             self._log_failure(str(err) or "no answer within retry_period")
             return False
         self._seen, self._seen_at, self._failure_logged = self._lease.record(), now, None
+        self._compare(None)  # ours: this replica writes its own routes
         return True
+
+    def _compare(self, other: Lease | None) -> None:
+        """Whether another holder (`other`; None: this replica holds the Lease, or nobody does) writes this replica's
+        routes as its config says; said once per distinct finding."""
+        theirs = None if other is None else other.routes
+        if other is not None and theirs is None:  # the holder does not say: unknown, not a fabricated 0 or 1
+            for route in self._routes:
+                with contextlib.suppress(KeyError):
+                    telemetry.ACTIVATOR_HOLDER_SERVES.remove(route)
+            return
+        missing = {} if theirs is None else unserved(self._routes, theirs)
+        for route in self._routes:
+            telemetry.ACTIVATOR_HOLDER_SERVES.labels(route).set(int(route not in missing))
+        found = [f"{route} ({how})" for route, how in sorted(missing.items())]
+        finding = ", ".join(found) or None
+        if finding != self._unserved_logged:
+            self._unserved_logged = finding
+            if finding is not None and other is not None:
+                log.warning(
+                    "%s: the holder %s does not write routes of this replica: %s. Their Services get no slices, or "
+                    "slices decided by another config: two installations share this Lease (give each its own "
+                    "proxy.activator.lease_name; by default it follows proxy_service), or the holder runs another "
+                    "version of the routes (a rollout: it ends when the holder is replaced)",
+                    self.watch_name,
+                    other.holder,
+                    finding,
+                )
 
     def _log_failure(self, why: str) -> None:
         if why != self._failure_logged:  # once per distinct failure, not every retry_period
@@ -129,8 +180,6 @@ class LeaderElector(WatchTask):
         config = self._config
         try:
             async with asyncio.timeout(config.retry_period):
-                await write_lease(
-                    self._kube, config.lease_namespace, config.lease_name, "", self.instance, 1, self._lease
-                )
+                await write_lease(self._kube, config.lease_namespace, config.lease(), "", self.instance, 1, self._lease)
         except (KubeError, TimeoutError) as err:
             log.warning("%s: could not give the Lease up (it expires by itself): %s", self.watch_name, err)

@@ -13,9 +13,10 @@ from typing import Any
 
 from adapter.config.proxy import AddressUpstream, ServiceRef, ServiceUpstream
 from adapter.kube.client import KubeClient
-from adapter.kube.endpointslices import list_slices, ready_addresses
+from adapter.kube.endpointslices import list_slices, ready_addresses, refused_addresses
 from adapter.kube.errors import KubeAPIError, KubeError
 from adapter.kube.watching import Lister, ListWatch
+from adapter.proxy.refused import RefusedEndpoints
 from adapter.proxy.route import Route
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,13 @@ def endpoint_slice_watcher(
     """Keeps `route`'s endpoints to what the upstream Service's slices say may take traffic; `also` is given the
     slices after each change too (an activator route copies them into its Service's slices)."""
 
+    refused = RefusedEndpoints(
+        route.name, "endpointslice", f"route {route.name}: the EndpointSlices of Service {upstream.service}"
+    )
+
     def changed(slices: dict[str, dict[str, Any]]) -> None:
-        route.set_endpoints(ready_addresses(slices.values(), upstream.port))
+        refused.report(refused_addresses(slices.values(), loopback=route.allow_loopback))
+        route.set_endpoints(ready_addresses(slices.values(), upstream.port, loopback=route.allow_loopback))
         if also is not None:
             also(slices)
 

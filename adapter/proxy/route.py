@@ -19,6 +19,7 @@ from adapter.config.base import split_address
 from adapter.config.proxy import RouteConfig
 from adapter.proxy.counts import RouteCounts
 from adapter.proxy.exchange import ASSIGNED, QUEUED, Exchange
+from adapter.proxy.refused import RefusedEndpoints
 from adapter.proxy.upstream import Endpoint
 from adapter.telemetry import proxy as telemetry
 
@@ -27,9 +28,13 @@ _IDLE_PROBE_INTERVAL = 1.0
 
 
 class Route:
-    def __init__(self, config: RouteConfig) -> None:
+    def __init__(self, config: RouteConfig, *, allow_loopback: bool = False) -> None:
         self.config = config
         self.name = config.name
+        # A loopback address may be an endpoint (proxy.allow_loopback_endpoints, or a sidecar's upstream): every other
+        # rule of docs/architecture.md#only-ip-endpoints holds all the same.
+        self.allow_loopback = allow_loopback
+        self.refused_dns = RefusedEndpoints(config.name, "dns", f"route {config.name}: DNS")
         self.limits = config.limits
         self.counts = RouteCounts(config.name)
         self.queue: deque[Exchange] = deque()

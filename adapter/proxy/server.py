@@ -22,6 +22,7 @@ from adapter.proxy.readiness import endpoint_slice_watcher, probe_address
 from adapter.proxy.route import Route
 from adapter.proxy.routing import Router
 from adapter.proxy.wake import Waker
+from adapter.ready import address
 from adapter.telemetry import proxy as telemetry
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,9 @@ class ProxyServer:
         self.via = config.via
         self.draining = False
         route_configs = config.effective_routes()
-        self.routes = {rc.name: Route(rc) for rc in route_configs}
+        # A sidecar's upstream is the app beside it in the pod: on loopback by design.
+        loopback = config.allow_loopback_endpoints or config.sidecar is not None
+        self.routes = {rc.name: Route(rc, allow_loopback=loopback) for rc in route_configs}
         self.router: Router[Route] = Router((rc.hosts, rc.path_prefix, self.routes[rc.name]) for rc in route_configs)
         self.connections: set[ClientConnection] = set()
         self.loop = asyncio.get_running_loop()
@@ -108,6 +111,16 @@ class ProxyServer:
         assert self._admin is not None
         port: int = self._admin.sockets[0].getsockname()[1]
         return port
+
+    def bound(self) -> dict[str, str]:
+        """Each listener's name -> the host:port it bound (docs/architecture.md#no-port-races)."""
+        bound = {
+            "proxy": address(self.config.bind, self.port),
+            "admin": address(self.config.admin_bind, self.admin_port),
+        }
+        for name, server in zip(self.activators, self._route_servers, strict=True):
+            bound[f"activator/{name}"] = address(self.config.bind, server.sockets[0].getsockname()[1])
+        return bound
 
     # --- start and stop ---
 
@@ -197,6 +210,8 @@ class ProxyServer:
         # An activator route copies the slices it reads: connect probes are no fallback for it.
         fallback = config.readiness == "auto" and activator is None
         watcher = endpoint_slice_watcher(kube, route, upstream, fallback=fallback, also=also)
+        if activator is not None:
+            activator.pods_watch = watcher  # re-read at each resync
         watcher.start()
         self._watchers.append(watcher)
 
@@ -230,7 +245,7 @@ class ProxyServer:
                 f"route {route.name}: mode activator writes EndpointSlices: it needs Kubernetes API access"
             )
         if self.leader is None:
-            self.leader = LeaderElector(kube, settings)
+            self.leader = LeaderElector(kube, settings, self.config.activator_routes())
             self._proxy_pods = ProxyPods(kube, settings)
         assert self._proxy_pods is not None
         self.activators[route.name] = Activator(kube, route, self._proxy_pods, self.leader, settings.resync_interval)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from time import monotonic
 from typing import TYPE_CHECKING
 
 import httptools
 
+from adapter.k8s_wire.endpoint_ip import NOT_AN_IP, endpoint_refusal
+from adapter.kube.endpointslices import refusal
 from adapter.proxy.exchange import ASSIGNED
 from adapter.proxy.headers import HOP_BY_HOP, RESPONSE_SPECIAL_LENGTHS, Refused, forwarded_response_head
 from adapter.proxy.http1 import CHUNK_END, chunk
@@ -424,12 +427,13 @@ class UpstreamConnection(asyncio.Protocol):
 class Endpoint:
     """One address a route forwards to, with its admission count and idle keep-alive connections."""
 
-    __slots__ = ("healthy", "host", "idle", "inflight", "port", "removed", "route")
+    __slots__ = ("healthy", "host", "idle", "inflight", "literal", "port", "removed", "route")
 
     def __init__(self, route: Route, host: str, port: int) -> None:
         self.route = route
         self.host = host
         self.port = port
+        self.literal = endpoint_refusal(host) != NOT_AN_IP  # an IP address, judged where it came from
         self.inflight = 0
         # False after a failed connect, until a probe connects again.
         self.healthy = True
@@ -465,13 +469,27 @@ class Endpoint:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(within):
-                _, connection = await loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port)
+                host = self.host if self.literal else await self._resolve(loop)
+                _, connection = await loop.create_connection(lambda: UpstreamConnection(self), host, self.port)
         except (OSError, TimeoutError) as err:
             self.route.connect_counter("error").inc()
             log.debug("route %s: connect to %s:%d failed: %s", self.route.name, self.host, self.port, err)
             return None
         self.route.connect_counter("ok").inc()
         return connection
+
+    async def _resolve(self, loop: asyncio.AbstractEventLoop) -> str:
+        """The first address the name resolves to that may be an endpoint (docs/architecture.md#only-ip-endpoints):
+        resolved here rather than by create_connection, so a DNS answer is judged as a slice's address is (a name
+        given in the config may be a Service of type ExternalName, whose target anyone may choose: `localhost`)."""
+        infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        answers = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        judged = [(address, refusal(address, loopback=self.route.allow_loopback)) for address in answers]
+        self.route.refused_dns.report({(address, why) for address, why in judged if why is not None})
+        for address, why in judged:
+            if why is None:
+                return address
+        raise OSError(f"{self.host} resolves only to addresses that may not be endpoints: {', '.join(answers)}")
 
     def release(self, connection: UpstreamConnection) -> None:
         if self.removed or connection.closed or len(self.idle) >= self.route.limits.max_idle_connections:

@@ -42,3 +42,10 @@ LAST_REFRESH = Gauge(
     "Unix time of the newest successful refresh of any series of the metric",
     ["metric"],
 )
+EDGE_READS = Counter(
+    "zeroscale_cache_edge_reads_total",
+    "Pushed changes read at once, within cache.push_interval of the latest, because the series was at rest "
+    "(0 or below activation_threshold): the edge from zero; by what the read found (active, or still at_rest: "
+    "then the next change waits its push_interval)",
+    ["metric", "found"],
+)

@@ -9,3 +9,10 @@ WATCH_CRASHES = Counter(
     "Watch loops that stopped on an unexpected error (a malformed object, a bug) and were started again",
     ["watch"],
 )
+
+WATCH_SILENCES = Counter(
+    "zeroscale_kube_watch_silences_total",
+    "Watches that sent nothing (no event, no bookmark) for kubernetes.watch_silence_timeout, taken for dead and "
+    "listed again, by resource",
+    ["resource"],
+)

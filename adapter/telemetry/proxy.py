@@ -90,6 +90,12 @@ ACTIVATOR_LEADER = Gauge(
     "zeroscale_proxy_activator_leader",
     "1 while this replica holds the activator Lease and so writes the activator routes' EndpointSlices",
 )
+ACTIVATOR_HOLDER_SERVES = Gauge(
+    "zeroscale_proxy_activator_holder_serves",
+    "1 while the activator Lease's holder writes this activator route's Service as this replica's config says, 0 "
+    "while it does not (another installation sharing the Lease, another config); absent while unknown",
+    ["route"],
+)
 ACTIVATOR_DIRECT = Gauge(
     "zeroscale_proxy_activator_direct",
     "1 while an activator route's Service lists the workload's pods (the proxy out of the path), 0 while it lists "
@@ -100,6 +106,13 @@ SLICE_WRITES = Counter(
     "zeroscale_proxy_activator_slice_writes_total",
     "Writes of an activator route's EndpointSlices by result (created, updated, deleted, conflict, error, refused)",
     ["route", "result"],
+)
+REFUSED_ENDPOINTS = Counter(
+    "zeroscale_proxy_refused_endpoints_total",
+    "Endpoint addresses refused (docs/architecture.md#only-ip-endpoints), each counted when it first shows up, by "
+    "where it came from (endpointslice, proxy_service, dns) and why (fqdn_slice, not_an_ip, unspecified, loopback, "
+    "link_local)",
+    ["route", "source", "reason"],
 )
 SWITCH_SECONDS = Histogram(
     "zeroscale_proxy_activator_switch_seconds",

@@ -63,6 +63,12 @@ calls the adapter's gRPC scaler), or hold it and forward the metrics Zeroscale d
 server (`config.delegate` and `delegate.caSecret`, after stopping KEDA from re-applying its APIService; the
 project README's "Beside KEDA" says how).
 
+RBAC follows the routes in `config.proxy.routes`: the proxy may wake scale targets and read EndpointSlices and
+HPAs cluster-wide, and writes no EndpointSlice unless a route is in `mode: activator`. Then, and only in each
+namespace where such a route's Service lives, a Role lets it write that namespace's EndpointSlices and read its
+routes' Services and target workloads by name; a Role in `config.proxy.activator.lease_namespace` lets it take the
+Lease. `helm install` prints those namespaces (the project README's "Security model" lists the RBAC of each mode).
+
 The chart requires Kubernetes 1.33 or newer (`kubeVersion`): `helm template` without a cluster needs
 `--kube-version 1.37.2` (or your cluster's), as Argo CD and Flux pass it.
 

@@ -11,11 +11,9 @@ import trustme
 import uvloop
 
 from adapter.config import ZeroscaleConfig
-from adapter.serve import serve
 from tests.api.fixtures import RunningServer, StartServer
-from tests.fixtures.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
+from tests.fixtures.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, start_serving
 from tests.fixtures.kube_standin import KubeStandIn
-from tests.fixtures.netutil import free_port
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], Any]]:
@@ -29,14 +27,11 @@ async def start_server() -> AsyncIterator[StartServer]:
     running: list[tuple[asyncio.Event, asyncio.Task[int]]] = []
 
     async def start(server: dict[str, Any]) -> RunningServer:
-        port, metrics_port = free_port(), free_port()
-        settings = {"bind": "127.0.0.1", "metrics_bind": "127.0.0.1", "port": port, "metrics_port": metrics_port}
+        settings = {"bind": "127.0.0.1", "metrics_bind": "127.0.0.1", "port": 0, "metrics_port": 0}
         config = ZeroscaleConfig(server={**settings, **server}, sources=DEMO_SOURCES, metrics=DEMO_METRICS)
-        stop = asyncio.Event()
-        task = asyncio.create_task(serve(config, stop))
-        running.append((stop, task))
-        await wait_listening(task, port, "the server")
-        return RunningServer(port, metrics_port, config)
+        serving = await start_serving(config, "the server")
+        running.append((serving.stop, serving.task))
+        return RunningServer(serving.ports["api"], serving.ports["metrics"], config)
 
     yield start
     for stop, task in running:

@@ -23,13 +23,12 @@ import pytest
 import trustme
 
 from adapter.api.delegate import Delegate, DiscoveryError, _list_problem
+from adapter.children import port_outside_ephemeral
 from adapter.config import ZeroscaleConfig
 from adapter.config.delegate import DelegateConfig
-from adapter.serve import serve
-from tests.fixtures.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
+from tests.fixtures.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, start_serving
 from tests.fixtures.httpclient import Answer, fetch
 from tests.fixtures.kube_standin import KubeStandIn
-from tests.fixtures.netutil import free_port
 
 VERSION = "/apis/external.metrics.k8s.io/v1beta1"
 OURS = f"{VERSION}/namespaces/team-a/demo-queue-depth"
@@ -63,16 +62,13 @@ async def start(kube: KubeStandIn) -> AsyncIterator[Callable[..., Awaitable[tupl
         metrics: list[dict[str, Any]],
         sources: list[dict[str, Any]],
         delegate: dict[str, Any] | None = None,
-        port: int | None = None,
+        port: int = 0,
     ) -> tuple[int, asyncio.Event]:
-        port = port or free_port()
-        settings = {"bind": "127.0.0.1", "metrics_bind": "127.0.0.1", "port": port, "metrics_port": free_port()}
+        settings = {"bind": "127.0.0.1", "metrics_bind": "127.0.0.1", "port": port, "metrics_port": 0}
         config = ZeroscaleConfig(server={**settings, **server}, sources=sources, metrics=metrics, delegate=delegate)
-        stop = asyncio.Event()
-        task = asyncio.create_task(serve(config, stop))
-        running.append((stop, task))
-        await wait_listening(task, port, "a server")
-        return port, stop
+        serving = await start_serving(config, "a server")
+        running.append((serving.stop, serving.task))
+        return serving.ports["api"], serving.stop
 
     yield run
     for stop, task in running:
@@ -197,7 +193,7 @@ async def test_delegate_down_answers_503_naming_it_and_ours_keep_answering(
 ) -> None:
     kube.tokens["alice-token"] = {"username": "alice", "groups": []}
     tls, ca_file = _delegate_tls(delegate_ca, tmp_path)
-    delegate_port = free_port()
+    delegate_port = port_outside_ephemeral()  # restarted on it below: no outgoing connection may take it meanwhile
     off = {"enabled": False}
     token_file = tmp_path / "token"
     token_file.write_text("t")

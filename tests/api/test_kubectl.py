@@ -7,7 +7,6 @@ import os
 import signal
 import ssl
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.netutil import free_port, wait_for_port
+from tests.fixtures.replicas import Process, spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "local" / "zeroscale.yaml"
@@ -24,10 +23,11 @@ GROUP_VERSION = {"groupVersion": "external.metrics.k8s.io/v1beta1", "version": "
 
 
 class Served:
-    def __init__(self, process: subprocess.Popen[str], port: int, metrics_port: int) -> None:
-        self.process = process
-        self.port = port
-        self.metrics_port = metrics_port
+    def __init__(self, adapter: Process) -> None:
+        self.process = adapter.process
+        self.log = adapter.log
+        self.port = adapter.ports["https"]
+        self.metrics_port = adapter.ports["metrics"]
 
     def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
         # A token, so kubectl does not prompt for a username; authentication is off in this config.
@@ -48,27 +48,14 @@ class Served:
         return json.loads(result.stdout)
 
 
-def _start(extra_env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "adapter", "serve", "--config", str(CONFIG)],
-        env={**os.environ, **extra_env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
 @pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    port, metrics_port = free_port(), free_port()
-    process = _start({"ZEROSCALE_SERVER__PORT": str(port), "ZEROSCALE_SERVER__METRICS_PORT": str(metrics_port)})
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    ports = {"ZEROSCALE_SERVER__PORT": "0", "ZEROSCALE_SERVER__METRICS_PORT": "0"}
+    adapter = spawn("adapter", "serve", tmp_path_factory.mktemp("kubectl"), "--config", str(CONFIG), env=ports)
     try:
-        wait_for_port(port, timeout=30)
-        yield Served(process, port, metrics_port)
+        yield Served(adapter)
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            process.wait(10)
+        adapter.stop()
 
 
 def test_discovery_documents(served: Served) -> None:
@@ -175,14 +162,14 @@ def test_prometheus_metrics_count_requests(served: Served) -> None:
 def test_sigterm_stops_cleanly(served: Served) -> None:
     served.process.send_signal(signal.SIGTERM)
     assert served.process.wait(10) == 0
-    output = served.process.stdout.read() if served.process.stdout else ""
-    assert "AUTHENTICATION IS OFF" in output
+    assert "AUTHENTICATION IS OFF" in served.log.read_text()
 
 
-def test_auth_off_is_refused_off_loopback() -> None:
-    process = _start({"ZEROSCALE_SERVER__BIND": "0.0.0.0", "ZEROSCALE_SERVER__PORT": str(free_port())})
-    output, _ = process.communicate(timeout=30)
-    assert process.returncode == 2
+def test_auth_off_is_refused_off_loopback(tmp_path: Path) -> None:
+    env = {"ZEROSCALE_SERVER__BIND": "0.0.0.0", "ZEROSCALE_SERVER__PORT": "0"}
+    adapter = spawn("adapter", "serve", tmp_path, "--config", str(CONFIG), env=env)
+    assert adapter.process.wait(30) == 2
+    output = adapter.log.read_text()
     assert "server.auth.enabled is false" in output
     assert "bind='0.0.0.0'" in output
 

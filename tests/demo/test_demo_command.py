@@ -26,13 +26,16 @@ def _demo(out: Path, *args: str) -> list[str]:
 
 
 def _leftovers(run_dir: Path) -> list[int]:
-    """Processes the demo started that are still alive: servers name the run dir, workloads its ports."""
-    config = yaml.safe_load((run_dir / "zeroscale.yaml").read_text())
-    web_address = config["proxy"]["routes"][0]["upstream"]["address"]
-    redis_url = config["sources"][0]["url"]
-    web_port = web_address.rsplit(":", 1)[1]
+    """Processes the demo started that are still alive: servers name the run dir, workloads its ports (each
+    config file is written just before the server it configures starts)."""
+    texts = [str(run_dir)]
+    if (run_dir / "proxy.yaml").exists():
+        web_address = yaml.safe_load((run_dir / "proxy.yaml").read_text())["proxy"]["routes"][0]["upstream"]["address"]
+        texts.append(f"--port {web_address.rsplit(':', 1)[1]}")
+    if (run_dir / "zeroscale.yaml").exists():
+        texts.append(yaml.safe_load((run_dir / "zeroscale.yaml").read_text())["sources"][0]["url"])
     found: set[int] = set()
-    for text in (str(run_dir), redis_url, f"--port {web_port}"):
+    for text in texts:
         found.update(processes_mentioning(text))
     return sorted(found)
 
@@ -110,6 +113,25 @@ def test_missing_redis_server_is_one_line_saying_how_to_install_it(tmp_path: Pat
     done = subprocess.run(_demo(tmp_path / "run"), capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 2
     assert "apt-get install redis-server" in done.stdout
+    assert _leftovers(tmp_path / "run") == []
+
+
+def test_a_server_that_exits_at_start_is_reported_at_once_with_its_log(tmp_path: Path) -> None:
+    """Issue 28: the demo waited out 60 s for a child that had already exited, then said only that it was not
+    listening. Now it says so as soon as the child is gone, with the last lines of its log."""
+    stand_ins = tmp_path / "bin"
+    stand_ins.mkdir()
+    failing = stand_ins / "redis-server"  # found first on PATH: a redis-server that cannot start
+    failing.write_text("#!/bin/sh\necho 'Fatal error: cannot allocate the dataset (a failing stand-in)'\nexit 1\n")
+    failing.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stand_ins}:{os.environ['PATH']}"}
+    started = time.monotonic()
+    done = subprocess.run(_demo(tmp_path / "run"), capture_output=True, text=True, timeout=180, env=env)
+    took = time.monotonic() - started
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "redis exited with code 1 before it was ready" in done.stdout
+    assert "Fatal error: cannot allocate the dataset (a failing stand-in)" in done.stdout
+    assert took < 30, f"{took:.1f}s: the exit was waited out"  # was 60 s and more; generous for a loaded machine
     assert _leftovers(tmp_path / "run") == []
 
 

@@ -14,10 +14,10 @@ import sys
 import pytest
 from pydantic import ValidationError
 
+from adapter.children import shared_port
 from adapter.config.proxy import LocalScaleTarget, ProxyConfig, RouteConfig
 from adapter.demo.processes import Supervisor
 from adapter.demo.scaler import answer, start_scaler
-from adapter.demo.stack import free_port
 from adapter.demo.workloads import LocalWorkload
 from adapter.proxy.route import Route
 from adapter.proxy.server import ProxyServer
@@ -86,7 +86,8 @@ async def test_proxy_waker_wakes_a_local_workload_once(sleeper: LocalWorkload) -
 
 
 async def test_a_request_held_at_zero_wakes_the_local_app_through_the_proxy(supervisor: Supervisor) -> None:
-    app_port = free_port()
+    holder = shared_port()  # the app's port, as the demo holds it
+    app_port = holder.getsockname()[1]
     command = [sys.executable, "-m", "adapter.demo.apps", "http", "--port", str(app_port), "--start-delay", "0.2"]
     web = LocalWorkload("web", lambda index: [*command, "--replica", f"web-{index}"], supervisor)
     woken: list[tuple[str, int, int]] = []
@@ -98,6 +99,7 @@ async def test_a_request_held_at_zero_wakes_the_local_app_through_the_proxy(supe
             "port": 0,
             "admin_bind": "127.0.0.1",
             "admin_port": 0,
+            "allow_loopback_endpoints": True,
             "routes": [
                 {
                     "name": "web",
@@ -123,3 +125,4 @@ async def test_a_request_held_at_zero_wakes_the_local_app_through_the_proxy(supe
         await proxy.shutdown(grace=0)
         await web.close()
         scaler.close()
+        holder.close()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fixtures.manifests import Objects, helm_render
+from tests.fixtures.manifests import DEPLOY, Objects, helm_render
 
 # Labels only Helm adds (kustomize's deploy/base has part-of on every object, and the name label on components).
 HELM_LABELS = {
@@ -97,6 +97,26 @@ def test_the_chart_with_a_delegate_grants_what_beside_keda_grants(helm: Path, re
     assert {key: obj for key, obj in chart.items() if key[0] in kinds} == {
         key: obj for key, obj in overlay.items() if key[0] in kinds
     }
+
+
+def test_the_chart_with_an_activator_route_grants_what_the_activator_overlay_grants(
+    helm: Path, base: Objects, rendered: dict[str, Objects], tmp_path: Path
+) -> None:
+    """deploy/overlays/activator is written for deploy/examples/activator.zeroscale.yaml's route; the chart given
+    that route renders its grants from the config: the same Roles and bindings, in the same namespaces."""
+    example = yaml.safe_load((DEPLOY / "examples" / "activator.zeroscale.yaml").read_text())
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"config": {"proxy": example["proxy"]}}), encoding="utf-8")
+    kinds = {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+
+    def rbac(objects: Objects) -> dict[tuple[str, str | None, str], dict[str, Any]]:
+        return {
+            (obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"]): normalised(obj)
+            for obj in objects
+            if obj["kind"] in kinds
+        }
+
+    assert rbac(helm_render(helm, "--values", str(values))) == rbac(base + rendered["activator"])
 
 
 # Overlay -> the chart's values for the same installation.

@@ -64,7 +64,7 @@ def test_the_schemas_cover_kubernetes_1_37() -> None:
 
 
 def test_every_overlay_is_known() -> None:
-    assert set(OVERLAYS) == {"beside-keda", "cert-manager", "certs", "keda", "monitoring"}
+    assert set(OVERLAYS) == {"activator", "beside-keda", "cert-manager", "certs", "keda", "monitoring"}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

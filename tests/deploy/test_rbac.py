@@ -6,6 +6,12 @@ name; and which ServiceAccount makes it follows from which process imports the m
 adapter/serve.py, `proxy` from adapter/proxy_main.py). Then the rendered RBAC must grant each
 ServiceAccount those calls and nothing more: deploy/'s kustomize render and the Helm chart's alike.
 
+A route in mode activator writes its Service's EndpointSlices, which redirects that Service (CVE-2021-25740): its
+calls are granted only when such a route is configured (the chart renders them from its routes, deploy/ in
+overlays/activator), by Roles in the route's namespace and the Lease's, never cluster-wide. Those Roles name the
+Service and the target they read (resourceNames): a proxy run against the API stand-in shows every request it made
+is one the Roles allow, as the API server's authorizer would see it.
+
 Not counted: `zeroscale explain` (adapter/hpa/) and `zeroscale doctor` (adapter/doctor/) run on a workstation
 with the user's own kubeconfig, never under a deployed ServiceAccount, so no manifest grants their calls.
 """
@@ -13,12 +19,21 @@ with the user's own kubeconfig, never under a deployed ServiceAccount, so no man
 from __future__ import annotations
 
 import ast
+import contextlib
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import yaml
 
-from tests.fixtures.manifests import ROOT, Objects, helm_render
+from adapter.children import port_outside_ephemeral
+from adapter.kube.client import KubeClient
+from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
+from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
+from tests.fixtures.manifests import DEPLOY, ROOT, Objects, helm_render
+from tests.fixtures.proxy import running_proxy, until
 
 ADAPTER_DIR = ROOT / "adapter"
 USER_KUBECONFIG_ONLY = ("adapter/hpa/", "adapter/doctor/")
@@ -36,13 +51,17 @@ CALLS: dict[tuple[str, str], set[Call]] = {
     # wake: scale reads the HPAs of its target's namespace before each patch (a list, never a watch).
     ("adapter/kube/hpas.py", "GET"): {("list", "autoscaling", "horizontalpodautoscalers")},
     # Every list-then-watch loop (ListWatch) and the collections it lists by path (collection_lister): an
-    # activator route's target workload; its watches are of those and of EndpointSlices.
+    # activator route's target workload; its watches are of those and of EndpointSlices. The activator's own
+    # outputs too: its Service and the slices it wrote, watched to repair them at once.
     ("adapter/kube/watching.py", "GET"): {
+        ("list", "", "services"),
+        ("list", "discovery.k8s.io", "endpointslices"),
         ("list", "apps", "deployments"),
         ("list", "apps", "statefulsets"),
         ("list", "apps", "replicasets"),
     },
     ("adapter/kube/watching.py", "watch"): {
+        ("watch", "", "services"),
         ("watch", "discovery.k8s.io", "endpointslices"),
         ("watch", "apps", "deployments"),
         ("watch", "apps", "statefulsets"),
@@ -68,7 +87,11 @@ CALLS: dict[tuple[str, str], set[Call]] = {
 }
 # Modules whose calls take paths built elsewhere: the API paths and resource names are in these modules.
 PATHS_FROM = {
-    "adapter/kube/watching.py": ("adapter/kube/endpointslices.py", "adapter/kube/scale.py"),
+    "adapter/kube/watching.py": (
+        "adapter/kube/endpointslices.py",
+        "adapter/kube/scale.py",
+        "adapter/proxy/activator.py",
+    ),
     "adapter/proxy/activator.py": ("adapter/kube/endpointslices.py",),
 }
 # A generic module calls on behalf of the modules that give it paths: a process makes its calls only when it
@@ -76,6 +99,16 @@ PATHS_FROM = {
 CALLERS = {"adapter/kube/watching.py": {"adapter.proxy.readiness", "adapter.proxy.activator"}}
 # Made only when `delegate:` is configured: granted by deploy/overlays/beside-keda alone.
 DELEGATE_SITES = {("adapter/api/delegate.py", "GET")}
+# Made only for routes in mode activator: its own module's and the Lease's, and the target workload's list-then-watch
+# (through watching.py, which the in-path readiness and wake: scale use too, for slices and HPAs).
+ACTIVATOR_SITES = {site for site in CALLS if site[0] in ("adapter/proxy/activator.py", "adapter/kube/leases.py")}
+WORKLOADS = ("deployments", "statefulsets", "replicasets")
+ACTIVATOR_WORKLOAD_CALLS = {(verb, "apps", plural) for verb in ("list", "watch") for plural in WORKLOADS}
+# Verbs that change an object: none on EndpointSlices unless an activator route needs it.
+WRITES = {"create", "update", "patch", "delete", "deletecollection", "*"}
+# deploy/examples/activator.zeroscale.yaml's route: Service `web` and Deployment `web` in `shop`, its Lease in the
+# proxy's namespace; deploy/overlays/activator grants what it needs, the chart renders it from that config.
+ACTIVATOR_EXAMPLE = DEPLOY / "examples" / "activator.zeroscale.yaml"
 
 # Built-in roles the manifests bind, as the bootstrap policy defines them (they are not in deploy/).
 BUILT_IN: dict[str, list[dict[str, Any]]] = {
@@ -159,36 +192,84 @@ def _strings(path: Path) -> str:
     )
 
 
-def needed_by(service_account: str, delegate: bool = False) -> set[Call]:
+def needed_by(service_account: str, delegate: bool = False, activator: bool = False) -> set[Call]:
     modules = reachable(ENTRY_POINTS[service_account])
-    sites = {site: module for site, module in kube_call_sites().items() if delegate or site not in DELEGATE_SITES}
-    return {
+    sites = {
+        site: module
+        for site, module in kube_call_sites().items()
+        if (delegate or site not in DELEGATE_SITES) and (activator or site not in ACTIVATOR_SITES)
+    }
+    calls = {
         call
         for site, module in sites.items()
         if module in modules and modules & CALLERS.get(site[0], {module})
         for call in CALLS[site]
     }
+    return calls if activator else calls - ACTIVATOR_WORKLOAD_CALLS
 
 
-def granted(objects: Objects, service_account: str) -> set[Call]:
-    roles = {(obj["kind"], obj["metadata"]["name"]): obj.get("rules", []) for obj in objects if "rules" in obj}
-    calls: set[Call] = set()
+Grant = tuple[Call, str | None, tuple[str, ...]]  # the call, the namespace (None: every one), resourceNames (): any
+
+
+def grants(objects: Objects, service_account: str) -> set[Grant]:
+    """What the ServiceAccount may call, where, and on which names, by every binding of it."""
+    roles = {
+        (obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"]): obj.get("rules", [])
+        for obj in objects
+        if "rules" in obj
+    }
+    found: set[Grant] = set()
     for binding in objects:
         if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
             continue
         subject = {"kind": "ServiceAccount", "name": service_account, "namespace": "zeroscale"}
         if subject not in binding["subjects"]:
             continue
-        ref = binding["roleRef"]
-        rules = BUILT_IN.get(ref["name"]) or roles[(ref["kind"], ref["name"])]
+        ref, where = binding["roleRef"], binding["metadata"].get("namespace")
+        role_namespace = where if ref["kind"] == "Role" else None
+        rules = BUILT_IN.get(ref["name"]) or roles[(ref["kind"], role_namespace, ref["name"])]
         for rule in rules:
-            calls |= {
-                (verb, group, resource)
+            found |= {
+                ((verb, group, resource), where, tuple(rule.get("resourceNames", ())))
                 for verb in rule["verbs"]
                 for group in rule["apiGroups"]
                 for resource in rule["resources"]
             }
-    return calls
+    return found
+
+
+def granted(objects: Objects, service_account: str) -> set[Call]:
+    return {call for call, _, _ in grants(objects, service_account)}
+
+
+def endpointslice_writes(objects: Objects) -> list[tuple[str, str | None, str]]:
+    """(kind, namespace, name) of every Role or ClusterRole that lets anyone change an EndpointSlice."""
+    return [
+        (obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])
+        for obj in objects
+        if obj["kind"] in ("Role", "ClusterRole")
+        for rule in obj.get("rules") or []
+        if {"discovery.k8s.io", "*"} & set(rule["apiGroups"])
+        and {"endpointslices", "*"} & set(rule["resources"])
+        and WRITES & set(rule["verbs"])
+    ]
+
+
+def activator_route(name: str, namespace: str, port: int, kind: str = "Deployment") -> dict[str, Any]:
+    """Route `name` in mode activator: clients call Service `name`, Service `<name>-pods` selects the pods."""
+    return {
+        "name": name,
+        "mode": "activator",
+        "upstream": {"service": f"{name}-pods", "namespace": namespace, "port": "http"},
+        "activator": {"service": name, "port": port},
+        "target": {"namespace": namespace, "kind": kind, "name": name},
+    }
+
+
+def chart_with_routes(helm: Path, tmp_path: Path, proxy: dict[str, Any]) -> Objects:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"config": {"proxy": proxy}}), encoding="utf-8")
+    return helm_render(helm, "--values", str(values))
 
 
 @pytest.fixture(params=["kustomize", "helm"])
@@ -239,18 +320,102 @@ def test_the_chart_with_a_delegate_grants_exactly_the_delegate_call(helm: Path) 
     assert granted(chart, "zeroscale-adapter") == needed_by("zeroscale-adapter", delegate=True) | BUILT_IN_EXTRA
 
 
+@pytest.fixture(params=["kustomize", "helm"])
+def activator_installation(request: pytest.FixtureRequest, tmp_path: Path) -> Objects:
+    """With deploy/examples/activator.zeroscale.yaml's route: overlays/cert-manager plus overlays/activator, and
+    the chart given that config."""
+    if request.param == "kustomize":
+        rendered: dict[str, Objects] = request.getfixturevalue("rendered")
+        return rendered["cert-manager"] + rendered["activator"]
+    proxy = yaml.safe_load(ACTIVATOR_EXAMPLE.read_text())["proxy"]
+    return chart_with_routes(request.getfixturevalue("helm"), tmp_path, proxy)
+
+
 def test_the_proxy_is_granted_exactly_its_calls(installation: Objects) -> None:
+    """Without an activator route: wake and follow slices, cluster-wide; nothing of mode activator."""
     needed = needed_by("zeroscale-proxy")
     assert ("patch", "apps", "deployments/scale") in needed
-    assert ("create", "discovery.k8s.io", "endpointslices") in needed  # mode activator
-    assert granted(installation, "zeroscale-proxy") == needed
+    assert ("create", "discovery.k8s.io", "endpointslices") not in needed
+    assert grants(installation, "zeroscale-proxy") == {(call, None, ()) for call in needed}
 
 
-def test_the_proxy_takes_leases_in_its_own_namespace_only(installation: Objects) -> None:
-    """Mode activator's Lease: granted by a Role in the proxy's namespace, never cluster-wide."""
+def test_the_default_installation_grants_no_endpointslice_write(
+    base: Objects, rendered: dict[str, Objects], chart_default: Objects
+) -> None:
+    """Finding 4 of issue 28: a compromised proxy must not be able to redirect Services it routes nothing for.
+    deploy/base, every installation overlay and the chart's defaults let no one write an EndpointSlice."""
+    installations = {"base": base, "chart": chart_default}
+    installations |= {name: objects for name, objects in rendered.items() if name != "activator"}
+    assert {name: endpointslice_writes(objects) for name, objects in installations.items()} == {
+        name: [] for name in installations
+    }
+
+
+def test_an_activator_route_is_granted_its_calls_in_its_namespaces_only(activator_installation: Objects) -> None:
+    """Its Service's slices, the Service and the target by name, in the route's namespace; the Lease in the proxy's;
+    the rest cluster-wide as without it. Nothing of mode activator cluster-wide."""
+    in_path = needed_by("zeroscale-proxy")
+    activator = needed_by("zeroscale-proxy", activator=True) - in_path
+    expected: set[Grant] = {(call, None, ()) for call in in_path}
+    expected |= {(call, "shop", ()) for call in activator if call[2] == "endpointslices"}
+    expected |= {(call, "shop", ("web",)) for call in activator if call[2] in ("services", "deployments")}
+    expected |= {(call, "zeroscale", ()) for call in activator if call[2] == "leases"}
+    # Every call the activator's code makes is granted, but the other kinds' watches (the route's target is a
+    # Deployment).
+    other_kinds = {(verb, "apps", plural) for verb in ("list", "watch") for plural in ("statefulsets", "replicasets")}
+    assert activator - {call for call, _, _ in expected} == other_kinds
+    assert ("create", "discovery.k8s.io", "endpointslices") in activator
+    assert grants(activator_installation, "zeroscale-proxy") == expected
+    assert endpointslice_writes(activator_installation) == [("Role", "shop", "zeroscale-proxy-activator")]
+
+
+def test_the_chart_grants_each_activator_namespace_its_own_routes(helm: Path, tmp_path: Path) -> None:
+    """Routes in two namespaces (two in one, a StatefulSet among them) and one in the path: a Role in each of the
+    two, naming only its own Services and targets; none where only an in-path route goes; the Lease's where
+    lease_namespace says."""
+    plain = {"name": "plain", "upstream": {"service": "plain", "namespace": "other", "port": "http"}}
+    plain["target"] = {"namespace": "other", "kind": "Deployment", "name": "plain"}
+    proxy = {
+        "activator": {
+            "proxy_service": {"service": "zeroscale-proxy", "namespace": "zeroscale"},
+            "lease_namespace": "ha",
+        },
+        "routes": [
+            activator_route("web", "shop", 8081),
+            activator_route("api", "shop", 8082, "StatefulSet"),
+            activator_route("cart", "cart", 8083),
+            plain,
+        ],
+    }
+    objects = chart_with_routes(helm, tmp_path, proxy)
+    namespaced = {
+        (call, where, names) for call, where, names in grants(objects, "zeroscale-proxy") if where is not None
+    }
+    writes = {
+        ((verb, "discovery.k8s.io", "endpointslices"), ns, ())
+        for verb in ("create", "update", "delete")
+        for ns in ("shop", "cart")
+    }
+    assert namespaced == writes | {
+        (("get", "", "services"), "shop", ("api", "web")),
+        (("get", "", "services"), "cart", ("cart",)),
+        *{((verb, "apps", "deployments"), "shop", ("web",)) for verb in ("list", "watch")},
+        *{((verb, "apps", "statefulsets"), "shop", ("api",)) for verb in ("list", "watch")},
+        *{((verb, "apps", "deployments"), "cart", ("cart",)) for verb in ("list", "watch")},
+        *{((verb, "coordination.k8s.io", "leases"), "ha", ()) for verb in ("get", "create", "update")},
+    }
+    assert sorted(endpointslice_writes(objects)) == [
+        ("Role", "cart", "zeroscale-proxy-activator"),
+        ("Role", "shop", "zeroscale-proxy-activator"),
+    ]
+
+
+def test_the_proxy_takes_leases_in_its_own_namespace_only(activator_installation: Objects) -> None:
+    """Mode activator's Lease: granted by a Role in the Lease's namespace, never cluster-wide (and without an
+    activator route not at all: test_the_proxy_is_granted_exactly_its_calls)."""
     lease_rules = [
         (obj["kind"], obj["metadata"].get("namespace"))
-        for obj in installation
+        for obj in activator_installation
         if obj["kind"] in ("Role", "ClusterRole")
         for rule in obj["rules"]
         if "coordination.k8s.io" in rule["apiGroups"]
@@ -287,5 +452,179 @@ def test_nothing_else_is_bound(rendered: dict[str, Objects], chart_default: Obje
         "zeroscale-delegate-external-metrics",
         "zeroscale-hpa-external-metrics",
         "zeroscale-proxy",
+        "zeroscale-proxy-activator",
         "zeroscale-proxy-leases",
     }
+
+
+Request = tuple[str, str, str, str | None, str]  # verb, group, resource, namespace (None: cluster), name ("": none)
+DEPLOYMENTS, SERVICES = "/apis/apps/v1/namespaces/shop/deployments", "/api/v1/namespaces/shop/services"
+# Route `web` in `shop`, its Lease in `zeroscale`, run in-process against the API stand-in.
+SETTINGS = {
+    "proxy_service": {"service": "zeroscale-proxy", "namespace": "zeroscale"},
+    "lease_namespace": "zeroscale",
+    "identity": "proxy-a",
+    "lease_duration": 1.5,
+    "renew_deadline": 1.0,
+    "retry_period": 0.1,
+}
+POD, PROXY = "10.1.0.5", "10.1.0.7"
+
+
+def authorizer_attributes(method: str, path: str, query: dict[str, list[str]]) -> Request:
+    """What the API server's authorizer is asked for a request (apiserver's endpoints/request/requestinfo.go): a
+    list or watch with `fieldSelector=metadata.name=X` is one on the name X, which `resourceNames` can match."""
+    parts = path.strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    namespace = None
+    if rest[0] == "namespaces" and len(rest) > 2:
+        namespace, rest = rest[1], rest[2:]
+    resource, name = "/".join(rest[::2]), rest[1] if len(rest) > 1 else ""
+    if method == "GET" and not name:
+        verb = "list" if query.get("watch", ["false"])[0] in ("false", "0") else "watch"
+        selector = query.get("fieldSelector", [""])[0]
+        if selector.startswith("metadata.name=") and "," not in selector:
+            name = selector.removeprefix("metadata.name=")
+    else:
+        verb = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+    return verb, group, resource, namespace, name
+
+
+def allowed(granted: set[Grant], request: Request) -> bool:
+    verb, group, resource, namespace, name = request
+    return any(
+        call == (verb, group, resource) and where in (None, namespace) and (not names or name in names)
+        for call, where, names in granted
+    )
+
+
+def requests_made(kube: KubeStandIn) -> set[Request]:
+    made = set()
+    for method, target, _ in kube.requests:
+        url = urlsplit(target)
+        made.add(authorizer_attributes(method, url.path, parse_qs(url.query)))
+    return made
+
+
+def standin_with_route_web(kube: KubeStandIn) -> None:
+    """The API of route `web`: its Deployment at 1, its selector-less Service, its pod's and the proxy's slices."""
+    kube.serve_collection(SLICES_V1, "EndpointSliceList", writable=True)
+    kube.serve_collection(r"/apis/apps/v1/namespaces/[^/]+/deployments", "DeploymentList")
+    kube.serve_collection(r"/api/v1/namespaces/[^/]+/services", "ServiceList")
+    kube.serve_collection(r"/apis/coordination\.k8s\.io/v1/namespaces/[^/]+/leases", "LeaseList", writable=True)
+    kube.put(DEPLOYMENTS, web_deployment(1))
+    service = {"metadata": {"name": "web", "namespace": "shop", "uid": "0b5e1c2a"}, "spec": {"ports": []}}
+    kube.put(SERVICES, {"apiVersion": "v1", "kind": "Service", **service})
+    for namespace, name, service_name, address in (
+        ("shop", "web-pods-abcde", "web-pods", POD),
+        ("zeroscale", "zeroscale-proxy-xyz", "zeroscale-proxy", PROXY),
+    ):
+        body = endpoint_slice(name, service_name, [(address, {"ready": True})], 8000)
+        kube.put(slices_collection(namespace), {**body, "metadata": {**body["metadata"], "namespace": namespace}})
+
+
+def web_deployment(replicas: int) -> dict[str, Any]:
+    metadata = {"name": "web", "namespace": "shop"}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": {"replicas": replicas}}
+
+
+def listed(kube: KubeStandIn) -> set[str]:
+    """The addresses route `web`'s written slices list."""
+    return {
+        address
+        for obj in kube.objects(slices_collection("shop"))
+        if obj["metadata"]["labels"].get("kubernetes.io/service-name") == "web"
+        for endpoint in obj.get("endpoints") or []
+        for address in endpoint["addresses"]
+    }
+
+
+def enforce(kube: KubeStandIn, granted: set[Grant]) -> None:
+    """The stand-in refuses (403) what `granted` does not allow, as the API server's RBAC authorizer would."""
+
+    def authorize(request: StandInRequest, _match: re.Match[str]) -> Reply | None:
+        asked = authorizer_attributes(request.method, request.path, request.query)
+        if allowed(granted, asked):
+            return None  # on to the stand-in's own handlers
+        verb, group, resource, namespace, _ = asked
+        message = f"cannot {verb} resource {resource!r} in API group {group!r} in the namespace {namespace!r}"
+        return Reply(
+            403, status_body(403, "Forbidden", f"User system:serviceaccount:zeroscale:zeroscale-proxy {message}")
+        )
+
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+        kube.add_route(method, r"/.*", authorize)
+
+
+async def test_an_activator_route_works_with_exactly_the_grants_rendered_for_it(
+    activator_installation: Objects, chart_default: Objects
+) -> None:
+    """A proxy with deploy/examples' activator route (`web` in `shop`), run against an API stand-in that enforces the
+    RBAC rendered for it (the chart from that config, or deploy/overlays/activator) as the API server's authorizer
+    would (verb, namespace, and the name a Role's resourceNames must list): it goes from warm to cold and every
+    request it made was allowed; the default installation would have refused each of its writes."""
+    proxy = yaml.safe_load(ACTIVATOR_EXAMPLE.read_text())["proxy"]
+    (route,) = proxy["routes"]
+    route = {**route, "activator": {**route["activator"], "port": port_outside_ephemeral()}, "wake": "none"}
+    granted = grants(activator_installation, "zeroscale-proxy")
+    with KubeStandIn(tls=False, token="proxy-token") as kube:
+        standin_with_route_web(kube)
+        enforce(kube, granted)
+        client = KubeClient.from_config(kube.client_config())
+        try:
+            async with running_proxy([route], kube=client, activator=SETTINGS):
+                with contextlib.suppress(TimeoutError):  # a refused request is named below
+                    await until(lambda: listed(kube) == {POD})  # warm: the pod
+                    kube.put(DEPLOYMENTS, web_deployment(0))
+                    await until(lambda: listed(kube) == {PROXY})  # cold: the proxy
+        finally:
+            await client.close()
+        made = requests_made(kube)
+        assert [request for request in sorted(made, key=str) if not allowed(granted, request)] == []
+        assert listed(kube) == {PROXY}
+
+    assert ("create", "discovery.k8s.io", "endpointslices", "shop", "") in made
+    assert ("watch", "apps", "deployments", "shop", "web") in made
+    default = grants(chart_default, "zeroscale-proxy")
+    assert [request for request in made if request[0] in WRITES and allowed(default, request)] == []
+
+
+@pytest.mark.parametrize(
+    ("also_granted", "refused"),
+    [
+        ((), "cannot watch Deployment web"),
+        # The Lease and the target, not the Service (a Role edited for another one) nor its slices.
+        (("leases", "deployments"), "cannot write the slices of Service shop/web"),
+    ],
+    ids=["nothing", "not-the-service"],
+)
+async def test_an_activator_route_without_its_role_writes_nothing_and_the_log_says_which_role_where(
+    chart_default: Objects, also_granted: tuple[str, ...], refused: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """deploy/base and the default chart grant nothing of mode activator: a route added without its Role is refused
+    by the API, and the proxy's log names the namespace, the Role to add and where it comes from."""
+    route = {**activator_route("web", "shop", port_outside_ephemeral()), "wake": "none", "readiness": "endpointslice"}
+    granted = grants(chart_default, "zeroscale-proxy")
+    granted |= {
+        ((verb, "coordination.k8s.io", "leases"), "zeroscale", ())
+        for verb in ("get", "create", "update")
+        if "leases" in also_granted
+    }
+    granted |= {
+        ((verb, "apps", "deployments"), "shop", ("web",)) for verb in ("list", "watch") if "deployments" in also_granted
+    }
+    hint = "needs mode activator's Role in namespace shop"
+    with KubeStandIn(tls=False, token="proxy-token") as kube:
+        standin_with_route_web(kube)
+        enforce(kube, granted)
+        client = KubeClient.from_config(kube.client_config())
+        try:
+            async with running_proxy([route], kube=client, activator=SETTINGS):
+                await until(lambda: any(refused in r.getMessage() and hint in r.getMessage() for r in caplog.records))
+        finally:
+            await client.close()
+        assert listed(kube) == set()
+    (message,) = {r.getMessage() for r in caplog.records if refused in r.getMessage()}
+    assert "403" in message
+    assert "deploy/overlays/activator" in message
+    assert "Service web and Deployment web" in message

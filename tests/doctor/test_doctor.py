@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import datetime
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ import yaml
 
 from adapter.certs import issue
 from adapter.config.kube import KubeAPIConfig
+from adapter.config.proxy import ProxyConfig
 from adapter.doctor.checks import HPA_USER, Doctor, Installation
 from adapter.doctor.findings import Finding
 from adapter.doctor.run import diagnose
@@ -28,10 +31,14 @@ from tests.doctor.fixtures import (
     APISERVICE_NAME,
     APISERVICES,
     CONFIGMAPS,
+    DEPLOYMENTS,
+    NS,
     SECRETS,
     SERVICES,
     SLICES,
     Cluster,
+    _one,
+    rendered_base,
     unavailable,
 )
 
@@ -282,3 +289,76 @@ async def test_grpc_settings_that_stop_the_pods_are_a_failure(cluster: Cluster) 
 
     cluster.update(CONFIGMAPS, config_map["metadata"]["name"], drop_client_ca)
     assert "allow_unauthenticated" in failures(await run_doctor(cluster))["gRPC client certificates"]
+
+
+LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
+
+
+def with_activator_route(cluster: Cluster) -> None:
+    """The proxy's Deployment, its config given route `web` in mode activator (proxy Service zeroscale-proxy)."""
+    cluster.kube.put(DEPLOYMENTS, _one(rendered_base(), "Deployment", "zeroscale-proxy"))
+    cluster.kube.serve_collection(re.escape(LEASES), "LeaseList")
+    (config_map,) = cluster.kube.objects(CONFIGMAPS)
+
+    def activator(obj: dict[str, Any]) -> None:
+        config = yaml.safe_load(obj["data"]["config.yaml"])
+        config["proxy"]["activator"] = {
+            "proxy_service": {"service": "zeroscale-proxy", "namespace": NS},
+            "lease_namespace": NS,
+        }
+        route = config["proxy"]["routes"][0]
+        route.update(mode="activator", activator={"service": "web-direct", "port": 8081})
+        obj["data"]["config.yaml"] = yaml.safe_dump(config)
+
+    cluster.update(CONFIGMAPS, config_map["metadata"]["name"], activator)
+
+
+def put_lease(cluster: Cluster, holder: str, routes: list[str] | None) -> None:
+    annotations = {} if routes is None else {"zeroscale.io/activator-routes": json.dumps(routes)}
+    cluster.kube.put(
+        LEASES,
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            # The default name follows the proxy Service: zeroscale-proxy-activator.
+            "metadata": {"name": "zeroscale-proxy-activator", "namespace": NS, "annotations": annotations},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15},
+        },
+    )
+
+
+def activator_findings(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.check == "activator Lease"]
+
+
+async def test_without_activator_routes_the_lease_is_not_checked(cluster: Cluster) -> None:
+    cluster.kube.put(DEPLOYMENTS, _one(rendered_base(), "Deployment", "zeroscale-proxy"))
+    (finding,) = activator_findings(await run_doctor(cluster))
+    assert (finding.level, finding.message) == ("skip", "no route in mode: activator")
+
+
+async def test_a_lease_holder_that_does_not_write_this_installations_routes_is_a_failure(cluster: Cluster) -> None:
+    """Issue 28, finding 8: another installation's proxy holds the Lease (shared lease_name): this one's Services get
+    no slices, which nothing said."""
+    with_activator_route(cluster)
+    put_lease(cluster, "other-proxy-7d9f", ["shop/api@0123456789ab"])
+    (finding,) = activator_findings(await run_doctor(cluster))
+    assert finding.level == "fail"
+    assert "other-proxy-7d9f, does not write routes of this config: web (not written)" in finding.message
+    assert "lease_name" in finding.hint
+
+
+async def test_a_lease_holder_that_writes_this_installations_routes_is_ok(cluster: Cluster) -> None:
+    with_activator_route(cluster)
+    (config_map,) = cluster.kube.objects(CONFIGMAPS)
+    proxy = ProxyConfig.model_validate(yaml.safe_load(config_map["data"]["config.yaml"])["proxy"])
+    put_lease(cluster, "zeroscale-proxy-5c6b", sorted(proxy.activator_routes().values()))
+    (finding,) = activator_findings(await run_doctor(cluster))
+    assert (finding.level, finding.message) == (
+        "ok",
+        "the holder of Lease zeroscale/zeroscale-proxy-activator, zeroscale-proxy-5c6b, writes every activator route",
+    )
+    put_lease(cluster, "", None)  # given up, and nobody took it
+    (finding,) = activator_findings(await run_doctor(cluster))
+    assert finding.level == "fail"
+    assert finding.message.startswith("nobody holds Lease zeroscale/zeroscale-proxy-activator")

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from adapter.children import port_outside_ephemeral
 from tests.e2e import install
 from tests.e2e.cluster import HPA_API, ControlPlane, Kube
 from tests.e2e.dataplane import DataPlane
 from tests.e2e.fixtures import _TIMELINES, Adapter, BrokerStart, Installed, Timeline, kube_api
 from tests.e2e.processes import Zeroscale
 from tests.fixtures.kafka_broker import KafkaBroker
-from tests.fixtures.netutil import free_port
 from tests.fixtures.redis_servers import RedisProcess
 
 HERE = Path(__file__).parent
@@ -132,7 +132,7 @@ def installed(kube: Kube, workdir: Path) -> Installed:
 @pytest.fixture(scope="session")
 def counts_port() -> int:
     """Where the proxy serves its pending counts and the adapter's http source subscribes."""
-    return free_port()
+    return port_outside_ephemeral()
 
 
 @pytest.fixture(scope="session")
@@ -150,7 +150,7 @@ def adapter(
     No request-header CA is configured: the adapter reads it, and the allowed names, from the cluster's
     extension-apiserver-authentication ConfigMap.
     """
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = port_outside_ephemeral(), port_outside_ephemeral()
     name_label = {"pattern": "[a-z0-9][-a-z0-9.]*", "required": True}
     config = {
         "server": {

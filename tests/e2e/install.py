@@ -1,6 +1,7 @@
 """Installing Zeroscale into the test control plane the way a user does, from the shipped manifests.
 
-The RBAC is deploy/base's own (adapter, proxy, HPA controller) and the APIService is deploy/base's, with
+The RBAC is deploy/base's own (adapter, proxy, HPA controller; test_13 adds deploy/overlays/activator's for mode
+activator, which deploy/base does not grant) and the APIService is deploy/base's, with
 the `caBundle` `zeroscale certs` made. What differs from a real cluster is only what a cluster without
 kubelet or kube-proxy forces: the adapter runs here as a process, so its Service is an ExternalName to
 `localhost` (the aggregator dials `localhost:PORT` but still checks the certificate against

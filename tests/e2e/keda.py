@@ -17,9 +17,9 @@ from pathlib import Path
 
 import trustme
 
+from adapter.children import port_outside_ephemeral
 from tests.e2e.cluster import ControlPlane, Kube, wait_for
 from tests.e2e.processes import Managed
-from tests.fixtures.netutil import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "scripts" / "keda" / "build"
@@ -115,16 +115,16 @@ class Keda:
     """The operator and the metrics server; `metrics_server_port` is where Zeroscale's delegate calls."""
 
     def __init__(self, plane: ControlPlane, build_dir: Path, certs: Path, workdir: Path) -> None:
-        grpc_port = free_port()
-        self.metrics_server_port = free_port()
+        grpc_port = port_outside_ephemeral()
+        self.metrics_server_port = port_outside_ephemeral()
         self.certs = certs
         kubeconfig = str(plane.admin_kubeconfig)
         env = {"KUBECONFIG": kubeconfig, "WATCH_NAMESPACE": "", "POD_NAMESPACE": NAMESPACE}
-        probe_port = free_port()
+        probe_port = port_outside_ephemeral()
         self.operator = GoProcess(
             build_dir / "bin" / "operator",
             [
-                f"--metrics-bind-address=127.0.0.1:{free_port()}",
+                f"--metrics-bind-address=127.0.0.1:{port_outside_ephemeral()}",
                 f"--health-probe-bind-address=127.0.0.1:{probe_port}",
                 f"--metrics-service-bind-address=127.0.0.1:{grpc_port}",
                 f"--cert-dir={certs}",
@@ -150,7 +150,7 @@ class Keda:
                 f"--authorization-kubeconfig={kubeconfig}",
                 f"--lister-kubeconfig={kubeconfig}",
                 f"--metrics-service-address=127.0.0.1:{grpc_port}",
-                f"--port={free_port()}",
+                f"--port={port_outside_ephemeral()}",
             ],
             env,
             workdir / "keda-metrics-server.log",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -11,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from tests.fixtures.netutil import wait_for_port
+from adapter.children import ChildFailed, wait_ready_blocking
+from adapter.ready import read_ready_file
 
 
 class Managed:
@@ -59,32 +61,32 @@ class Managed:
 
 
 class Zeroscale(Managed):
-    """One `zeroscale COMMAND --config FILE` process; kill() and start() again keep its config and ports."""
+    """One `zeroscale COMMAND --config FILE` process; kill() and start() again keep its config and ports.
 
-    def __init__(
-        self,
-        command: str,
-        workdir: Path,
-        config: dict[str, Any],
-        port: int,
-        log_level: str = "INFO",
-        host: str = "127.0.0.1",
-    ) -> None:
+    `port`, its main listener's, is one the cluster's objects name (so it stays across restarts): chosen
+    outside the ephemeral range (`adapter.children.port_outside_ephemeral`). start() returns once every
+    listener is bound (its ready file, docs/architecture.md#no-port-races), and fails at once if it exits."""
+
+    def __init__(self, command: str, workdir: Path, config: dict[str, Any], port: int, log_level: str = "INFO") -> None:
         super().__init__(workdir / f"{command}.log")
         self.command = command
         self.log_level = log_level
         self.workdir = workdir
         self.port = port
-        self.host = host  # where start() waits for `port` to listen
         self.config_file = workdir / f"{command}.yaml"
         self.config_file.write_text(yaml.safe_dump(config), encoding="utf-8")
+        self.ready_file = workdir / f"{command}.ready.json"
+        self.ports: dict[str, int] = {}  # every listener's port, once started
 
     def start(self, timeout: float = 30.0) -> Zeroscale:
+        self.ready_file.unlink(missing_ok=True)
         command = [sys.executable, "-m", "adapter", "--log-level", self.log_level, self.command]
-        self.launch([*command, "--config", str(self.config_file)])
+        self.launch([*command, "--config", str(self.config_file), "--ready-file", str(self.ready_file)])
+        assert self._process is not None
         try:
-            wait_for_port(self.port, self.host, timeout=timeout)
-        except TimeoutError:
+            ready = functools.partial(read_ready_file, self.ready_file)
+            self.ports = wait_ready_blocking(self._process, ready, f"zeroscale {self.command}", self.log_file, timeout)
+        except ChildFailed:
             self.stop()
-            raise RuntimeError(f"zeroscale {self.command} did not listen:\n{self.log_tail()}") from None
+            raise
         return self

@@ -15,11 +15,11 @@ import threading
 
 class ServiceProxy:
     def __init__(self, port: int, target: int) -> None:
-        self.port = port
         self._target = target
         self._listener = socket.create_server(("127.0.0.1", port))
+        self.port: int = self._listener.getsockname()[1]  # port 0: the kernel's pick
         self._closed = threading.Event()
-        threading.Thread(target=self._accept, name=f"service-proxy-{port}", daemon=True).start()
+        threading.Thread(target=self._accept, name=f"service-proxy-{self.port}", daemon=True).start()
 
     def route_to(self, target: int) -> None:
         self._target = target

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from adapter.children import port_outside_ephemeral
 from tests.e2e.cluster import (
     ENDPOINTSLICE_API,
     ControlPlane,
@@ -31,7 +32,6 @@ from tests.e2e.cluster import (
 from tests.e2e.fixtures import Adapter, Installed, Timeline, kube_api
 from tests.e2e.install import endpoint_slice
 from tests.e2e.processes import Zeroscale
-from tests.fixtures.netutil import free_port
 from tests.fixtures.redis_servers import RedisProcess
 
 NAMESPACE, NAME, HOST = "e2e-proxy", "web", "web.e2e-proxy"
@@ -93,7 +93,7 @@ def upstream() -> Iterator[Upstream]:
 def proxy(
     plane: ControlPlane, kube: Kube, installed: Installed, counts_port: int, workdir: Path
 ) -> Iterator[Zeroscale]:
-    port = free_port()
+    port = port_outside_ephemeral()
     route: dict[str, Any] = {
         "name": NAME,
         "hosts": [HOST],
@@ -115,7 +115,7 @@ def proxy(
             "bind": "127.0.0.1",
             "port": port,
             "admin_bind": "127.0.0.1",
-            "admin_port": free_port(),
+            "admin_port": port_outside_ephemeral(),
             "kubernetes": kube_api(plane, installed.proxy_token),
             "routes": [route, stopped],
         },

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from adapter.children import port_outside_ephemeral
 from tests.e2e import install
 from tests.e2e.cluster import ControlPlane, Kube
 from tests.e2e.fixtures import Adapter, Installed, Timeline
-from tests.fixtures.netutil import free_port
 
 HPA_NAMESPACE = "e2e-doctor"
 MERGE_PATCH = "application/merge-patch+json"
@@ -63,7 +63,7 @@ def test_doctor_passes_a_working_installation_and_names_each_breakage(
     seen: list[str] = []
 
     # 1. The APIService names a port the Service does not have.
-    wrong_port = free_port()
+    wrong_port = port_outside_ephemeral()
     patch = {"spec": {"service": {"port": wrong_port}}}
     found = diagnose_broken(
         plane,

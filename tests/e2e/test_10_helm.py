@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
+from adapter.children import port_outside_ephemeral
 from tests.e2e import install
 from tests.e2e.cluster import (
     HPA_API,
@@ -45,7 +46,6 @@ from tests.e2e.fixtures import Timeline, kube_api
 from tests.e2e.processes import Zeroscale
 from tests.e2e.service_proxy import ServiceProxy
 from tests.fixtures.manifests import CHART, build_helm
-from tests.fixtures.netutil import free_port
 from tests.fixtures.redis_servers import RedisProcess
 
 RELEASE = NAMESPACE = "zeroscale-e2e"
@@ -144,11 +144,16 @@ def start_pod(kube: Kube, plane: ControlPlane, workdir: Path, name: str) -> Pod:
     config = mounted(yaml.safe_load(config_map["data"]["config.yaml"]), directory / "tls")
     token = directory / "token"
     token.write_text(kube.service_account_token(NAMESPACE, ADAPTER), encoding="utf-8")
-    port = free_port()
+    port = port_outside_ephemeral()
     # One machine for every pod: loopback and a free port each, where a pod has its own network namespace.
-    config["server"] |= {"bind": "127.0.0.1", "port": port, "metrics_bind": "127.0.0.1", "metrics_port": free_port()}
+    config["server"] |= {
+        "bind": "127.0.0.1",
+        "port": port,
+        "metrics_bind": "127.0.0.1",
+        "metrics_port": port_outside_ephemeral(),
+    }
     config["server"]["auth"] = {"kubernetes": kube_api(plane, token)}
-    config["grpc"]["scaler"] |= {"bind": "127.0.0.1", "port": free_port()}
+    config["grpc"]["scaler"] |= {"bind": "127.0.0.1", "port": port_outside_ephemeral()}
     process = Zeroscale("serve", directory, config, port, log_level="DEBUG").start()
     wait_for(lambda: ready(port), 30, f"{name} ready (/readyz)")
     return Pod(process, port, config)
@@ -260,7 +265,7 @@ def test_helm_install_scale_upgrade_uninstall(
 ) -> None:
     directory = workdir / "helm"
     directory.mkdir()
-    service = ServiceProxy(free_port(), target=0)
+    service = ServiceProxy(0, target=0)
     helm = Helm(plane, directory, service.port)
     pods: list[Pod] = []
     installed = False

@@ -3,11 +3,13 @@ Service's ClusterIP through kube-proxy, over warm -> zero -> warm cycles, loses 
 
 Clients in the data plane's namespace call the selector-less Service `web` without ever changing anything; two
 `zeroscale proxy` processes (each on an address of its own, as two proxy pods) write its EndpointSlices, one at a
-time by the Lease. Warm, kube-proxy sends every new connection straight to the pod and the proxies see none; when
-the test scales the Deployment to 0 the leader lists the proxies before the pod goes (the pod's preStop keeps it
-listening meanwhile); the proxies hold what arrives, wake the Deployment (spec.replicas 0 -> 1), the kubelet
-stand-in starts a pod, the held requests go to it, and the leader lists the pod again. Last, the leader is killed
-and the other takes over within the Lease's timings, and one more cycle loses nothing.
+time by the Lease, with the grants of deploy/overlays/activator (deploy/base grants no EndpointSlice write) moved
+into this test's namespace, as a user adapts them to theirs. Warm, kube-proxy sends every new connection straight
+to the pod and the proxies see none; when the test scales the Deployment to 0 the leader lists the proxies before
+the pod goes (the pod's preStop keeps it listening meanwhile); the proxies hold what arrives, wake the Deployment
+(spec.replicas 0 -> 1), the kubelet stand-in starts a pod, the held requests go to it, and the leader lists the pod
+again. Last, the leader is killed and the other takes over within the Lease's timings, and one more cycle loses
+nothing.
 
 The pods say who answered and whether the proxy carried the request (tests/e2e/pods.py); every request is
 counted by its id, as the client saw it and as the pods saw it.
@@ -27,6 +29,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from adapter.children import port_outside_ephemeral
 from tests.e2e import install
 from tests.e2e.cluster import ENDPOINTSLICE_API, ControlPlane, Kube, Watch, deployment, wait_for
 from tests.e2e.dataplane import ClientRun, DataPlane
@@ -34,7 +37,7 @@ from tests.e2e.fixtures import Installed, Timeline, kube_api
 from tests.e2e.kubelet_standin import KubeletStandIn
 from tests.e2e.pods import answer_of
 from tests.e2e.processes import Zeroscale
-from tests.fixtures.netutil import free_port
+from tests.fixtures.manifests import DEPLOY, kustomize
 
 NAMESPACE = "e2e-activator"
 SERVICE, PODS_SERVICE, DEPLOYMENT, ROUTE = "web", "web-pods", "web", "web"
@@ -46,6 +49,9 @@ START_DELAY = 1.0  # a pod's start, from spec.replicas up to its endpoint ready
 LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 3.0, 2.0, 0.5
 SWITCH_BUCKET = "2.5"  # every switch the proxies timed took less (their histogram's bucket)
 CLIENT_LABEL = "act"
+# deploy/overlays/activator grants route `web` of deploy/examples/activator.zeroscale.yaml (Service and Deployment
+# `web`, as here) in the example's namespace, and the Lease in the proxy's (PROXY_NAMESPACE, as here).
+ACTIVATOR_OVERLAY, EXAMPLE_NAMESPACE = DEPLOY / "overlays" / "activator", "shop"
 
 
 def _service(name: str, namespace: str, selector: dict[str, str] | None) -> dict[str, Any]:
@@ -53,6 +59,17 @@ def _service(name: str, namespace: str, selector: dict[str, str] | None) -> dict
     if selector is not None:
         spec["selector"] = selector
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def _activator_rbac() -> list[dict[str, Any]]:
+    """deploy/overlays/activator as shipped, its grants in the example's namespace moved to this test's."""
+    objects = kustomize(ACTIVATOR_OVERLAY)
+    namespaces = {obj["metadata"]["namespace"] for obj in objects}
+    assert namespaces == {EXAMPLE_NAMESPACE, PROXY_NAMESPACE}, namespaces
+    for obj in objects:
+        if obj["metadata"]["namespace"] == EXAMPLE_NAMESPACE:
+            obj["metadata"]["namespace"] = NAMESPACE
+    return objects
 
 
 @dataclass
@@ -188,14 +205,17 @@ class Cycle:
 
 @pytest.fixture
 def app(kube: Kube, installed: Installed) -> Iterator[KubeletStandIn]:
-    """The Deployment, its two Services and the kubelet stand-in running its pods."""
+    """The Deployment, its two Services, the proxy's grants for mode activator and the kubelet stand-in running its
+    pods."""
     kube.namespace(NAMESPACE)
+    rbac = _activator_rbac()
     kube.apply(
         [
             deployment(NAMESPACE, DEPLOYMENT, replicas=1),
             _service(PODS_SERVICE, NAMESPACE, {"app": DEPLOYMENT}),
             _service(SERVICE, NAMESPACE, None),  # selector-less: the activator writes its slices
             _service(PROXY_SERVICE, PROXY_NAMESPACE, {"app": PROXY_SERVICE}),
+            *rbac,
         ]
     )
     kubelet = KubeletStandIn(
@@ -210,13 +230,17 @@ def app(kube: Kube, installed: Installed) -> Iterator[KubeletStandIn]:
             kube.delete(f"/api/v1/namespaces/{namespace}/services/{name}")  # the written slices go with `web`
         kube.delete(f"/apis/{ENDPOINTSLICE_API}/namespaces/{PROXY_NAMESPACE}/endpointslices/{PROXY_SERVICE}-e2e")
         kube.delete(f"/apis/coordination.k8s.io/v1/namespaces/{PROXY_NAMESPACE}/leases/{LEASE}")
+        for grant in rbac:  # no later scenario's proxy gets what only this one needs
+            plural = grant["kind"].lower() + "s"
+            where = f"namespaces/{grant['metadata']['namespace']}"
+            kube.delete(f"/apis/rbac.authorization.k8s.io/v1/{where}/{plural}/{grant['metadata']['name']}")
 
 
 @pytest.fixture
 def proxies(
     plane: ControlPlane, kube: Kube, installed: Installed, dataplane: DataPlane, app: KubeletStandIn, workdir: Path
 ) -> Iterator[Proxies]:
-    main_port, admin_port, activator_port = (free_port("0.0.0.0") for _ in range(3))
+    main_port, admin_port, activator_port = (port_outside_ephemeral("0.0.0.0") for _ in range(3))
     replicas: list[Proxy] = []
     group = Proxies(replicas, activator_port, main_port)
     try:
@@ -254,7 +278,7 @@ def proxies(
             }
             directory = workdir / f"activator-{identity}"
             directory.mkdir()
-            process = Zeroscale("proxy", directory, config, main_port, host=address)
+            process = Zeroscale("proxy", directory, config, main_port)
             replicas.append(Proxy(identity, address, process.start(), admin_port))
         kube.apply([group.proxy_slice()])
         yield group

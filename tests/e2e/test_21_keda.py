@@ -20,6 +20,7 @@ from urllib.parse import quote
 import pytest
 import yaml
 
+from adapter.children import port_outside_ephemeral
 from tests.e2e import install, keda
 from tests.e2e.cluster import (
     ControlPlane,
@@ -34,7 +35,6 @@ from tests.e2e.cluster import (
 )
 from tests.e2e.fixtures import Installed, Timeline, kube_api
 from tests.e2e.processes import Zeroscale
-from tests.fixtures.netutil import free_port
 from tests.fixtures.redis_servers import RedisProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,7 +94,7 @@ def beside(
     kube.apply(doc for doc in yaml.safe_load_all((OVERLAY / "delegate-rbac.yaml").read_text()) if doc)
     running = keda.Keda(plane, build_dir, keda_certs, directory).start()
 
-    counts_port, proxy_port = free_port(), free_port()
+    counts_port, proxy_port = port_outside_ephemeral(), port_outside_ephemeral()
     route = {
         "name": "web",
         "hosts": [f"web.{NAMESPACE}"],
@@ -107,7 +107,7 @@ def beside(
             "bind": "127.0.0.1",
             "port": proxy_port,
             "admin_bind": "127.0.0.1",
-            "admin_port": free_port(),
+            "admin_port": port_outside_ephemeral(),
             "kubernetes": kube_api(plane, installed.proxy_token),
             "routes": [route],
         },
@@ -116,7 +116,7 @@ def beside(
     (directory / "proxy").mkdir()
     proxy = Zeroscale("proxy", directory / "proxy", proxy_config, proxy_port).start()
 
-    port, metrics_port, scaler_port = free_port(), free_port(), free_port()
+    port, metrics_port, scaler_port = port_outside_ephemeral(), port_outside_ephemeral(), port_outside_ephemeral()
     tls = {"cert_file": str(certs / "tls.crt"), "key_file": str(certs / "tls.key")}
     config = {
         "server": {

@@ -6,9 +6,6 @@ The local example serves the static metric demo-queue-depth: queue=orders 1500, 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -16,51 +13,31 @@ import pytest
 import yaml
 
 from adapter.cli import main
-from tests.fixtures.netutil import free_port, wait_for_port
+from tests.fixtures.replicas import Process, spawn
 from tests.hpa.builders import hpa_document
 
 LOCAL_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "local" / "zeroscale.yaml"
 
 
-def _start(directory: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """The local example config on fresh free loopback ports; returns once it accepts connections."""
+def _start(directory: Path) -> Process:
+    """The local example config, its listeners on port 0; returns once it has bound them (ready file)."""
     config = yaml.safe_load(LOCAL_CONFIG.read_text())
-    port = free_port()
-    config["server"].update(port=port, metrics_port=free_port())
+    config["server"].update(port=0, metrics_port=0)
     path = directory / "zeroscale.yaml"
     path.write_text(yaml.safe_dump(config))
-    log = directory / "serve.log"  # a file, not a pipe nobody drains while the tests run
-    with log.open("wb") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "adapter", "serve", "--config", str(path)],
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
-    deadline = time.monotonic() + 60
-    while process.poll() is None:
-        try:
-            wait_for_port(port, timeout=0.5)
-            return process, port
-        except TimeoutError:
-            if time.monotonic() > deadline:
-                process.kill()
-                raise
-    raise RuntimeError(f"zeroscale serve exited with {process.returncode}: {log.read_text()[-2000:]}")
+    adapter = spawn("adapter", "serve", directory, "--config", str(path))
+    adapter.wait_ready()
+    return adapter
 
 
 @pytest.fixture(scope="module")
 def adapter_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`zeroscale serve` run as a subprocess, like a user would."""
+    adapter = _start(tmp_path_factory.mktemp("adapter"))
     try:
-        process, port = _start(tmp_path_factory.mktemp("adapter"))
-    except RuntimeError:
-        # Another process may have taken a "free" port between our probe and the bind: once more.
-        process, port = _start(tmp_path_factory.mktemp("adapter"))
-    try:
-        yield f"https://127.0.0.1:{port}"
+        yield f"https://127.0.0.1:{adapter.ports['https']}"
     finally:
-        process.terminate()
-        process.wait(10)
+        adapter.stop()
 
 
 def external(name: str, selector: Mapping[str, object], kind: str, quantity: str) -> dict[str, object]:

@@ -178,7 +178,7 @@ async def test_messages_above_the_bound_are_refused(start_adapter: StartAdapter)
 async def test_a_taken_port_stops_the_start(start_adapter: StartAdapter) -> None:
     """SO_REUSEPORT is off: a second server on the same port fails instead of sharing KEDA's calls."""
     first = await start_adapter()
-    config = adapter_config(first.grpc_port, DEMO_SOURCES, DEMO_METRICS)
+    config = adapter_config(DEMO_SOURCES, DEMO_METRICS, first.grpc_port)
     assert await asyncio.wait_for(serve(config, asyncio.Event()), 10) == 1
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
+from prometheus_client import REGISTRY
 
 from adapter.config.base import SelectorLabel
 from adapter.config.server import CacheConfig
@@ -294,6 +295,68 @@ async def test_changes_without_pause_refresh_once_per_push_interval() -> None:
     await _until(lambda: source.queries == 3)
     await asyncio.sleep(0.1)
     assert source.queries == 3
+    await cache.close()
+
+
+async def test_the_edge_from_zero_is_read_at_once_right_after_another_push() -> None:
+    """Bursty traffic: the last request ends (that change is read), a new one comes right after. The change
+    from 0 must not wait for `push_interval` (5 s here, and the clock stands still: only the edge rule can
+    read it; before, it waited the full push_interval after the read of the change to 0)."""
+    source = ScriptedSource()
+    cache = make_cache(source, push_interval=5)
+    await cache.read("jobs", "ns", "")
+    source.value = Decimal(0)
+    source.changed(source.watched[0])  # the first push after a quiet spell: read at once
+    await _until(lambda: source.queries == 2)
+    source.value = Decimal(1)
+    source.changed(source.watched[0])  # right after: within push_interval of that read
+    await _until(lambda: source.queries == 3)
+    assert (await cache.read("jobs", "ns", "")).value == 1
+    source.value = Decimal(0)
+    source.changed(source.watched[0])  # any other change keeps its coalescing
+    await asyncio.sleep(0.3)
+    assert source.queries == 3
+    await cache.close()
+
+
+async def test_inactive_to_active_is_read_at_once() -> None:
+    """A series below its metric's activation_threshold (KEDA's inactive) is at rest too: the change that may
+    make it active is read at once, right after another push."""
+    source = ScriptedSource()
+    settings = CacheConfig.model_validate({"interval": 3600, "max_staleness": 60, "push_interval": 5})
+    cache = MetricCache(Catalogue([metric(activation_threshold=3)]), {"q": source}, settings, clock=Clock())
+    await cache.read("jobs", "ns", "")  # 7: active
+    source.value = Decimal(2)
+    source.changed(source.watched[0])  # the first push: read at once, now inactive
+    await _until(lambda: source.queries == 2)
+    source.value = Decimal(4)
+    source.changed(source.watched[0])
+    await _until(lambda: source.queries == 3)
+    assert (await cache.read("jobs", "ns", "")).value == 4
+    await cache.close()
+
+
+def edge_reads_at_rest() -> float:
+    found = {"metric": "jobs", "found": "at_rest"}
+    return REGISTRY.get_sample_value("zeroscale_cache_edge_reads_total", found) or 0.0
+
+
+async def test_pushes_that_leave_a_series_at_rest_cost_two_reads_per_push_interval() -> None:
+    """A queue filled and drained without pause: every read finds 0 and a new change. An early read that
+    found the series still at rest makes the next push wait its turn: two reads per `push_interval`."""
+    source = EverChanging()
+    source.value = Decimal(0)
+    clock = Clock()
+    before = edge_reads_at_rest()
+    cache = make_cache(source, clock)
+    await cache.read("jobs", "ns", "")  # a change during it: read at once (the first push), then once early
+    await asyncio.sleep(0.3)
+    assert source.queries == 3
+    clock.now += 0.25  # its turn: read, and once early again
+    await _until(lambda: source.queries == 5)
+    await asyncio.sleep(0.1)
+    assert source.queries == 5
+    assert edge_reads_at_rest() - before == 2  # counted, so the cost is seen
     await cache.close()
 
 

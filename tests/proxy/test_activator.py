@@ -18,12 +18,13 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
+from adapter.children import port_outside_ephemeral
 from adapter.config.proxy import ProxyConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import MANAGED_BY, build_slices
+from adapter.proxy.server import ProxyServer
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
-from tests.fixtures.netutil import free_port
 from tests.fixtures.proxy import get, request, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
 
@@ -153,7 +154,7 @@ async def test_the_service_lists_the_pods_while_warm_the_proxy_from_replicas_zer
     kube: KubeStandIn, kube_client: KubeClient
 ) -> None:
     upstream = await Upstream().start()
-    pod_port, port = upstream.port, free_port()
+    pod_port, port = upstream.port, port_outside_ephemeral()
     seed(kube, 1, pod_port, "127.0.0.1")
     # One request at a time per pod: the held requests go out one after the other, so "held ones first" shows.
     route = activator_route(port, limits={"endpoint_concurrency": 1})
@@ -228,7 +229,7 @@ async def test_a_new_writer_writes_nothing_until_it_has_read_the_target_the_pods
 ) -> None:
     """A restart (or a new leader) while the Service is warm must not flip it to the proxy because it has not
     read the pods (or the target) yet; while cold, not empty it because it has not read the proxies yet."""
-    port = free_port()
+    port = port_outside_ephemeral()
     seed(kube, replicas, 8080, "10.0.0.5")
     owner = {"apiVersion": "v1", "kind": "Service", "name": "web", "uid": SERVICE_UID}
     groups = {8080: [{"addresses": ["10.0.0.5"], "conditions": {"ready": True}}]} if replicas else {}
@@ -254,7 +255,7 @@ async def test_a_new_writer_writes_nothing_until_it_has_read_the_target_the_pods
 
 
 async def test_slices_it_does_not_own_are_never_touched(kube: KubeStandIn, kube_client: KubeClient) -> None:
-    port = free_port()
+    port = port_outside_ephemeral()
     seed(kube, 1, 8080, "10.0.0.1", "10.0.0.2")
     foreign = [
         # Someone else's slice for the same Service.
@@ -287,7 +288,11 @@ async def test_slices_it_does_not_own_are_never_touched(kube: KubeStandIn, kube_
         await until(lambda: listed(kube) == [(PROXY_ADDRESS, port, "http")])
         await asyncio.sleep(0.5)  # a few resyncs
     assert [kube.get(SLICES, body["metadata"]["name"]) for body in kept] == kept
-    touched = {path.rsplit("/", 1)[-1] for method, path, _ in kube.requests if method in ("PUT", "DELETE", "PATCH")}
+    touched = {
+        path.split("?")[0].rsplit("/", 1)[-1]
+        for method, path, _ in kube.requests
+        if method in ("PUT", "DELETE", "PATCH")
+    }
     assert touched.isdisjoint({"web-manual", "web-zeroscale-1", "other-zeroscale-0"}), touched
     assert writes_total("web", "conflict") >= 1  # the POST of web-zeroscale-1: 409 AlreadyExists, each try
 
@@ -299,7 +304,7 @@ async def test_a_service_with_a_selector_is_refused_and_the_log_says_what_to_cha
     kube.put("/api/v1/namespaces/default/services", service(selector={"app": "web"}))
     refused = writes_total("web", "refused")
     async with running_proxy(
-        [activator_route(free_port())], kube=kube_client, activator=activator_settings()
+        [activator_route(port_outside_ephemeral())], kube=kube_client, activator=activator_settings()
     ) as server:
         await until(lambda: server.activators["web"].inputs_read and writes_total("web", "refused") > refused)
         await asyncio.sleep(0.3)
@@ -317,7 +322,7 @@ async def warm_writer(kube: KubeStandIn, kube_client: KubeClient, resync_interva
     """A proxy leading and writing the Service warm (one pod), resyncing every `resync_interval`."""
     seed(kube, 1, 8080, "10.0.0.1")
     settings = activator_settings(resync_interval=resync_interval)
-    async with running_proxy([activator_route(free_port())], kube=kube_client, activator=settings):
+    async with running_proxy([activator_route(port_outside_ephemeral())], kube=kube_client, activator=settings):
         await until(lambda: listed(kube) == WARM)
         yield
 
@@ -361,7 +366,7 @@ async def test_a_changed_slice_is_put_back_even_while_the_inputs_keep_changing(
 
 
 async def test_a_conflict_on_update_is_read_again_and_written(kube: KubeStandIn, kube_client: KubeClient) -> None:
-    port = free_port()
+    port = port_outside_ephemeral()
     seed(kube, 1, 8080, "10.0.0.1")
     async with running_proxy([activator_route(port)], kube=kube_client, activator=activator_settings()):
         await until(lambda: listed(kube) == [("10.0.0.1", 8080, "http")])
@@ -373,14 +378,14 @@ async def test_a_conflict_on_update_is_read_again_and_written(kube: KubeStandIn,
         set_replicas(kube, 0)
         await until(lambda: listed(kube) == [(PROXY_ADDRESS, port, "http")])
     assert writes_total("web", "conflict") == conflicts + 1
-    puts = [path for method, path, _ in kube.requests if method == "PUT" and path.endswith("/web-zeroscale-0")]
+    puts = [path for method, path, _ in kube.requests if method == "PUT" and "/web-zeroscale-0?" in path]
     assert len(puts) == 2, "the stale one (409), then the one with the version read again"
 
 
 async def test_the_proxy_service_is_read_on_any_port(kube: KubeStandIn, kube_client: KubeClient) -> None:
     """proxy_service names no port (only the addresses are used, each with the route's activator.port); the
     chart's proxy Service names its port `http`, and a Service may have several: each pod listed once."""
-    port = free_port()
+    port = port_outside_ephemeral()
     seed(kube, 0, 8080)
     two_ports = proxies(PROXY_ADDRESS, "10.1.0.8")
     two_ports["ports"].append({"name": "admin", "port": 9090, "protocol": "TCP"})
@@ -392,7 +397,7 @@ async def test_the_proxy_service_is_read_on_any_port(kube: KubeStandIn, kube_cli
 async def test_a_service_created_again_is_owned_by_the_new_one(kube: KubeStandIn, kube_client: KubeClient) -> None:
     """Deleted and created again, the Service has a new uid: slices naming the old one as their owner are
     deleted by the garbage collector, so the writer must name the new one (read again at each resync)."""
-    port = free_port()
+    port = port_outside_ephemeral()
     seed(kube, 1, 8080, "10.0.0.1")
     settings = activator_settings(resync_interval=0.3)
     async with running_proxy([activator_route(port)], kube=kube_client, activator=settings):
@@ -412,7 +417,7 @@ async def test_a_service_created_again_is_owned_by_the_new_one(kube: KubeStandIn
 async def test_a_writer_that_stops_leading_mid_write_writes_no_more(kube: KubeStandIn, kube_client: KubeClient) -> None:
     """Two slices to create; the Lease is lost while the first is on its way: the second is not written (the new
     leader may be writing by then)."""
-    port = free_port()
+    port = port_outside_ephemeral()
     seed(kube, 1, 8080, "10.0.0.1", "10.0.0.2")
     release = threading.Event()
 
@@ -445,7 +450,9 @@ async def test_cold_with_no_proxy_pod_to_list_the_slices_keep_the_pods(
     """No proxy pod ready or serving (a rollout gone wrong): refusing every connection is worse than the pods."""
     seed(kube, 1, 8080, "10.0.0.1")
     kube.put(PROXY_SLICES, proxies())  # the proxy's Service lists no pod
-    async with running_proxy([activator_route(free_port())], kube=kube_client, activator=activator_settings()):
+    async with running_proxy(
+        [activator_route(port_outside_ephemeral())], kube=kube_client, activator=activator_settings()
+    ):
         await until(lambda: listed(kube) == WARM)
         set_replicas(kube, 0)  # cold: the proxy should be listed, but there is none
         await asyncio.sleep(0.5)
@@ -468,7 +475,9 @@ async def test_a_missing_service_is_named_with_what_to_do(
     seed(kube, 1, 8080, "10.0.0.1")
     kube.delete("/api/v1/namespaces/default/services", "web")
     refused = writes_total("web", "refused")
-    async with running_proxy([activator_route(free_port())], kube=kube_client, activator=activator_settings()):
+    async with running_proxy(
+        [activator_route(port_outside_ephemeral())], kube=kube_client, activator=activator_settings()
+    ):
         await until(lambda: writes_total("web", "refused") > refused)
     assert slice_writes(kube) == []
     messages = [record.getMessage() for record in caplog.records]
@@ -506,7 +515,7 @@ async def test_a_slice_whose_address_family_changes_is_replaced_not_updated(
     """A slice's addressType is immutable. Dual-stack pods over two slices of IPv4 and one of IPv6, then the proxy's
     dual-stack pods (one IPv4 slice, one IPv6): the second slice's family changes. Updated in place, the API
     refuses it at every try and the Service stayed on the pods after replicas 0 (the proxy never listed)."""
-    port = free_port()
+    port = port_outside_ephemeral()
     seed(kube, 1, 8080)
     kube.put(SLICES, pods(8080, "10.0.0.1", "10.0.0.2"))
     six = endpoint_slice("web-pods-v6", "web-pods", [("fd00::1", {"ready": True})], 8080)
@@ -534,4 +543,132 @@ def test_two_routes_may_not_write_one_service() -> None:
     with pytest.raises(ValidationError, match="default/web"):
         ProxyConfig.model_validate({"routes": routes, "activator": activator_settings()})
     routes[1]["upstream"] = {**routes[1]["upstream"], "namespace": "other"}
+    routes[1]["target"] = {**routes[1]["target"], "namespace": "other"}
     ProxyConfig.model_validate({"routes": routes, "activator": activator_settings()})  # another namespace's web
+
+
+def test_an_activator_routes_target_is_in_its_services_namespace() -> None:
+    """Its spec.replicas was watched in the Service's namespace whatever the target said: a target elsewhere was
+    read as a missing workload there (or another one of the same name), and the switch followed that."""
+    route = activator_route(9001, target={"namespace": "other", "kind": "Deployment", "name": "web"})
+    with pytest.raises(ValidationError, match=r"target in the upstream's namespace \(default\), not other"):
+        ProxyConfig.model_validate({"routes": [route], "activator": activator_settings()})
+
+
+def test_an_activator_route_name_too_long_for_a_label_value_is_refused_at_load_with_what_to_change() -> None:
+    """The route's name is the zeroscale.io/route label's value on every slice written, and the API refuses a label
+    value over 63 characters: the Service would never get a slice, write after write refused."""
+    fits = "r" * 63
+    ProxyConfig.model_validate(
+        {"routes": [activator_route(port_outside_ephemeral(), name=fits)], "activator": activator_settings()}
+    )
+    too_long = "r" * 64
+    with pytest.raises(ValidationError, match=r"at most 63 characters \(this name has 64\): shorten the route's name"):
+        ProxyConfig.model_validate(
+            {"routes": [activator_route(port_outside_ephemeral(), name=too_long)], "activator": activator_settings()}
+        )
+    # In the path, the name is only a metric label's value, which has no such bound.
+    ProxyConfig.model_validate({"routes": [{"name": too_long, "upstream": {"address": "web:80"}, "wake": "none"}]})
+
+
+async def test_an_fqdn_slice_of_the_pods_is_not_copied(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """Issue 28, finding 5: its name went into an IPv4 slice, every write was refused, and the Service stayed on the
+    proxy while the activator believed it warm. kube-proxy ignores FQDN slices: so does the copy."""
+    seed(kube, 1, 8080, "10.0.0.1")
+    kube.put(
+        SLICES,
+        {**endpoint_slice("web-pods-fqdn", "web-pods", [("localhost", {"ready": True})], 8080), "addressType": "FQDN"},
+    )
+    async with running_proxy(
+        [activator_route(port_outside_ephemeral())], kube=kube_client, activator=activator_settings()
+    ) as a:
+        await until(lambda: listed(kube) == [("10.0.0.1", 8080, "http")])
+        await asyncio.sleep(0.3)  # nothing more is written
+        assert listed(kube) == [("10.0.0.1", 8080, "http")]
+        assert a.activators["web"].warm
+
+
+# --- bounded staleness and our own outputs (issue 28 findings 1 and 6; docs/architecture.md#staleness-bounds) ---
+
+
+def route_hosts(server: ProxyServer) -> list[str]:
+    return sorted(endpoint.host for endpoint in server.routes["web"].endpoints)
+
+
+async def test_a_pod_replaced_under_a_silent_watch_leaves_the_route_and_the_service_within_the_silence_timeout(
+    kube: KubeStandIn,
+) -> None:
+    """Finding 1: the EndpointSlice watch went silent (open, nothing sent, the lists fine) and the Service and the
+    in-path route listed the replaced pod for 301 s. Now for at most kubernetes.watch_silence_timeout (3 s here;
+    the resync, 30 s, is not what ends it)."""
+    client = KubeClient.from_config(kube.client_config(watch_silence_timeout=3))
+    seed(kube, 1, 8080, "10.0.0.1")
+    try:
+        async with running_proxy(
+            [activator_route(port_outside_ephemeral())], kube=client, activator=activator_settings()
+        ) as server:
+            await until(lambda: listed(kube) == WARM and route_hosts(server) == ["10.0.0.1"])
+            kube.silence_watches(SLICES_V1)
+            kube.put(SLICES, pods(8080, "10.0.0.2"))  # the pod replaced
+            await until(lambda: listed(kube) == [("10.0.0.2", 8080, "http")], within=20)
+            await until(lambda: route_hosts(server) == ["10.0.0.2"], within=5)
+    finally:
+        await client.close()
+
+
+async def test_the_resync_reads_the_inputs_again(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """The resync compared our slices with what they should be built from the watches' copies: under silent
+    watches it rebuilt the same stale slices at every resync. It lists the target, its pods and the proxy's pods
+    again (the watches' silence timeout here is the default 30 s)."""
+    port = port_outside_ephemeral()
+    seed(kube, 1, 8080, "10.0.0.1")
+    settings = activator_settings(resync_interval=0.5)
+    async with running_proxy([activator_route(port)], kube=kube_client, activator=settings):
+        await until(lambda: listed(kube) == WARM)
+        kube.silence_watches(SLICES_V1)
+        kube.silence_watches(DEPLOYMENTS)
+        kube.put(SLICES, pods(8080, "10.0.0.2"))
+        await until(lambda: listed(kube) == [("10.0.0.2", 8080, "http")], within=10)
+        set_replicas(kube, 0)
+        await until(lambda: listed(kube) == [(PROXY_ADDRESS, port, "http")], within=10)
+        kube.put(PROXY_SLICES, proxies("10.1.0.8"))  # the proxy's own pod replaced
+        await until(lambda: listed(kube) == [("10.1.0.8", port, "http")], within=10)
+
+
+async def test_a_slice_someone_deleted_or_changed_is_written_back_at_once(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """Finding 6: deleted (a person, the garbage collector), the Service had no slice until the next resync (28 s
+    in the review), refusing every connection. The writer watches its slices: back within a second (the test allows
+    10 s on a loaded machine; the resync is 30 s)."""
+    async with warm_writer(kube, kube_client, resync_interval=30):
+        kube.delete(SLICES, "web-zeroscale-0")
+        await until(lambda: listed(kube) == WARM, within=10)
+        tamper(kube)
+        await until(lambda: listed(kube) == WARM, within=10)
+
+
+async def test_a_service_created_again_gets_its_slices_back_at_once(kube: KubeStandIn, kube_client: KubeClient) -> None:
+    """Deleted, the Service's slices go with it (the garbage collector); created again, nothing about our slices
+    changes after that: the writer watches the Service too, and writes them, owned by the new one, at once."""
+    async with warm_writer(kube, kube_client, resync_interval=30):
+        kube.delete("/api/v1/namespaces/default/services", "web")
+        kube.delete(SLICES, "web-zeroscale-0")  # the garbage collector: its owner is gone
+        await asyncio.sleep(0.5)
+        kube.put("/api/v1/namespaces/default/services", service(uid="7f00-the-new-web"))
+
+        def owner_uid() -> str | None:
+            body = kube.get(SLICES, "web-zeroscale-0")
+            return body["metadata"]["ownerReferences"][0]["uid"] if body else None
+
+        await until(lambda: listed(kube) == WARM and owner_uid() == "7f00-the-new-web", within=10)
+
+
+async def test_a_selector_given_to_the_service_removes_our_slices_at_once(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """The Service is watched: a selector given to it (Kubernetes' controller now writes its slices) removes ours
+    at once, not at the next resync (30 s here)."""
+    async with warm_writer(kube, kube_client, resync_interval=30):
+        kube.put("/api/v1/namespaces/default/services", service(selector={"app": "web"}))
+        await until(lambda: ours(kube) == [], within=10)

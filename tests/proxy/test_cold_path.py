@@ -8,7 +8,7 @@ import contextlib
 from prometheus_client import REGISTRY
 
 from adapter.proxy.server import ProxyServer
-from tests.fixtures.netutil import free_port
+from tests.fixtures.netutil import refused_port
 from tests.fixtures.proxy import get, post, read_response, request, route, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
 
@@ -19,7 +19,7 @@ def errors(route_name: str, code: str) -> float:
 
 
 async def test_thousand_held_requests_each_answered_once_with_its_own_body() -> None:
-    port = free_port()
+    port = refused_port()
     async with running_proxy([route("cold1k", f"127.0.0.1:{port}")], max_connections=5000) as server:
         counts = server.routes["cold1k"].counts
         connections = []
@@ -47,7 +47,7 @@ async def test_thousand_held_requests_each_answered_once_with_its_own_body() -> 
 
 
 async def test_held_requests_go_out_in_arrival_order() -> None:
-    port = free_port()
+    port = refused_port()
     routes = [route("ordered", f"127.0.0.1:{port}", limits={"endpoint_concurrency": 1})]
     async with running_proxy(routes) as server:
         counts = server.routes["ordered"].counts
@@ -64,7 +64,7 @@ async def test_held_requests_go_out_in_arrival_order() -> None:
 
 
 async def test_counts_are_published_on_every_change() -> None:
-    port = free_port()
+    port = refused_port()
     async with running_proxy([route("counted", f"127.0.0.1:{port}")]) as server:
         seen: list[tuple[int, int]] = []
         server.routes["counted"].counts.subscribe(lambda _route, held, inflight: seen.append((held, inflight)))
@@ -82,7 +82,7 @@ async def test_counts_are_published_on_every_change() -> None:
 
 
 async def test_hold_timeout_answers_504_naming_the_wait() -> None:
-    routes = [route("sleepy", f"127.0.0.1:{free_port()}", limits={"hold_timeout": 0.3})]
+    routes = [route("sleepy", f"127.0.0.1:{refused_port()}", limits={"hold_timeout": 0.3})]
     async with running_proxy(routes) as server:
         before = errors("sleepy", "504")
         response = await request(server.port, get())
@@ -93,7 +93,7 @@ async def test_hold_timeout_answers_504_naming_the_wait() -> None:
 
 
 async def test_over_capacity_is_503_with_retry_after() -> None:
-    routes = [route("small", f"127.0.0.1:{free_port()}", limits={"max_held_requests": 2, "retry_after": 7})]
+    routes = [route("small", f"127.0.0.1:{refused_port()}", limits={"max_held_requests": 2, "retry_after": 7})]
     async with running_proxy(routes) as server:
         held = [asyncio.create_task(request(server.port, get())) for _ in range(2)]
         await until(lambda: server.routes["small"].counts.held == 2)
@@ -105,7 +105,9 @@ async def test_over_capacity_is_503_with_retry_after() -> None:
 
 
 async def test_held_body_over_the_limit_is_413_and_route_bytes_over_the_bound_503() -> None:
-    routes = [route("bodies", f"127.0.0.1:{free_port()}", limits={"max_held_body_bytes": 1000, "max_held_bytes": 1500})]
+    routes = [
+        route("bodies", f"127.0.0.1:{refused_port()}", limits={"max_held_body_bytes": 1000, "max_held_bytes": 1500})
+    ]
     async with running_proxy(routes) as server:
         assert (await request(server.port, post(b"x" * 1001))).status == 413
         first = asyncio.create_task(request(server.port, post(b"y" * 900)))
@@ -120,7 +122,7 @@ async def test_held_body_over_the_limit_is_413_and_route_bytes_over_the_bound_50
 
 
 async def test_client_that_disconnects_while_held_is_removed_and_counted() -> None:
-    port = free_port()
+    port = refused_port()
     async with running_proxy([route("quitter", f"127.0.0.1:{port}")]) as server:
         counts = server.routes["quitter"].counts
         before = errors("quitter", "499")
@@ -210,7 +212,7 @@ async def test_burst_is_spread_over_endpoints_as_they_become_ready() -> None:
 
 
 async def test_websocket_through_a_cold_start() -> None:
-    port = free_port()
+    port = refused_port()
     async with running_proxy([route("ws", f"127.0.0.1:{port}")]) as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(
@@ -237,7 +239,7 @@ async def test_websocket_through_a_cold_start() -> None:
 
 
 async def test_held_chunked_body_is_forwarded_once_with_its_terminator() -> None:
-    port = free_port()
+    port = refused_port()
     async with running_proxy([route("chunks", f"127.0.0.1:{port}")]) as server:
         raw = (
             b"PUT /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
@@ -287,7 +289,7 @@ async def test_idempotent_chunked_request_is_resent_once_after_a_lost_connection
 
 async def test_an_endpoint_that_refused_is_probed_back_into_use() -> None:
     good = await Upstream().start()
-    late_port = free_port()
+    late_port = refused_port()
     try:
         async with running_proxy([route("mixed", good.address)]) as server:
             app = server.routes["mixed"]

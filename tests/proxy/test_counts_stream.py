@@ -85,6 +85,28 @@ async def test_a_change_after_a_quiet_spell_goes_out_at_once(start_counts: Start
     assert time.monotonic() - started < 0.5  # not held back for the 1 s window
 
 
+async def test_the_edge_from_zero_goes_out_at_once_within_the_window(start_counts: StartCounts, watch: Any) -> None:
+    """A route lifted from the 0 last sent is not coalesced with the change sent just before (5 s window here);
+    before, it waited for the window's end. Changes that lift nothing from 0 keep their coalescing, and so
+    does a route's second edge within one window."""
+    routes = Routes("web", "api")
+    server = await start_counts(routes, coalesce=5.0, heartbeat_interval=30)
+    stream = await watch(server.port)
+    await asyncio.wait_for(stream.read(), 5)
+    routes.add("api", held=1)  # lifted from 0: at once
+    assert counts(await asyncio.wait_for(stream.read(), 2)) == {"web": (0, 0), "api": (1, 0)}
+    routes.add("web", held=1)  # within the window: the edge from zero of another route, at once too
+    routes.add("api", held=1)  # and a change that lifts nothing from 0: both in the next message
+    started = time.monotonic()
+    message = await asyncio.wait_for(stream.read(), 2.5)  # far less than the window, even on a loaded machine
+    assert counts(message) == {"web": (1, 0), "api": (2, 0)}
+    routes.add("web", held=-1)  # lifts nothing: coalesced
+    routes.add("web", inflight=1)  # an edge, but web's second in this window: coalesced with it
+    message = await asyncio.wait_for(stream.read(), 10)
+    assert counts(message) == {"web": (0, 1), "api": (2, 0)}
+    assert time.monotonic() - started > 4  # the window's end (5 s after the early message)
+
+
 async def test_health_service(start_counts: StartCounts) -> None:
     server = await start_counts(Routes("web"))
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:

@@ -25,7 +25,7 @@ from tests.fixtures.kube_routes import (
 )
 from tests.fixtures.kube_routes import hpa as hpa_object
 from tests.fixtures.kube_standin import KubeStandIn, Reply, status_body
-from tests.fixtures.netutil import free_port
+from tests.fixtures.netutil import refused_port
 from tests.fixtures.proxy import get, request, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
 
@@ -67,7 +67,7 @@ async def test_cold_start_wakes_the_target_and_forwards_when_a_slice_is_ready(
 ) -> None:
     scale = ScaleStandIn(kube, "default", "web", replicas=0)
     collection = slices_collection("default")
-    port = free_port()
+    port = refused_port()
     kube.put(collection, endpoint_slice("web-abc", "web", [], port))
     async with running_proxy([service_route("woken")], kube=kube_client) as server:
         pending = asyncio.create_task(request(server.port, get("/echo?cold")))

@@ -10,13 +10,15 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
+from adapter.children import port_outside_ephemeral
 from adapter.config.proxy import ActivatorConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.leases import lease_path
 from adapter.proxy.leader import LeaderElector
+from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
-from tests.fixtures.netutil import free_port
 from tests.fixtures.proxy import get, request, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
 from tests.proxy.test_activator import (
@@ -25,10 +27,13 @@ from tests.proxy.test_activator import (
     SLICES,
     activator_route,
     activator_settings,
+    deployment,
     kube,
     listed,
+    ours,
     pods,
     seed,
+    service,
     set_replicas,
 )
 
@@ -161,7 +166,7 @@ async def test_of_two_proxies_only_the_leader_writes_and_both_hold_and_forward(
     upstream = await Upstream().start()
     pod_port = upstream.port
     seed(kube, 0, pod_port)
-    ports = {"a": free_port(), "b": free_port()}
+    ports = {"a": port_outside_ephemeral(), "b": port_outside_ephemeral()}
     route_a = activator_route(ports["a"], name="web-a")
     route_b = activator_route(ports["b"], name="web-b")
     try:
@@ -262,3 +267,114 @@ async def test_a_leader_stops_writing_at_its_renew_deadline_not_at_its_next_try(
         assert stopped - renewals[-1] <= 1.0 + 0.15, stopped - renewals[-1]
     finally:
         await elector.close()
+
+
+async def test_a_write_sent_just_before_the_lease_is_lost_never_lands_after_another_replica_may_hold_it(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """Issue 28, finding 7: a slice write may take the client's timeout (10 s), longer than the lease_duration left
+    after the holder's last renewal; one sent as the holder stops renewing must be dropped, not applied late."""
+    seed(kube, 0, 8080)
+    renewals: list[float] = []
+    applied: list[float] = []
+
+    def note(method: str, path: str, body: Any) -> None:
+        if "/leases" in path and body["spec"]["holderIdentity"] == "proxy-a":
+            renewals.append(time.monotonic())
+        elif "/endpointslices" in path:
+            applied.append(time.monotonic())
+
+    def slow(_request: StandInRequest, _match: Any) -> None:
+        time.sleep(2.5)  # the API is slow to apply slice writes (then the stand-in's own route applies it)
+
+    kube.before_write.append(note)
+    async with running_proxy(
+        [activator_route(port_outside_ephemeral())], kube=kube_client, activator=activator_settings()
+    ) as a:
+        await until(lambda: listed(kube) == [(PROXY_ADDRESS, a.routes["web"].config.activator.port, "http")])  # type: ignore[union-attr]
+        await until(lambda: len(renewals) >= 3)  # renewing
+        applied.clear()
+        for method in ("POST", "PUT", "DELETE"):
+            kube.add_route(method, SLICES_V1 + "(/[^/]+)?", slow)
+        refuse_writes_of(kube, "proxy-a", "hang")
+        set_replicas(kube, 1)
+        kube.put(SLICES, pods(8080, "10.1.0.20"))  # warm: the leader writes the pod in, slowly
+        await until(lambda: a.leader is not None and not a.leader.leading, within=5)
+        await asyncio.sleep(3.0)  # past when the slow write would land
+    late = [at - renewals[-1] for at in applied if at > renewals[-1] + TIMING["lease_duration"]]
+    assert late == [], f"slice writes landed {late} s after the last renewal (lease_duration 1.5 s)"
+
+
+def second_installation(kube: KubeStandIn, port: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Another installation in the same namespace: its own proxy Service (canary-proxy), and route `api` writing
+    Service default/api for Deployment api (ready pod 10.0.0.2). Returns (route, activator settings)."""
+    kube.put("/apis/apps/v1/namespaces/default/deployments", {**deployment(1), "metadata": {"name": "api"}})
+    kube.put("/api/v1/namespaces/default/services", {**service(), "metadata": {"name": "api", "uid": "api-uid"}})
+    kube.put(SLICES, endpoint_slice("api-pods-abcde", "api-pods", [("10.0.0.2", {"ready": True})], 8080))
+    route = activator_route(
+        port,
+        name="api",
+        activator={"service": "api"},
+        upstream={"service": "api-pods", "namespace": "default", "port": "http"},
+        target={"namespace": "default", "kind": "Deployment", "name": "api"},
+    )
+    settings = activator_settings("canary-a", **TIMING)
+    settings["proxy_service"] = {"service": "canary-proxy", "namespace": "zeroscale"}
+    return route, settings
+
+
+def slice_addresses(kube: KubeStandIn, service_name: str) -> list[str]:
+    return sorted(
+        address for body in ours(kube, service_name) for ep in body["endpoints"] for address in ep["addresses"]
+    )
+
+
+def holder_serves(route: str) -> float | None:
+    return REGISTRY.get_sample_value("zeroscale_proxy_activator_holder_serves", {"route": route})
+
+
+async def test_two_installations_in_one_namespace_each_write_their_routes_by_default(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """Issue 28, finding 8: with the one default lease_name, one installation led and the other's Service never got a
+    slice. The default follows the installation's proxy Service."""
+    seed(kube, 1, 8080, "10.0.0.1")
+    api_route, canary = second_installation(kube, port_outside_ephemeral())
+    async with (
+        running_proxy(
+            [activator_route(port_outside_ephemeral())], kube=kube_client, activator=activator_settings("a", **TIMING)
+        ),
+        running_proxy([api_route], kube=kube_client, activator=canary),
+    ):
+        await until(
+            lambda: slice_addresses(kube, "web") == ["10.0.0.1"] and slice_addresses(kube, "api") == ["10.0.0.2"]
+        )
+    leases = {lease["metadata"]["name"] for lease in kube.objects(lease_path("zeroscale"))}
+    assert leases == {"zeroscale-proxy-activator", "canary-proxy-activator"}
+
+
+async def test_a_replica_whose_routes_the_holder_does_not_write_says_so(
+    kube: KubeStandIn, kube_client: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two installations given one lease_name (or a holder with another route set): the follower's routes are not
+    written, and it says so in its log and zeroscale_proxy_activator_holder_serves (the doctor: tests/doctor)."""
+    seed(kube, 1, 8080, "10.0.0.1")
+    api_route, canary = second_installation(kube, port_outside_ephemeral())
+    shared = {"lease_name": "shared"}
+    async with running_proxy(
+        [activator_route(port_outside_ephemeral())],
+        kube=kube_client,
+        activator=activator_settings("a", **TIMING, **shared),
+    ) as first:
+        await until(lambda: first.leader is not None and first.leader.leading)
+        async with running_proxy([api_route], kube=kube_client, activator={**canary, **shared}):
+            await until(lambda: holder_serves("api") == 0)
+            assert holder_serves("web") == 1
+            await asyncio.sleep(0.5)  # many reads of the Lease: one warning
+            warnings = [
+                r.getMessage() for r in caplog.records if "does not write routes of this replica" in r.getMessage()
+            ]
+            assert len(warnings) == 1, warnings
+            assert "the holder a does not write routes of this replica: api (not written)" in warnings[0]
+            assert "proxy.activator.lease_name" in warnings[0]
+            assert ours(kube, "api") == []

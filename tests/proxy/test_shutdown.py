@@ -3,39 +3,37 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
-from tests.fixtures.netutil import free_port, wait_for_port
+from tests.fixtures.netutil import refused_port
 from tests.fixtures.proxy import get, read_response, request
+from tests.fixtures.replicas import spawn
 from tests.fixtures.upstream_app import Upstream
 
 
 @contextmanager
-def proxy_process(upstream_port: int, grace: float) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
-    port, admin = free_port(), free_port()
+def proxy_process(
+    upstream_port: int, grace: float, directory: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
     env = {
-        **os.environ,
         "ZEROSCALE_PROXY__SIDECAR__UPSTREAM": f"127.0.0.1:{upstream_port}",
         "ZEROSCALE_PROXY__BIND": "127.0.0.1",
-        "ZEROSCALE_PROXY__PORT": str(port),
+        "ZEROSCALE_PROXY__PORT": "0",
         "ZEROSCALE_PROXY__ADMIN_BIND": "127.0.0.1",
-        "ZEROSCALE_PROXY__ADMIN_PORT": str(admin),
+        "ZEROSCALE_PROXY__ADMIN_PORT": "0",
         "ZEROSCALE_PROXY__GRACE_PERIOD": str(grace),
     }
-    env.pop("ZEROSCALE_CONFIG", None)
-    process = subprocess.Popen([sys.executable, "-m", "adapter", "proxy"], env=env, stderr=subprocess.PIPE)
+    proxy = spawn("proxy", "proxy", directory, env=env)
     try:
-        wait_for_port(port)
-        yield process, port, admin
+        yield proxy.process, proxy.ports["http"], proxy.ports["admin"]
     finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(10)
+        if proxy.process.poll() is None:
+            proxy.process.kill()
+        proxy.process.wait(10)
 
 
 async def held(port: int, count: int, admin: int) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
@@ -53,9 +51,9 @@ async def held(port: int, count: int, admin: int) -> list[tuple[asyncio.StreamRe
             await asyncio.sleep(0.02)
 
 
-async def test_sigterm_finishes_held_requests_within_the_grace_period() -> None:
-    upstream_port = free_port()
-    with proxy_process(upstream_port, grace=10) as (process, port, admin):
+async def test_sigterm_finishes_held_requests_within_the_grace_period(tmp_path: Path) -> None:
+    upstream_port = refused_port()
+    with proxy_process(upstream_port, grace=10, directory=tmp_path) as (process, port, admin):
         connections = await held(port, 5, admin)
         process.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.2)
@@ -74,8 +72,8 @@ async def test_sigterm_finishes_held_requests_within_the_grace_period() -> None:
         await upstream.stop()
 
 
-async def test_sigterm_answers_what_is_left_after_the_grace_period_with_503() -> None:
-    with proxy_process(free_port(), grace=0.5) as (process, port, admin):
+async def test_sigterm_answers_what_is_left_after_the_grace_period_with_503(tmp_path: Path) -> None:
+    with proxy_process(refused_port(), grace=0.5, directory=tmp_path) as (process, port, admin):
         connections = await held(port, 3, admin)
         process.send_signal(signal.SIGTERM)
         responses = [await asyncio.wait_for(read_response(reader), 10) for reader, _ in connections]

@@ -20,9 +20,7 @@ from adapter.api.http import Limits
 from adapter.api.listeners import listener_limits
 from adapter.config import ZeroscaleConfig
 from adapter.config.server import ServerConfig
-from adapter.serve import serve
-from tests.fixtures.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
-from tests.fixtures.netutil import free_port
+from tests.fixtures.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, start_serving
 
 
 def api_limits(**overrides: Any) -> Limits:
@@ -46,12 +44,11 @@ async def serving(
     server: dict[str, Any], metrics: list[dict[str, Any]] | None = None, sources: list[dict[str, Any]] | None = None
 ) -> AsyncIterator[Ports]:
     """`serve()` on loopback with authentication off (allowed there), the demo source and `server:` settings."""
-    ports = Ports(free_port(), free_port())
     settings = {
         "bind": "127.0.0.1",
         "metrics_bind": "127.0.0.1",
-        "port": ports.api,
-        "metrics_port": ports.metrics,
+        "port": 0,
+        "metrics_port": 0,
         "auth": {"enabled": False},
     }
     config = ZeroscaleConfig(
@@ -59,15 +56,12 @@ async def serving(
         sources=DEMO_SOURCES if sources is None else sources,
         metrics=DEMO_METRICS if metrics is None else metrics,
     )
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(config, stop))
-    await wait_listening(task, ports.api, "the server")
-    await wait_listening(task, ports.metrics, "the metrics port")
+    serving = await start_serving(config, "the server")
     try:
-        yield ports
+        yield Ports(serving.ports["api"], serving.ports["metrics"])
     finally:
-        stop.set()
-        assert await asyncio.wait_for(task, 10) == 0
+        serving.stop.set()
+        assert await asyncio.wait_for(serving.task, 10) == 0
 
 
 def insecure_client() -> ssl.SSLContext:

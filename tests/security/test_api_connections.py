@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
 import resource
-import signal
 import ssl
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,7 +17,7 @@ import pytest
 from adapter.api.http import HTTPServer, Limits, Request, Response
 from adapter.api.listeners import MetricsPage
 from adapter.telemetry import api as telemetry
-from tests.fixtures.netutil import free_port, wait_for_port
+from tests.fixtures.replicas import spawn
 from tests.security.api_serving import Ports, api_limits, connect, read_all, run, serving
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -265,7 +261,7 @@ def test_a_body_larger_than_allowed_is_413_naming_the_key() -> None:
     run(scenario())
 
 
-def test_serve_raises_the_open_files_limit_to_the_hard_limit_and_logs_it() -> None:
+def test_serve_raises_the_open_files_limit_to_the_hard_limit_and_logs_it(tmp_path: Path) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or hard <= 256:
         pytest.skip("needs a finite hard open-files limit above 256")
@@ -274,25 +270,17 @@ def test_serve_raises_the_open_files_limit_to_the_hard_limit_and_logs_it() -> No
     def lower() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
 
-    port, metrics_port = free_port(), free_port()
-    env = {**os.environ, "ZEROSCALE_SERVER__PORT": str(port), "ZEROSCALE_SERVER__METRICS_PORT": str(metrics_port)}
+    env = {"ZEROSCALE_SERVER__PORT": "0", "ZEROSCALE_SERVER__METRICS_PORT": "0"}
     config = ROOT / "deploy" / "local" / "zeroscale.yaml"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "adapter", "serve", "--config", str(config)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=lower,
-    )
+    adapter = spawn("adapter", "serve", tmp_path, "--config", str(config), env=env, preexec_fn=lower, log_level="INFO")
     try:
-        wait_for_port(port, timeout=30)
-        limits = Path(f"/proc/{process.pid}/limits").read_text()
+        adapter.wait_ready(30)
+        limits = Path(f"/proc/{adapter.process.pid}/limits").read_text()
         (line,) = [line for line in limits.splitlines() if line.startswith("Max open files")]
         assert line.split()[3:5] == [str(hard), str(hard)]  # soft raised from 256 to the hard limit
     finally:
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=10)
+        adapter.stop()
+    output = adapter.log.read_text()
     assert f"open files limit: {hard} (hard limit {hard})" in output, output
 
 

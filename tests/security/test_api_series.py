@@ -24,12 +24,10 @@ from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import BadSelector, MetricUnavailable
 from adapter.rpc.generated import externalscaler_pb2 as pb
-from adapter.serve import serve
 from adapter.sources.base import Source
 from adapter.telemetry import cache as telemetry
-from tests.fixtures.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, wait_listening
+from tests.fixtures.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, start_serving
 from tests.fixtures.grpc_servers import adapter_config, ref, scaler_stub
-from tests.fixtures.netutil import free_port
 from tests.metrics.test_cache import Clock, ScriptedSource
 from tests.security.api_serving import connect, read_all, run, serving
 
@@ -258,18 +256,15 @@ def _huge_source() -> dict[str, Any]:
 
 async def _grpc_failure(sources: list[dict[str, Any]], metrics: list[dict[str, Any]], scaled: Any) -> Any:
     """Start `serve()` with KEDA's scaler, call GetMetrics for `scaled` and return the error it answers."""
-    config = adapter_config(free_port(), sources, metrics)
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(config, stop))
-    await wait_listening(task, config.grpc.scaler.port, "the scaler")
+    serving = await start_serving(adapter_config(sources, metrics), "the scaler")
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{config.grpc.scaler.port}") as channel:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{serving.ports['scaler']}") as channel:
             with pytest.raises(grpc.aio.AioRpcError) as failed:
                 await scaler_stub(channel).GetMetrics(pb.GetMetricsRequest(scaledObjectRef=scaled))
             return failed.value
     finally:
-        stop.set()
-        assert await asyncio.wait_for(task, 10) == 0
+        serving.stop.set()
+        assert await asyncio.wait_for(serving.task, 10) == 0
 
 
 def test_an_overflowing_value_is_an_error_on_the_grpc_scaler_too() -> None:

@@ -11,6 +11,7 @@ import pytest
 import trustme
 from prometheus_client import REGISTRY
 
+from adapter.children import port_outside_ephemeral
 from adapter.config.http import HTTPMetric, HTTPSource
 from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import MetricUnavailable
@@ -19,7 +20,6 @@ from adapter.rpc.generated import proxycounts_pb2_grpc as pb_grpc
 from adapter.sources.base import SourceError, SourceQuery
 from adapter.sources.proxy_counts.source import ProxyCounts
 from tests.fixtures.grpc_servers import MakeCache, Routes, StartCounts, eventually, make_cache, start_counts, value
-from tests.fixtures.netutil import free_port
 from tests.rpc.test_tls import NAME, mutual_tls, write_ca
 from tests.security.grpc_standins import Sender, start_garbage_replica, start_scripted_replica
 
@@ -210,7 +210,7 @@ async def test_a_listed_replica_gone_silent_fails_the_sum(start_counts: StartCou
     """
     quiet = Routes("web")
     quick = await start_counts(quiet)
-    port = free_port()
+    port = port_outside_ephemeral()  # listened on below by a server the test picks
     if spoke_first:
         holding = Routes("web")
         holding.add("web", held=5)

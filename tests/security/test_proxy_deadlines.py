@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from adapter.config.proxy import RouteLimits
-from tests.fixtures.netutil import free_port
+from tests.fixtures.netutil import refused_port
 from tests.fixtures.proxy import get, post, read_response, request, route, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
 from tests.security.h11_upstream import H11Upstream
@@ -160,7 +160,7 @@ async def test_an_idle_tunnel_is_closed_after_tunnel_idle_timeout(upstream: Upst
 async def test_bytes_sent_ahead_of_a_held_upgrade_are_bounded() -> None:
     """A client may send tunnel bytes before the 101 (they are kept for the tunnel); past 64 KiB, sent in
     many small segments as a peer trying to make the count expensive would, the connection is closed."""
-    cold = f"127.0.0.1:{free_port()}"  # nothing listens: the upgrade request is held
+    cold = f"127.0.0.1:{refused_port()}"  # nothing listens: the upgrade request is held
     async with running_proxy([route("early", cold, limits={"hold_timeout": 30})]) as server:
         counts = server.routes["early"].counts
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)

@@ -2,7 +2,10 @@
 
 Each message is a whole snapshot of the replica's routes, so nothing is lost when messages are
 coalesced or a stream is reopened: the newest message of a replica is kept, and applied at most once
-per `coalesce` (the first after a quiet spell at once). A stream that stays silent past
+per `coalesce` (the first after a quiet spell at once), except the edge from zero: a message that lifts
+a route's held or in-flight count above the 0 last applied is applied at once
+(docs/architecture.md#edge-from-zero), once per window beside the coalesced one, so a replica flooding
+messages still costs at most two applies per window. A stream that stays silent past
 `stale_after` (no update and no heartbeat) is abandoned and reopened; the source decides separately
 when the replica's counts expire.
 
@@ -156,6 +159,7 @@ class Subscription:
         self._newest: pb.CountsUpdate | None = None
         self._flush: asyncio.TimerHandle | None = None
         self._applied_at = -config.coalesce
+        self._early = False  # the latest apply was an edge from zero, within its window
         self._streaming = False  # the current stream has delivered a message
 
     def start(self) -> None:
@@ -235,21 +239,32 @@ class Subscription:
         if self._newest is not None:
             telemetry.PROXY_COUNTS_COALESCED.labels(self._config.name).inc()
         self._newest = message
-        if self._flush is not None:
-            return
         loop = asyncio.get_running_loop()
         delay = self._applied_at + self._config.coalesce - loop.time()
-        if delay > 0:
-            self._flush = loop.call_later(delay, self._apply_newest)
-        else:
-            self._apply_newest()
+        if delay > 0 and (self._early or not self._rises(message)):
+            if self._flush is None:
+                self._flush = loop.call_later(delay, self._apply_newest)
+            return
+        if self._flush is not None:
+            self._flush.cancel()
+        self._apply_newest(early=delay > 0)
 
-    def _apply_newest(self) -> None:
+    def _rises(self, message: pb.CountsUpdate) -> bool:
+        """A route's count is above the 0 last applied: the edge from zero, not coalesced (once per window)."""
+        applied = self.replica.counts
+        for route in message.routes:
+            held, inflight = applied.get(route.route, (0, 0))
+            if (route.held and not held) or (route.inflight and not inflight):
+                return True
+        return False
+
+    def _apply_newest(self, early: bool = False) -> None:
         self._flush = None
         message, self._newest = self._newest, None
         if message is None:
             return
         self._applied_at = asyncio.get_running_loop().time()
+        self._early = early
         self._apply(message)
 
     def _apply(self, message: pb.CountsUpdate) -> None:

@@ -13,12 +13,10 @@ from prometheus_client import REGISTRY
 from adapter.config.server import CacheConfig
 from adapter.metrics.cache import MetricCache, Reading
 from adapter.metrics.catalogue import Catalogue
-from adapter.serve import serve
 from adapter.sources.kafka.source import KafkaLag
-from tests.fixtures.adapter_inprocess import wait_listening
+from tests.fixtures.adapter_inprocess import start_serving
 from tests.fixtures.grpc_servers import adapter_config, ref, scaler_stub
 from tests.fixtures.kafka_broker import KafkaBroker
-from tests.fixtures.netutil import free_port
 from tests.sources.kafka.helpers import KafkaDriver, exported, lag_metric, source_config
 
 pytestmark = pytest.mark.kafka
@@ -89,12 +87,10 @@ async def test_a_produce_flips_stream_is_active_without_waiting_for_the_interval
     source = {"name": f"events-{name}", "type": "kafka", "bootstrap_servers": [broker.bootstrap]}
     labels = {"group": {"required": True}, "topic": {}}
     metric = {"name": "kafka-lag", "type": "kafka", "source": source["name"], "labels": labels}
-    config = adapter_config(free_port(), [source], [metric])  # the cache's interval is 60 s: only a push is quick
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(config, stop))
+    config = adapter_config([source], [metric])  # the cache's interval is 60 s: only a push is quick
+    serving = await start_serving(config)
     try:
-        await wait_listening(task, config.grpc.scaler.port, "the adapter's gRPC server")
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{config.grpc.scaler.port}") as channel:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{serving.ports['scaler']}") as channel:
             call = scaler_stub(channel).StreamIsActive(ref("kafka-lag", f"group={name},topic={name}"))
             assert (await asyncio.wait_for(call.read(), 10)).result is False
             await kafka.produce(name, {0: 1})
@@ -103,8 +99,8 @@ async def test_a_produce_flips_stream_is_active_without_waiting_for_the_interval
                     pass
             call.cancel()
     finally:
-        stop.set()
-        assert await asyncio.wait_for(task, 10) == 0
+        serving.stop.set()
+        assert await asyncio.wait_for(serving.task, 10) == 0
 
 
 async def test_a_group_dropped_while_it_is_read_leaves_no_series(

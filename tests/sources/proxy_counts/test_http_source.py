@@ -10,13 +10,14 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 
+from adapter.children import port_outside_ephemeral
 from adapter.config.http import HTTPMetric, HTTPSource
 from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import MetricUnavailable
 from adapter.sources.proxy_counts.discovery import Discovery
 from adapter.sources.proxy_counts.source import ProxyCounts
 from tests.fixtures.grpc_servers import MakeCache, Routes, StartCounts, eventually, value
-from tests.fixtures.netutil import free_port
+from tests.fixtures.netutil import refused_port
 
 
 async def test_sums_every_replica_and_follows_pushes(make_cache: MakeCache, start_counts: StartCounts) -> None:
@@ -79,7 +80,7 @@ async def test_a_replica_leaving_discovery_keeps_its_counts_until_stale_after(
 
 async def test_replica_coming_back_is_counted_again(make_cache: MakeCache, start_counts: StartCounts) -> None:
     routes = Routes("web")
-    port = free_port()
+    port = port_outside_ephemeral()  # restarted on it below: no outgoing connection may take it meanwhile
     a = await start_counts(routes, port=port)
     cache = await make_cache("comeback", proxies=[f"127.0.0.1:{port}"])
     routes.add("web", held=3)
@@ -97,14 +98,14 @@ async def test_an_unreachable_listed_replica_fails_the_metric(make_cache: MakeCa
     routes = Routes("web")
     server = await start_counts(routes)
     routes.add("web", held=2)
-    closed = free_port()  # nothing listens there
+    closed = refused_port()  # nothing listens there
     cache = await make_cache("partial", proxies=[f"127.0.0.1:{closed}", f"127.0.0.1:{server.port}"])
     with pytest.raises(MetricUnavailable, match=rf"127\.0\.0\.1:{closed} is listed but silent"):
         await value(cache)
 
 
 async def test_no_replica_at_all_is_an_error_not_a_zero(make_cache: MakeCache) -> None:
-    cache = await make_cache("none", proxies=[f"127.0.0.1:{free_port()}"])
+    cache = await make_cache("none", proxies=[f"127.0.0.1:{refused_port()}"])
     with pytest.raises(MetricUnavailable, match=r"waiting for the first counts|listed but silent"):
         await value(cache)
 
@@ -135,7 +136,7 @@ async def test_replicas_found_under_several_names(make_cache: MakeCache, start_c
     a, b = await start_counts(proxies), await start_counts(sidecars)
     proxies.add("web", held=3)
     sidecars.add("web", inflight=4)
-    names = [f"localhost:{a.port}", f"127.0.0.1:{b.port}", f"no-ready-pod.invalid:{free_port()}"]
+    names = [f"localhost:{a.port}", f"127.0.0.1:{b.port}", f"no-ready-pod.invalid:{refused_port()}"]
     cache = await make_cache("names", dns=names, resolve_interval=0.2)
     await eventually(cache, 7)
     # The same address under two names is one replica: counted once.

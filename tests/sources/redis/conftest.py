@@ -1,4 +1,5 @@
-"""Fixtures of the Redis source tests: real redis-server / redis-sentinel processes on free loopback ports."""
+"""Fixtures of the Redis source tests: real redis-server / redis-sentinel processes on loopback ports outside
+the ephemeral range (docs/architecture.md#no-port-races)."""
 
 from __future__ import annotations
 

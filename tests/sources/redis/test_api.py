@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -12,9 +11,8 @@ from typing import Any
 import pytest
 
 from adapter.config import ZeroscaleConfig
-from adapter.serve import serve
+from tests.fixtures.adapter_inprocess import start_serving
 from tests.fixtures.httpclient import read_answer, request_bytes, tls_client
-from tests.fixtures.netutil import free_port
 from tests.fixtures.redis_servers import RedisProcess
 
 PATH = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/redis-jobs?labelSelector=key%3Djobs"
@@ -37,13 +35,12 @@ class Connection:
 
 @pytest.fixture
 async def adapter(server: RedisProcess) -> AsyncIterator[Connection]:
-    port = free_port()
     config = ZeroscaleConfig(
         server={
             "bind": "127.0.0.1",
-            "port": port,
+            "port": 0,
             "metrics_bind": "127.0.0.1",
-            "metrics_port": free_port(),
+            "metrics_port": 0,
             "auth": {"enabled": False},
         },
         sources=[{"name": "q", "type": "redis", "url": f"redis://{server.address}", "notifications": True}],
@@ -58,23 +55,14 @@ async def adapter(server: RedisProcess) -> AsyncIterator[Connection]:
             }
         ],
     )
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(config, stop))
-    connection = None
-    for _ in range(200):
-        assert not task.done(), f"the adapter stopped with code {task.result()}"
-        with contextlib.suppress(OSError):
-            reader, writer = await asyncio.open_connection(
-                "127.0.0.1", port, ssl=tls_client(), server_hostname="localhost"
-            )
-            connection = Connection(reader, writer)
-            break
-        await asyncio.sleep(0.05)
-    assert connection is not None, "the adapter did not listen"
+    serving = await start_serving(config)
+    port = serving.ports["api"]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls_client(), server_hostname="localhost")
+    connection = Connection(reader, writer)
     yield connection
     connection.writer.close()
-    stop.set()
-    assert await asyncio.wait_for(task, 10) == 0
+    serving.stop.set()
+    assert await asyncio.wait_for(serving.task, 10) == 0
 
 
 async def test_push_onto_an_empty_list_reaches_the_api_within_100ms(server: RedisProcess, adapter: Connection) -> None:

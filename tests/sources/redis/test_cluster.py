@@ -12,19 +12,19 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from adapter.children import port_outside_ephemeral
 from adapter.config.server import CacheConfig
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
 from adapter.sources.redis.source import RedisQueues
 from adapter.telemetry import redis as telemetry
-from tests.fixtures.netutil import free_port
 from tests.fixtures.redis_servers import RedisProcess, create_cluster
 from tests.sources.redis.fixtures import Make, query_for, redis_metric
 
 
 @pytest.fixture(scope="module")
 def cluster(redis_dir: Path) -> Iterator[list[RedisProcess]]:
-    workdir = redis_dir / f"cluster-{free_port()}"
+    workdir = redis_dir / "cluster"  # a directory per port below it
     nodes = [
         RedisProcess(
             workdir,
@@ -32,7 +32,7 @@ def cluster(redis_dir: Path) -> Iterator[list[RedisProcess]]:
                 "cluster-enabled yes",
                 "cluster-config-file nodes.conf",
                 "cluster-node-timeout 2000",
-                f"cluster-port {free_port()}",  # else port + 10000, which may not exist
+                f"cluster-port {port_outside_ephemeral()}",  # else port + 10000, which may not exist
             ],
         )
         for _ in range(3)

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from adapter.children import port_outside_ephemeral
 from adapter.config.server import CacheConfig
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
 from adapter.metrics.errors import MetricUnavailable
 from adapter.sources.base import SourceError
-from tests.fixtures.netutil import free_port
+from tests.fixtures.netutil import refused_port
 from tests.fixtures.redis_servers import RedisProcess
 from tests.sources.redis.fixtures import Make, query_for, redis_metric
 
@@ -29,13 +30,13 @@ class Clock:
 @pytest.fixture
 def own_server(redis_dir: Path) -> Iterator[RedisProcess]:
     """A server this test may stop and start again on the same port."""
-    server = RedisProcess(redis_dir / f"own-{free_port()}", []).start()
+    server = RedisProcess(redis_dir / "own", []).start()  # a directory per port below it
     yield server
     server.stop()
 
 
 async def test_server_down_is_an_error_naming_the_address(make_source: Make) -> None:
-    port = free_port()
+    port = refused_port()
     source = make_source(url=f"redis://127.0.0.1:{port}", connect_timeout=1)
     with pytest.raises(SourceError, match=rf"cannot reach redis 127\.0\.0\.1:{port}"):
         await source.query(query_for(redis_metric("length"), "key=jobs"))
@@ -102,7 +103,7 @@ async def test_missing_acl_permission_is_named(
 
 @pytest.fixture(scope="module")
 def tls_server(redis_dir: Path, tls_files: dict[str, Path]) -> Iterator[RedisProcess]:
-    port = free_port()
+    port = port_outside_ephemeral()
     server = RedisProcess(
         redis_dir,
         [

@@ -14,7 +14,6 @@ from adapter.config.server import CacheConfig
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
 from adapter.sources.base import SourceError
-from tests.fixtures.netutil import free_port
 from tests.fixtures.redis_servers import RedisProcess, wait_until
 from tests.sources.redis.fixtures import Make, query_for, redis_metric
 
@@ -63,7 +62,7 @@ class SentinelSet:
 
 @pytest.fixture(scope="module")
 def sentinel_set(redis_dir: Path) -> Iterator[SentinelSet]:
-    deployment = SentinelSet(redis_dir / f"sentinel-{free_port()}")
+    deployment = SentinelSet(redis_dir / "sentinel")  # a directory per port below it
     try:
         wait_until(deployment.ready, timeout=30)
         yield deployment

@@ -142,3 +142,23 @@ another CA, or expires within certificates.generate.renewDays. Returns JSON: {ca
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Mode activator, per namespace of an activator route's Service (config.proxy.routes): the Services clients call and
+the target workloads there by plural, each sorted. JSON: {namespace: {services: [...], workloads: {plural: [...]}}};
+{} when no route is in mode activator. The proxy's Roles (rbac.yaml) and NOTES.txt read it.
+*/}}
+{{- define "zeroscale.activatorGrants" -}}
+{{- $activator := dict -}}
+{{- range (dig "proxy" "routes" (list) .Values.config) -}}
+{{- if .activator -}}
+{{- $namespace := required "a route in mode activator needs a Service upstream (service, namespace)" .upstream.namespace -}}
+{{- $grants := get $activator $namespace | default (dict "services" (list) "workloads" (dict)) -}}
+{{- $_ := set $grants "services" (append $grants.services .activator.service | uniq | sortAlpha) -}}
+{{- $plural := get (dict "Deployment" "deployments" "StatefulSet" "statefulsets" "ReplicaSet" "replicasets") (.target.kind | default "Deployment") -}}
+{{- $_ := set $grants.workloads $plural (append (get $grants.workloads $plural | default (list)) .target.name | uniq | sortAlpha) -}}
+{{- $_ := set $activator $namespace $grants -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $activator -}}
+{{- end -}}

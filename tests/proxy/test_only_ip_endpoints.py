@@ -1,0 +1,124 @@
+"""Only IP endpoints (docs/architecture.md#only-ip-endpoints), issue 28 finding 5: an FQDN EndpointSlice is ignored as
+kube-proxy ignores it, and a loopback, link-local or unspecified address is refused wherever an endpoint comes from
+(a slice, the config, a name's DNS answer), said in the log and zeroscale_proxy_refused_endpoints_total. The
+activator's copy of the pods' slices is in tests/proxy/test_activator.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+from pydantic import ValidationError
+
+from adapter.config.proxy import ProxyConfig
+from adapter.kube.client import KubeClient
+from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
+from tests.fixtures.kube_standin import KubeStandIn
+from tests.fixtures.proxy import get, request, route, running_proxy, until
+from tests.fixtures.upstream_app import Upstream
+
+SLICES = slices_collection("default")
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeStandIn]:
+    with KubeStandIn(tls=False, token="proxy-token") as standin:
+        standin.serve_collection(SLICES_V1, "EndpointSliceList")
+        yield standin
+
+
+def slice_route(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "upstream": {"service": "web", "namespace": "default", "port": "http"},
+        "wake": "none",
+        "readiness": "endpointslice",
+        "limits": {"hold_timeout": 0.5},
+    }
+
+
+def refused(route_name: str, source: str, reason: str) -> float:
+    labels = {"route": route_name, "source": source, "reason": reason}
+    return REGISTRY.get_sample_value("zeroscale_proxy_refused_endpoints_total", labels) or 0.0
+
+
+def fqdn_slice(name: str, port: int) -> dict[str, Any]:
+    """An FQDN slice labelled for Service web, as anyone who may write slices in its namespace can make one."""
+    return {**endpoint_slice("web-fqdn", "web", [(name, {"ready": True})], port), "addressType": "FQDN"}
+
+
+async def test_an_fqdn_slice_is_ignored_even_where_loopback_is_allowed(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its `localhost` was resolved and dialled: the proxy's own pod answered the client."""
+    kube.put(SLICES, fqdn_slice("localhost", upstream.port))
+    before = refused("fqdn", "endpointslice", "fqdn_slice")
+    async with running_proxy([slice_route("fqdn")], kube=kube_client) as server:  # the fixture allows loopback
+        await until(lambda: refused("fqdn", "endpointslice", "fqdn_slice") == before + 1)
+        assert server.routes["fqdn"].endpoints == []
+        response = await request(server.port, get("/echo?to=localhost"))
+        assert response.status == 504  # held for hold_timeout, no endpoint: never sent
+    assert upstream.requests == []
+    assert any("'localhost'" in r.getMessage() and "fqdn_slice" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("address", "reason", "allow_loopback"),
+    [("127.0.0.1", "loopback", False), ("169.254.169.254", "link_local", True), ("0.0.0.0", "unspecified", True)],
+)
+async def test_an_address_the_api_refuses_in_a_slice_is_refused_from_one(
+    kube: KubeStandIn, kube_client: KubeClient, address: str, reason: str, allow_loopback: bool
+) -> None:
+    """The API refuses them in IPv4 and IPv6 slices; the proxy does not take them from one either (a stand-in, an
+    API that did not check), link-local and unspecified ones even where loopback is allowed (development)."""
+    name = f"refuse-{reason}"
+    kube.put(SLICES, endpoint_slice("web-abc", "web", [(address, {"ready": True}), ("10.0.0.9", {"ready": True})], 80))
+    before = refused(name, "endpointslice", reason)
+    async with running_proxy([slice_route(name)], kube=kube_client, allow_loopback_endpoints=allow_loopback) as server:
+        await until(lambda: server.routes[name].endpoints != [])
+        assert [(ep.host, ep.port) for ep in server.routes[name].endpoints] == [("10.0.0.9", 80)]
+        assert refused(name, "endpointslice", reason) == before + 1
+        # The same slice again (any change of it) is no new refusal: counted and logged once while it stays.
+        kube.put(SLICES, endpoint_slice("web-abc", "web", [(address, {"ready": True}), ("10.0.0.9", {})], 80))
+        await asyncio.sleep(0.2)
+        assert refused(name, "endpointslice", reason) == before + 1
+
+
+async def test_a_name_that_resolves_to_loopback_is_not_dialled(upstream: Upstream) -> None:
+    """A configured name may be a Service of type ExternalName, whose target anyone who may write Services chooses."""
+    before = refused("dns", "dns", "loopback")
+    routes = [route("dns", f"localhost:{upstream.port}", limits={"hold_timeout": 0.5})]
+    async with running_proxy(routes, allow_loopback_endpoints=False) as server:
+        response = await request(server.port, get("/echo?to=localhost"))
+        assert response.status == 504
+        assert refused("dns", "dns", "loopback") == before + 1
+    assert upstream.requests == []
+
+
+async def test_a_name_is_still_dialled_where_loopback_is_allowed(upstream: Upstream) -> None:
+    async with running_proxy([route("dev", f"localhost:{upstream.port}")]) as server:
+        assert (await request(server.port, get("/echo?dev"))).status == 200
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"routes": [route("meta", "169.254.169.254:80")]}, "route meta: upstream address 169.254.169.254:80 is link"),
+        ({"routes": [route("any", "0.0.0.0:80")]}, "is unspecified"),
+        ({"routes": [route("self", "127.0.0.1:9090")]}, "is loopback.*proxy.allow_loopback_endpoints"),
+        ({"routes": [route("v6", "[::1]:80")]}, "is loopback"),
+        ({"sidecar": {"upstream": "169.254.169.254:80"}}, "proxy.sidecar: upstream address 169.254.169.254:80"),
+    ],
+)
+def test_an_address_that_may_not_be_an_endpoint_is_refused_at_load(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        ProxyConfig.model_validate(settings)
+
+
+def test_loopback_at_load_only_where_it_is_meant() -> None:
+    ProxyConfig.model_validate({"routes": [route("dev", "127.0.0.1:8081")], "allow_loopback_endpoints": True})
+    ProxyConfig.model_validate({"sidecar": {"upstream": "127.0.0.1:8081"}})  # the app beside it in the pod
+    ProxyConfig.model_validate({"routes": [route("named", "web.default.svc:80")]})  # judged when it resolves
