@@ -8,11 +8,12 @@ the one HPA that scales it has ScaledToZero=True, or when no HPA scales it and t
 allows it. Otherwise held requests are answered at once with 503 and a body that says why and what to do.
 
 Waking cannot be undone, so it is decided from the HPAs as the API holds them just before the patch: a list
-read for that attempt, never a watch's copy (an open watch can go silent for minutes and still say
+sent after that attempt read the Scale (shared with the other routes of the namespace waking then, see
+NamespaceHPAs), never a watch's copy (an open watch can go silent for minutes and still say
 ScaledToZero=True long after the HPA changed its mind). A read that fails wakes nothing: the API refusing it
 (401, 403, 404) is answered at once, as it will not pass by itself; a failure that may pass (no answer, a
-timeout, 429, 5xx) leaves the requests held, and the waker reads again on its next attempt
-(adapter/proxy/wake.py).
+timeout, 410, 429, 5xx, an answer that is no list) leaves the requests held, and the waker reads again on its
+next attempt (adapter/proxy/wake.py).
 """
 
 from __future__ import annotations
