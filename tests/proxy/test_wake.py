@@ -280,9 +280,11 @@ async def test_routes_waking_at_once_in_one_namespace_share_the_hpa_lists(
         async with running_proxy(routes, kube=kube_client) as server:
             pending = [asyncio.create_task(request(server.port, get(host=f"r{i}.example"))) for i in range(10)]
             await until(lambda: slow.waiting >= 1 and all(server.routes[f"r{i}"].counts.held for i in range(10)))
-            await asyncio.sleep(2)  # time for every waker to read its Scale and ask for a list
+            await asyncio.sleep(1)  # time for every waker to read its Scale and ask for a list (the client waits 5 s)
             slow.answer()
             await until(lambda: scale.replicas == 1)
+            # Every waker has seen it awake since: none has a list still to send.
+            await until(lambda: all(wakes(f"r{i}", "already_awake") for i in range(10)))
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
