@@ -252,7 +252,7 @@ class ActivatorConfig(Strict):
     # addresses are used, with each route's activator.port).
     proxy_service: ServiceRef
     lease_namespace: str = Field(pattern=_DNS_LABEL)
-    # Empty: `<proxy_service.service>-activator` (prefixed with proxy_service.namespace when that is not
+    # Empty: `<proxy_service.service>-activator` (prefixed with `<proxy_service.namespace>.` when that is not
     # lease_namespace), so each installation, with a proxy Service of its own, has a Lease of its own: two sharing one
     # would leave one's routes unwritten (docs/architecture.md#activator).
     lease_name: str = Field(default="", pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$", max_length=253)
@@ -271,7 +271,9 @@ class ActivatorConfig(Strict):
         if self.lease_name:
             return self.lease_name
         service = self.proxy_service
-        prefix = "" if service.namespace == self.lease_namespace else f"{service.namespace}-"
+        # Joined by a dot, which neither name may hold (a Lease's name may): by a `-`, a/zeroscale-proxy and
+        # a-zeroscale/proxy would share one.
+        prefix = "" if service.namespace == self.lease_namespace else f"{service.namespace}."
         return f"{prefix}{service.service}-activator"
 
     @model_validator(mode="after")

@@ -5,6 +5,9 @@ pods read it, the ConfigMaps its Deployment mounts; the holder says on the Lease
 
 from __future__ import annotations
 
+import datetime
+from typing import Any
+
 from pydantic import ValidationError
 
 from adapter.config.proxy import ProxyConfig
@@ -12,12 +15,16 @@ from adapter.doctor.findings import Finding
 from adapter.doctor.grpc import Get, mounted_configs
 from adapter.kube.errors import KubeError
 from adapter.kube.leases import lease_path, parse_lease, unserved
+from adapter.kube.watching import field
 
 CHECK = "activator Lease"
 _HINT = (
     "give each installation its own proxy.activator.lease_name (by default it follows proxy_service), or wait for "
     "a rollout of the proxy to end"
 )
+_NOBODY_WRITES = "are the proxy's pods running, with create on leases and get/update on this one in that namespace?"
+# How far this machine's clock may be from the holder's before a Lease renewed "long ago" is taken for abandoned.
+_CLOCK_SKEW = datetime.timedelta(minutes=1)
 
 
 async def check_activator_lease(get: Get, namespace: str, deployment: str) -> list[Finding]:
@@ -53,10 +60,26 @@ async def _check(get: Get, proxy: ProxyConfig) -> Finding:
             "fail",
             CHECK,
             f"nobody holds Lease {name}: no proxy replica writes the activator routes' slices",
-            "are the proxy's pods running, with get/create/update on leases in that namespace?",
+            _NOBODY_WRITES,
+        )
+    stopped = _stopped_renewing(found or {}, lease.duration_seconds)
+    if stopped:
+        return Finding(
+            "fail",
+            CHECK,
+            f"the holder of Lease {name}, {lease.holder}, has not renewed it for {stopped} (by this machine's "
+            f"clock; its leaseDurationSeconds is {lease.duration_seconds}): no proxy replica writes the activator "
+            "routes' slices, and none takes the Lease over",
+            _NOBODY_WRITES,
         )
     if lease.routes is None:
-        return Finding("skip", CHECK, f"the holder of Lease {name}, {lease.holder}, does not say what it writes")
+        return Finding(
+            "skip",
+            CHECK,
+            f"the holder of Lease {name}, {lease.holder}, does not say what it writes",
+            "an older version of the proxy holds it (or another program): run the doctor again once the proxy's "
+            "rollout has ended, or give this installation its own proxy.activator.lease_name",
+        )
     missing = unserved(routes, lease.routes)
     if missing:
         listed = ", ".join(f"{route} ({how})" for route, how in sorted(missing.items()))
@@ -68,3 +91,19 @@ async def _check(get: Get, proxy: ProxyConfig) -> Finding:
             _HINT,
         )
     return Finding("ok", CHECK, f"the holder of Lease {name}, {lease.holder}, writes every activator route")
+
+
+def _stopped_renewing(lease: dict[str, Any], duration_seconds: int) -> str | None:
+    """How long ago (h:mm:ss) the Lease was last renewed, when longer than its duration and any clock skew: nobody
+    renews it (a holder killed without giving it up and no replica left, or one no longer allowed to update it).
+    None when it is fresh or says no renewTime (the replicas time it on their own clocks, the doctor cannot)."""
+    try:
+        renewed = datetime.datetime.fromisoformat(str(field(lease, "spec").get("renewTime") or ""))
+    except ValueError:
+        return None
+    if renewed.tzinfo is None:
+        return None
+    age = datetime.datetime.now(datetime.UTC) - renewed
+    if age <= datetime.timedelta(seconds=duration_seconds) + _CLOCK_SKEW:
+        return None
+    return str(datetime.timedelta(seconds=round(age.total_seconds())))

@@ -22,17 +22,27 @@ def endpoint_refusal(address: str) -> str | None:
         ip = ipaddress.ip_address(address)
     except ValueError:
         return NOT_AN_IP
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.scope_id is not None:  # `fe80::1%eth0`: Python reads a zone, Go's net.ParseIP (and so the API) does not
+            return NOT_AN_IP
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
     if ip.is_unspecified:
         return "unspecified"
     if ip.is_loopback:
         return LOOPBACK
-    link_local_multicast = ip in (_V4_LINK_LOCAL_MULTICAST if ip.version == 4 else _V6_LINK_LOCAL_MULTICAST)
-    if ip.is_link_local or link_local_multicast:
+    if ip.is_link_local or _link_local_multicast(ip):
         return "link_local"
     return None
 
 
+def _link_local_multicast(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Go's IP.IsLinkLocalMulticast: 224.0.0.0/24, and IPv6 multicast of link scope whatever its flags (ff02::,
+    ff12::, ff32::: the scope is the second byte's low nibble)."""
+    if ip.version == 4:
+        return ip in _V4_LINK_LOCAL_MULTICAST
+    packed = ip.packed
+    return packed[0] == 0xFF and packed[1] & 0x0F == 0x02
+
+
 _V4_LINK_LOCAL_MULTICAST = ipaddress.ip_network("224.0.0.0/24")
-_V6_LINK_LOCAL_MULTICAST = ipaddress.ip_network("ff02::/16")

@@ -80,9 +80,10 @@ def parse_lease(obj: dict[str, Any]) -> Lease:
 
 
 def _routes(text: object) -> frozenset[str] | None:
+    """ROUTES_ANNOTATION as written by write_lease; None (unknown) for anything else, whoever wrote it."""
     try:
         routes = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser recurses (`[[[...`)
         return None
     if not isinstance(routes, list) or not all(isinstance(route, str) for route in routes):
         return None

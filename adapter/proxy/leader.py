@@ -44,7 +44,7 @@ class LeaderElector(WatchTask):
         self._kube = kube
         self._config = config
         self._routes = routes or {}
-        self._unserved_logged: str | None = None
+        self._unserved_logged: tuple[str, str | None] = ("", None)  # the holder and what it did not write
         self.identity = config.identity or socket.gethostname()
         self.instance = secrets.token_hex(8)  # this process, whatever its identity
         self.watch_name = f"activator lease {config.lease_namespace}/{config.lease()}"
@@ -103,7 +103,7 @@ class LeaderElector(WatchTask):
                     if lease.record() != self._seen:
                         self._seen, self._seen_at = lease.record(), now
                     ours = lease.holder == self.identity and lease.instance == self.instance
-                    self._compare(lease if lease.holder and not ours else None)
+                    self._compare(None if ours else lease)
                     if lease.holder and not ours:
                         self._set_leading(False)  # someone else holds it: it may be writing now
                         if now - self._seen_at < lease.duration_seconds:
@@ -132,36 +132,56 @@ class LeaderElector(WatchTask):
         return True
 
     def _compare(self, other: Lease | None) -> None:
-        """Whether another holder (`other`; None: this replica holds the Lease, or nobody does) writes this replica's
-        routes as its config says; said once per distinct finding."""
-        theirs = None if other is None else other.routes
-        if other is not None and theirs is None:  # the holder does not say: unknown, not a fabricated 0 or 1
+        """Whether the Lease's holder writes this replica's routes as its config says (`other`: the Lease as read,
+        held by another or by nobody; None: this replica holds it); said once per distinct finding and holder."""
+        if other is not None and other.holder and other.routes is None:
+            # The holder does not say: unknown, not a fabricated 0 or 1.
             for route in self._routes:
                 with contextlib.suppress(KeyError):
                     telemetry.ACTIVATOR_HOLDER_SERVES.remove(route)
+            if self._routes and self._unserved_logged != (other.holder, "unknown"):
+                self._unserved_logged = (other.holder, "unknown")
+                log.info(
+                    "%s: the holder %s does not say which routes it writes (an older version of the proxy, during a "
+                    "rollout, or another program): whether it writes this replica's is unknown until it does",
+                    self.watch_name,
+                    other.holder,
+                )
             return
-        missing = {} if theirs is None else unserved(self._routes, theirs)
+        if other is None:
+            missing = {}
+        elif not other.holder:  # given up, or never taken: nobody writes them until a replica takes it
+            missing = dict.fromkeys(self._routes, "not written")
+        else:
+            missing = unserved(self._routes, other.routes or frozenset())
         for route in self._routes:
             telemetry.ACTIVATOR_HOLDER_SERVES.labels(route).set(int(route not in missing))
         found = [f"{route} ({how})" for route, how in sorted(missing.items())]
         finding = ", ".join(found) or None
-        if finding != self._unserved_logged:
-            self._unserved_logged = finding
-            if finding is not None and other is not None:
+        holder = other.holder if other is not None else ""
+        if (holder, finding) != self._unserved_logged:
+            self._unserved_logged = (holder, finding)
+            # Nobody holding it is not a finding of its own: a replica takes it at its next try, or says why not.
+            if finding is not None and holder:
                 log.warning(
                     "%s: the holder %s does not write routes of this replica: %s. Their Services get no slices, or "
                     "slices decided by another config: two installations share this Lease (give each its own "
                     "proxy.activator.lease_name; by default it follows proxy_service), or the holder runs another "
                     "version of the routes (a rollout: it ends when the holder is replaced)",
                     self.watch_name,
-                    other.holder,
+                    holder,
                     finding,
                 )
 
     def _log_failure(self, why: str) -> None:
         if why != self._failure_logged:  # once per distinct failure, not every retry_period
             self._failure_logged = why
-            hint = " (grant get, create and update on leases in that namespace)" if "403" in why else ""
+            lease = self._config.lease()
+            hint = (
+                f" (grant create on leases, and get and update on Lease {lease}, in that namespace)"
+                if "403" in why
+                else ""
+            )
             log.warning("%s: cannot read or write the Lease: %s%s", self.watch_name, why, hint)
 
     def _set_leading(self, leading: bool) -> None:

@@ -8,6 +8,7 @@ Writes produced by one `data_received` go to the client in one call.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 from time import monotonic
@@ -469,8 +470,7 @@ class Endpoint:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(within):
-                host = self.host if self.literal else await self._resolve(loop)
-                _, connection = await loop.create_connection(lambda: UpstreamConnection(self), host, self.port)
+                connection = await self._dial(loop, [self.host] if self.literal else await self._resolve(loop))
         except (OSError, TimeoutError) as err:
             self.route.connect_counter("error").inc()
             log.debug("route %s: connect to %s:%d failed: %s", self.route.name, self.host, self.port, err)
@@ -478,18 +478,37 @@ class Endpoint:
         self.route.connect_counter("ok").inc()
         return connection
 
-    async def _resolve(self, loop: asyncio.AbstractEventLoop) -> str:
-        """The first address the name resolves to that may be an endpoint (docs/architecture.md#only-ip-endpoints):
-        resolved here rather than by create_connection, so a DNS answer is judged as a slice's address is (a name
-        given in the config may be a Service of type ExternalName, whose target anyone may choose: `localhost`)."""
-        infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+    async def _dial(self, loop: asyncio.AbstractEventLoop, hosts: list[str]) -> UpstreamConnection:
+        """A connection to the first of `hosts` that answers, each tried in turn (as create_connection tries each
+        address of a name it resolves itself: one A record of several down must not fail every connect)."""
+        errors = []
+        for host in hosts:
+            try:
+                _, connection = await loop.create_connection(lambda: UpstreamConnection(self), host, self.port)
+            except OSError as err:
+                errors.append(f"{host}: {err}")
+                continue
+            return connection
+        raise OSError("; ".join(errors))
+
+    async def _resolve(self, loop: asyncio.AbstractEventLoop) -> list[str]:
+        """The addresses the name resolves to that may be endpoints, in the resolver's order
+        (docs/architecture.md#only-ip-endpoints): resolved here rather than by create_connection, so a DNS answer is
+        judged as a slice's address is (a name given in the config may be a Service of type ExternalName, whose
+        target anyone may choose: `localhost`)."""
+        # socket.getaddrinfo in the default executor, as asyncio's own loop resolves (uvloop's loop.getaddrinfo runs
+        # the same getaddrinfo(3) in libuv's pool, out of Python's reach): the system resolver's answers may be given
+        # at socket.getaddrinfo by a test, which can change neither /etc/hosts nor DNS.
+        infos = await loop.run_in_executor(
+            None, functools.partial(socket.getaddrinfo, self.host, self.port, type=socket.SOCK_STREAM)
+        )
         answers = list(dict.fromkeys(str(info[4][0]) for info in infos))
         judged = [(address, refusal(address, loopback=self.route.allow_loopback)) for address in answers]
         self.route.refused_dns.report({(address, why) for address, why in judged if why is not None})
-        for address, why in judged:
-            if why is None:
-                return address
-        raise OSError(f"{self.host} resolves only to addresses that may not be endpoints: {', '.join(answers)}")
+        allowed = [address for address, why in judged if why is None]
+        if not allowed:
+            raise OSError(f"{self.host} resolves only to addresses that may not be endpoints: {', '.join(answers)}")
+        return allowed
 
     def release(self, connection: UpstreamConnection) -> None:
         if self.removed or connection.closed or len(self.idle) >= self.route.limits.max_idle_connections:

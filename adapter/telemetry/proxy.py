@@ -93,7 +93,8 @@ ACTIVATOR_LEADER = Gauge(
 ACTIVATOR_HOLDER_SERVES = Gauge(
     "zeroscale_proxy_activator_holder_serves",
     "1 while the activator Lease's holder writes this activator route's Service as this replica's config says, 0 "
-    "while it does not (another installation sharing the Lease, another config); absent while unknown",
+    "while it does not (another installation sharing the Lease, another config, nobody holding it); absent while "
+    "unknown",
     ["route"],
 )
 ACTIVATOR_DIRECT = Gauge(

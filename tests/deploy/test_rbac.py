@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from adapter.children import port_outside_ephemeral
+from adapter.config.proxy import ActivatorConfig
 from adapter.kube.client import KubeClient
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
@@ -99,11 +100,12 @@ PATHS_FROM = {
 CALLERS = {"adapter/kube/watching.py": {"adapter.proxy.readiness", "adapter.proxy.activator"}}
 # Made only when `delegate:` is configured: granted by deploy/overlays/beside-keda alone.
 DELEGATE_SITES = {("adapter/api/delegate.py", "GET")}
-# Made only for routes in mode activator: its own module's and the Lease's, and the target workload's list-then-watch
-# (through watching.py, which the in-path readiness and wake: scale use too, for slices and HPAs).
+# Made only for routes in mode activator: its own module's and the Lease's, and the list-then-watch of the target
+# workload and of the Service clients call (through watching.py, which the in-path readiness uses too, for slices).
 ACTIVATOR_SITES = {site for site in CALLS if site[0] in ("adapter/proxy/activator.py", "adapter/kube/leases.py")}
 WORKLOADS = ("deployments", "statefulsets", "replicasets")
-ACTIVATOR_WORKLOAD_CALLS = {(verb, "apps", plural) for verb in ("list", "watch") for plural in WORKLOADS}
+WATCHED = [("apps", plural) for plural in WORKLOADS] + [("", "services")]
+ACTIVATOR_WATCHED_CALLS = {(verb, group, plural) for verb in ("list", "watch") for group, plural in WATCHED}
 # Verbs that change an object: none on EndpointSlices unless an activator route needs it.
 WRITES = {"create", "update", "patch", "delete", "deletecollection", "*"}
 # deploy/examples/activator.zeroscale.yaml's route: Service `web` and Deployment `web` in `shop`, its Lease in the
@@ -205,7 +207,7 @@ def needed_by(service_account: str, delegate: bool = False, activator: bool = Fa
         if module in modules and modules & CALLERS.get(site[0], {module})
         for call in CALLS[site]
     }
-    return calls if activator else calls - ACTIVATOR_WORKLOAD_CALLS
+    return calls if activator else calls - ACTIVATOR_WATCHED_CALLS
 
 
 Grant = tuple[Call, str | None, tuple[str, ...]]  # the call, the namespace (None: every one), resourceNames (): any
@@ -359,7 +361,8 @@ def test_an_activator_route_is_granted_its_calls_in_its_namespaces_only(activato
     expected: set[Grant] = {(call, None, ()) for call in in_path}
     expected |= {(call, "shop", ()) for call in activator if call[2] == "endpointslices"}
     expected |= {(call, "shop", ("web",)) for call in activator if call[2] in ("services", "deployments")}
-    expected |= {(call, "zeroscale", ()) for call in activator if call[2] == "leases"}
+    # create cannot be limited by name; get and update only this installation's Lease
+    expected |= {(call, "zeroscale", lease_names(call)) for call in activator if call[2] == "leases"}
     # Every call the activator's code makes is granted, but the other kinds' watches (the route's target is a
     # Deployment).
     other_kinds = {(verb, "apps", plural) for verb in ("list", "watch") for plural in ("statefulsets", "replicasets")}
@@ -397,12 +400,14 @@ def test_the_chart_grants_each_activator_namespace_its_own_routes(helm: Path, tm
         for ns in ("shop", "cart")
     }
     assert namespaced == writes | {
-        (("get", "", "services"), "shop", ("api", "web")),
-        (("get", "", "services"), "cart", ("cart",)),
+        *{((verb, "", "services"), "shop", ("api", "web")) for verb in ("get", "list", "watch")},
+        *{((verb, "", "services"), "cart", ("cart",)) for verb in ("get", "list", "watch")},
         *{((verb, "apps", "deployments"), "shop", ("web",)) for verb in ("list", "watch")},
         *{((verb, "apps", "statefulsets"), "shop", ("api",)) for verb in ("list", "watch")},
         *{((verb, "apps", "deployments"), "cart", ("cart",)) for verb in ("list", "watch")},
-        *{((verb, "coordination.k8s.io", "leases"), "ha", ()) for verb in ("get", "create", "update")},
+        (("create", "coordination.k8s.io", "leases"), "ha", ()),
+        # proxy_service zeroscale/zeroscale-proxy, its Lease in another namespace (adapter/config/proxy.py lease())
+        *{((verb, "coordination.k8s.io", "leases"), "ha", ("zeroscale.zeroscale-proxy-activator",)) for verb in GU},
     }
     assert sorted(endpointslice_writes(objects)) == [
         ("Role", "cart", "zeroscale-proxy-activator"),
@@ -410,17 +415,54 @@ def test_the_chart_grants_each_activator_namespace_its_own_routes(helm: Path, tm
     ]
 
 
+GU = ("get", "update")
+
+
+def lease_names(call: Call) -> tuple[str, ...]:
+    """The Lease of deploy/examples/activator.zeroscale.yaml's installation, for the verbs a name can limit."""
+    return ("zeroscale-proxy-activator",) if call[0] in GU else ()
+
+
+@pytest.mark.parametrize(
+    ("activator", "lease"),
+    [
+        ({}, "zeroscale-proxy-activator"),
+        ({"lease_namespace": "ha"}, "zeroscale.zeroscale-proxy-activator"),
+        ({"lease_name": "web-writer"}, "web-writer"),
+    ],
+)
+def test_the_chart_lets_the_proxy_read_and_update_its_own_lease_only(
+    helm: Path, tmp_path: Path, activator: dict[str, str], lease: str
+) -> None:
+    """Mode activator's Lease is in lease_namespace, which other programs' Leases may share (a controller's leader
+    election): update on any would let a compromised proxy take theirs. The name the chart grants is the one the
+    proxy elects on (ActivatorConfig.lease())."""
+    settings = {
+        "proxy_service": {"service": "zeroscale-proxy", "namespace": "zeroscale"},
+        "lease_namespace": "zeroscale",
+        **activator,
+    }
+    proxy = {"activator": settings, "routes": [activator_route("web", "shop", 8081)]}
+    assert ActivatorConfig.model_validate(settings).lease() == lease
+    leases = {
+        (call[0], names)
+        for call, _, names in grants(chart_with_routes(helm, tmp_path, proxy), "zeroscale-proxy")
+        if call[2] == "leases"
+    }
+    assert leases == {("create", ()), ("get", (lease,)), ("update", (lease,))}
+
+
 def test_the_proxy_takes_leases_in_its_own_namespace_only(activator_installation: Objects) -> None:
     """Mode activator's Lease: granted by a Role in the Lease's namespace, never cluster-wide (and without an
     activator route not at all: test_the_proxy_is_granted_exactly_its_calls)."""
-    lease_rules = [
+    lease_rules = {
         (obj["kind"], obj["metadata"].get("namespace"))
         for obj in activator_installation
         if obj["kind"] in ("Role", "ClusterRole")
         for rule in obj["rules"]
         if "coordination.k8s.io" in rule["apiGroups"]
-    ]
-    assert lease_rules == [("Role", "zeroscale")]
+    }
+    assert lease_rules == {("Role", "zeroscale")}
 
 
 def test_the_hpa_controller_may_get_and_list_external_metrics(installation: Objects) -> None:

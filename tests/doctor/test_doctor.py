@@ -26,6 +26,7 @@ from adapter.doctor.checks import HPA_USER, Doctor, Installation
 from adapter.doctor.findings import Finding
 from adapter.doctor.run import diagnose
 from adapter.kube.client import KubeClient
+from adapter.kube.leases import micro_time
 from tests.doctor.fixtures import (
     ADAPTER_SA,
     APISERVICE_NAME,
@@ -313,8 +314,11 @@ def with_activator_route(cluster: Cluster) -> None:
     cluster.update(CONFIGMAPS, config_map["metadata"]["name"], activator)
 
 
-def put_lease(cluster: Cluster, holder: str, routes: list[str] | None) -> None:
+def put_lease(cluster: Cluster, holder: str, routes: list[str] | None, renewed: str | None = None) -> None:
     annotations = {} if routes is None else {"zeroscale.io/activator-routes": json.dumps(routes)}
+    spec: dict[str, Any] = {"holderIdentity": holder, "leaseDurationSeconds": 15}
+    if renewed is not None:
+        spec["renewTime"] = renewed
     cluster.kube.put(
         LEASES,
         {
@@ -322,7 +326,7 @@ def put_lease(cluster: Cluster, holder: str, routes: list[str] | None) -> None:
             "kind": "Lease",
             # The default name follows the proxy Service: zeroscale-proxy-activator.
             "metadata": {"name": "zeroscale-proxy-activator", "namespace": NS, "annotations": annotations},
-            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15},
+            "spec": spec,
         },
     )
 
@@ -362,3 +366,31 @@ async def test_a_lease_holder_that_writes_this_installations_routes_is_ok(cluste
     (finding,) = activator_findings(await run_doctor(cluster))
     assert finding.level == "fail"
     assert finding.message.startswith("nobody holds Lease zeroscale/zeroscale-proxy-activator")
+
+
+async def test_a_lease_holder_that_stopped_renewing_is_a_failure(cluster: Cluster) -> None:
+    """A holder killed without giving the Lease up (a lost node, an OOM kill) with no replica left to take it, or
+    one whose Role no longer lets it update leases: the Lease still names it, and nobody writes the slices."""
+    with_activator_route(cluster)
+    (config_map,) = cluster.kube.objects(CONFIGMAPS)
+    proxy = ProxyConfig.model_validate(yaml.safe_load(config_map["data"]["config.yaml"])["proxy"])
+    served = sorted(proxy.activator_routes().values())
+    now = datetime.datetime.now(datetime.UTC)
+    put_lease(cluster, "zeroscale-proxy-5c6b", served, micro_time(now - datetime.timedelta(hours=3)))
+    (finding,) = activator_findings(await run_doctor(cluster))
+    assert finding.level == "fail"
+    assert "zeroscale-proxy-5c6b, has not renewed it for 3:0" in finding.message
+    assert "get/update on this one" in finding.hint
+    put_lease(cluster, "zeroscale-proxy-5c6b", served, micro_time(now - datetime.timedelta(seconds=3)))
+    (finding,) = activator_findings(await run_doctor(cluster))
+    assert finding.level == "ok"
+
+
+async def test_a_lease_holder_that_does_not_say_what_it_writes_is_not_judged_and_says_why(cluster: Cluster) -> None:
+    """An older proxy (before zeroscale.io/activator-routes), during a rollout: unknown, not a pass or a failure."""
+    with_activator_route(cluster)
+    put_lease(cluster, "zeroscale-proxy-old", None)
+    (finding,) = activator_findings(await run_doctor(cluster))
+    assert finding.level == "skip"
+    assert "zeroscale-proxy-old, does not say what it writes" in finding.message
+    assert "older version" in finding.hint

@@ -25,6 +25,14 @@ from adapter.k8s_wire.endpoint_ip import LOOPBACK, NOT_AN_IP, endpoint_refusal
         ("fe80::1", "link_local"),
         ("224.0.0.251", "link_local"),
         ("ff02::1", "link_local"),
+        # Go's IsLinkLocalMulticast: ff<flags>2::/16, any flags (ff12: a transient group's, ff32: a prefix-based one's)
+        ("ff12::1", "link_local"),
+        ("ff32::1", "link_local"),
+        ("ff05::1", None),  # site-local scope: the API takes it
+        # A zone (scope id) is no part of an IP address to Go's net.ParseIP, nor to the API
+        ("fe80::1%eth0", NOT_AN_IP),
+        ("fd00::7%eth0", NOT_AN_IP),
+        ("0127.0.0.1", NOT_AN_IP),  # leading zeros: octal to inet_aton, decimal to Go's ParseIPSloppy
         ("localhost", NOT_AN_IP),
         ("web.default.svc.cluster.local", NOT_AN_IP),
         ("", NOT_AN_IP),

@@ -378,3 +378,96 @@ async def test_a_replica_whose_routes_the_holder_does_not_write_says_so(
             assert "the holder a does not write routes of this replica: api (not written)" in warnings[0]
             assert "proxy.activator.lease_name" in warnings[0]
             assert ours(kube, "api") == []
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    [
+        "[" * 100_000,  # parsed, it is nested deeper than Python's recursion limit
+        "{not json",
+        '{"web": "default/web"}',
+    ],
+)
+async def test_a_lease_whose_routes_annotation_is_malformed_is_still_taken_over(
+    kube: KubeStandIn, kube_client: KubeClient, annotation: str
+) -> None:
+    """Another installation, another version or a person wrote zeroscale.io/activator-routes (annotations may hold
+    256 KiB): what it says is unknown, and the Lease is still timed and taken over as any other."""
+    put_lease(kube, "proxy-gone", {"zeroscale.io/activator-routes": annotation})
+    elector = LeaderElector(kube_client, config("proxy-a"), {"web": "default/web@0123456789ab"})
+    elector.start()
+    try:
+        await until(lambda: elector.leading, within=5)
+    finally:
+        await elector.close()
+
+
+def put_lease(kube: KubeStandIn, holder: str, annotations: dict[str, str] | None = None, seconds: int = 1) -> None:
+    kube.put(
+        lease_path("zeroscale"),
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": "zeroscale-proxy-activator",
+                "namespace": "zeroscale",
+                "annotations": annotations or {},
+            },
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": seconds},
+        },
+    )
+
+
+async def test_a_lease_nobody_holds_is_not_said_to_write_our_routes(
+    kube: KubeStandIn, kube_client: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Lease given up (holderIdentity "") that this replica cannot take (its Role lacks update on leases): nobody
+    writes the routes, and zeroscale_proxy_activator_holder_serves must not say the holder does. Then another
+    installation takes it: that is said, though the routes not written are the same."""
+    put_lease(kube, "")
+    forbidden = Reply(403, status_body(403, "Forbidden", 'cannot update resource "leases"'))
+    kube.add_route("PUT", LEASES + "/[^/]+", lambda _request, _match: forbidden)
+    elector = LeaderElector(kube_client, config("proxy-a"), {"quiet": "default/quiet@0123456789ab"})
+    elector.start()
+    try:
+        await until(lambda: holder_serves("quiet") is not None, within=5)
+        await asyncio.sleep(0.3)  # several reads and refused writes
+        assert not elector.leading
+        assert holder_serves("quiet") == 0
+        put_lease(kube, "other-proxy", {"zeroscale.io/activator-routes": '["shop/api@0123456789ab"]'})
+        said = "the holder other-proxy does not write routes of this replica: quiet (not written)"
+        await until(lambda: any(said in record.getMessage() for record in caplog.records), within=5)
+        assert holder_serves("quiet") == 0
+    finally:
+        await elector.close()
+
+
+def test_installations_in_other_namespaces_never_share_a_default_lease() -> None:
+    """Both namespace and Service names may hold a `-`: joined by one, a/zeroscale-proxy and a-zeroscale/proxy would
+    both elect on Lease a-zeroscale-proxy-activator, and one installation's routes would go unwritten."""
+    names = {
+        ActivatorConfig.model_validate(
+            activator_settings(lease_namespace="shared", proxy_service={"service": service, "namespace": namespace})
+        ).lease()
+        for namespace, service in [("a", "zeroscale-proxy"), ("a-zeroscale", "proxy"), ("shared", "a-zeroscale-proxy")]
+    }
+    assert len(names) == 3, names
+
+
+async def test_a_holder_that_does_not_say_what_it_writes_is_said_once_and_not_counted(
+    kube: KubeStandIn, kube_client: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An older proxy holding the Lease during a rollout: zeroscale_proxy_activator_holder_serves is absent (unknown),
+    and the log says why, once."""
+    caplog.set_level("INFO", logger="adapter.proxy.leader")
+    put_lease(kube, "proxy-old", seconds=3600)  # renewed, as far as this replica can tell
+    elector = LeaderElector(kube_client, config("proxy-a"), {"unsaid": "default/unsaid@0123456789ab"})
+    elector.start()
+    try:
+        said = "the holder proxy-old does not say which routes it writes"
+        await until(lambda: any(said in record.getMessage() for record in caplog.records), within=5)
+        assert holder_serves("unsaid") is None
+        await asyncio.sleep(0.3)  # several reads
+        assert sum(said in record.getMessage() for record in caplog.records) == 1
+    finally:
+        await elector.close()

@@ -6,6 +6,7 @@ activator's copy of the pods' slices is in tests/proxy/test_activator.py."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -101,6 +102,29 @@ async def test_a_name_that_resolves_to_loopback_is_not_dialled(upstream: Upstrea
 async def test_a_name_is_still_dialled_where_loopback_is_allowed(upstream: Upstream) -> None:
     async with running_proxy([route("dev", f"localhost:{upstream.port}")]) as server:
         assert (await request(server.port, get("/echo?dev"))).status == 200
+
+
+async def test_a_name_with_several_answers_is_dialled_at_each_that_may_be_an_endpoint_in_turn(
+    upstream: Upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name with several A records (a headless Service, an external host): the refused answer is never dialled,
+    and one that does not answer is passed over for the next, as create_connection does with a name it resolves
+    itself. The system resolver answers from /etc/hosts or DNS, neither of which a test may change: its answers for
+    one name are given here, at socket.getaddrinfo, which the event loop calls."""
+    answers = ["169.254.169.254", "127.0.0.2", "127.0.0.1"]  # refused, nothing listening, the upstream
+    system_getaddrinfo = socket.getaddrinfo
+
+    def resolve(host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        if host != "several.example":
+            return system_getaddrinfo(host, port, *args, **kwargs)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port)) for address in answers]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    before = refused("several", "dns", "link_local")
+    routes = [route("several", f"several.example:{upstream.port}", limits={"hold_timeout": 2})]
+    async with running_proxy(routes) as server:  # loopback allowed: the test's upstream is on it
+        assert (await request(server.port, get("/echo?several"))).status == 200
+    assert refused("several", "dns", "link_local") == before + 1
 
 
 @pytest.mark.parametrize(

@@ -162,3 +162,17 @@ the target workloads there by plural, each sorted. JSON: {namespace: {services: 
 {{- end -}}
 {{- toJson $activator -}}
 {{- end -}}
+
+{{/*
+Mode activator's Lease name, as the proxy elects on it (adapter/config/proxy.py, ActivatorConfig.lease(): one owner,
+this copy checked against it by tests/deploy/test_rbac.py): lease_name, or `<proxy_service.service>-activator`,
+prefixed with `<proxy_service.namespace>.` when that is not lease_namespace. The Role grants get and update on it
+alone.
+*/}}
+{{- define "zeroscale.activatorLease" -}}
+{{- $settings := dig "proxy" "activator" dict .Values.config -}}
+{{- $service := $settings.proxy_service | default dict -}}
+{{- $namespace := $settings.lease_namespace | default .Release.Namespace -}}
+{{- $prefix := ternary "" (printf "%s." $service.namespace) (eq ($service.namespace | default "") $namespace) -}}
+{{- $settings.lease_name | default (printf "%s%s-activator" $prefix (required "config.proxy.activator.proxy_service.service: a route in mode activator needs the proxy's Service" $service.service)) -}}
+{{- end -}}
