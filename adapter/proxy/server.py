@@ -16,7 +16,7 @@ from adapter.proxy.activator import Activator, ProxyPods
 from adapter.proxy.admin import start_admin
 from adapter.proxy.client import ClientConnection
 from adapter.proxy.counts import CountsListener
-from adapter.proxy.intent import read_refusal
+from adapter.proxy.intent import NamespaceHPAs, read_refusal
 from adapter.proxy.leader import LeaderElector
 from adapter.proxy.readiness import endpoint_slice_watcher, probe_address
 from adapter.proxy.route import Route
@@ -50,6 +50,7 @@ class ProxyServer:
         self._admin: asyncio.Server | None = None
         self._watchers: list[ListWatch] = []
         self._wakers: list[Waker] = []
+        self._hpas: dict[str, NamespaceHPAs] = {}  # the HPA lists wake: scale routes share, by namespace
         # Routes in mode: activator, each with a listener of its own, and what they share: the Lease's leader
         # election and the proxy's own pods (docs/architecture.md#activator).
         self.activators: dict[str, Activator] = {}
@@ -227,7 +228,9 @@ class ProxyServer:
                 return
             refusal = None
             if config.wake == "scale":  # the HPAs are read before each patch (docs/architecture.md#wake)
-                refusal = functools.partial(read_refusal, kube, config.target, config.wake_without_hpa)
+                namespace = config.target.namespace
+                hpas = self._hpas.setdefault(namespace, NamespaceHPAs(kube, namespace))
+                refusal = functools.partial(read_refusal, hpas, config.target, config.wake_without_hpa)
             waker = Waker(kube, route, config.target, config.wake_replicas, config.wake_retry_interval, refusal)
         route.on_cold = waker.request
         route.on_endpoints = waker.observe
@@ -297,6 +300,8 @@ class ProxyServer:
             await watcher.close()
         for waker in self._wakers:
             await waker.close()
+        for hpas in self._hpas.values():
+            await hpas.close()
         for route in self.routes.values():
             await route.close()
         if self._admin is not None:

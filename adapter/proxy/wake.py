@@ -23,7 +23,7 @@ from typing import Protocol
 from adapter.config.kube import KubeAPIConfig
 from adapter.config.proxy import LocalScaleTarget, ScaleTarget
 from adapter.kube.client import KubeClient
-from adapter.kube.errors import KubeAPIError, KubeError
+from adapter.kube.errors import KubeAPIError, KubeConnectionError, KubeError
 from adapter.kube.scale import get_scale, set_replicas
 from adapter.proxy.intent import Refusal
 from adapter.telemetry import proxy as telemetry
@@ -124,6 +124,7 @@ class Waker:
     async def wake_once(self) -> str:
         """One attempt; returns the result also counted in zeroscale_proxy_wakes_total."""
         name, target = self._listener.name, self._target
+        where = f"{target.kind} {target.namespace}/{target.name}"
         result, failure = "error", ""
         for _ in range(_CONFLICT_RETRIES):
             try:
@@ -132,6 +133,8 @@ class Waker:
                 if scale.replicas > 0:
                     result = "already_awake"
                     break
+                if not scale.resource_version:  # an empty one in the patch is no precondition at all
+                    raise KubeConnectionError(f"the API sent the Scale of {where} with no resourceVersion")
                 if await self._refused():
                     result = "refused"
                     break
@@ -157,7 +160,7 @@ class Waker:
             except KubeAPIError as err:
                 if err.status == 409:
                     result = "conflict"
-                    telemetry.WAKES.labels(name, result).inc()
+                    telemetry.WAKES.labels(name, result).inc()  # each try counted once, this one here
                     continue
                 hint = " (grant patch on the scale subresource, or use wake: hpa)" if err.status == 403 else ""
                 failure = f"cannot wake {target.name}: {err}{hint}"
@@ -167,6 +170,11 @@ class Waker:
                 failure = f"cannot wake {target.name}: {err}"
                 log.warning("route %s: %s", name, failure)
                 break
+        else:  # every try met a conflict, each counted already
+            failure = f"the Scale of {where} changed between each read and patch ({_CONFLICT_RETRIES} tries)"
+            log.warning("route %s: not waking: %s; trying again in %gs", name, failure, self._retry_interval)
+            self._listener.wake_failed(failure)
+            return result
         self._listener.wake_failed(failure)
         telemetry.WAKES.labels(name, result).inc()
         return result

@@ -1,4 +1,4 @@
-"""Metrics of the Kubernetes watches both processes keep (EndpointSlices, HPAs, the activator's reads)."""
+"""Metrics of the Kubernetes watches both processes keep (EndpointSlices, the activator's reads and writes)."""
 
 from __future__ import annotations
 

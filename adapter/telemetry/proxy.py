@@ -59,6 +59,16 @@ WAKE_REFUSALS = Counter(
     "ambiguous_hpas, hpas_unreadable); docs/architecture.md#wake",
     ["route", "reason"],
 )
+HPA_LISTS = Counter(
+    "zeroscale_proxy_hpa_lists_total",
+    "Lists of a namespace's HPAs sent before wakes (shared by the routes waking together; docs/architecture.md#wake)",
+    ["namespace"],
+)
+HPAS_LISTED = Gauge(
+    "zeroscale_proxy_hpas_listed",
+    "HPAs the latest list of the namespace answered, in pages of 500: what each list costs (docs/architecture.md#wake)",
+    ["namespace"],
+)
 ERRORS = Counter(
     "zeroscale_proxy_error_responses_total",
     "Requests the proxy answered itself or dropped, by status (404, 413, 431, 499 client gone, 502, 503, 504)",

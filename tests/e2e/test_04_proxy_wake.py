@@ -189,7 +189,8 @@ def test_a_workload_a_person_stopped_is_not_woken_and_the_requests_say_how_to_st
     adapter: Adapter, kube: Kube, redis_server: RedisProcess, proxy: Zeroscale, timeline: Timeline
 ) -> None:
     """v1.37's HPA leaves a workload a person scaled to zero where it is (ScalingActive=False, ScalingDisabled;
-    ScaledToZero not True); the proxy, watching that HPA, does not wake it either and answers at once."""
+    ScaledToZero not True); the proxy, listing that HPA before it would patch, does not wake it either and
+    answers at once."""
     if not kube.records_scaled_to_zero():
         pytest.skip("before v1.37 the HPA records no ScaledToZero (routes use wake: always there)")
     jobs = redis_server.client()

@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 from adapter.config.proxy import ScaleTarget
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import ready_addresses
+from adapter.kube.hpas import HPA
 from adapter.proxy.intent import decide
 from tests.fixtures.kube_routes import (
     HPAS,
@@ -292,6 +293,6 @@ async def test_malformed_slices_and_hpas_neither_stop_the_watch_nor_the_wake(
         kube.put(collection, endpoint_slice("web-2", "web", [("10.0.0.3", {"ready": True})], 8080))
         await until(lambda: [(e.host, e.port) for e in route.endpoints] == [("10.0.0.3", 8080)])
     # "odd" scales nothing readable: the target counts as one without an HPA.
-    hpas = {obj["metadata"]["name"]: obj for obj in kube.objects(HPA_COLLECTION)}
+    hpas = [HPA.read(obj) for obj in kube.objects(HPA_COLLECTION)]
     assert decide(hpas, route_target(), wake_without_hpa=True) is None
     assert decide(hpas, route_target(), wake_without_hpa=False) is not None
