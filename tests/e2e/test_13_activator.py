@@ -62,13 +62,17 @@ def _service(name: str, namespace: str, selector: dict[str, str] | None) -> dict
 
 
 def _activator_rbac() -> list[dict[str, Any]]:
-    """deploy/overlays/activator as shipped, its grants in the example's namespace moved to this test's."""
+    """deploy/overlays/activator as shipped, adapted as a user would: its grants in the example's namespace moved to
+    this test's, and the Lease it names (the example's default) renamed to this test's."""
     objects = kustomize(ACTIVATOR_OVERLAY)
     namespaces = {obj["metadata"]["namespace"] for obj in objects}
     assert namespaces == {EXAMPLE_NAMESPACE, PROXY_NAMESPACE}, namespaces
     for obj in objects:
         if obj["metadata"]["namespace"] == EXAMPLE_NAMESPACE:
             obj["metadata"]["namespace"] = NAMESPACE
+        for rule in obj.get("rules", []):
+            if rule["resources"] == ["leases"] and "resourceNames" in rule:
+                rule["resourceNames"] = [LEASE]
     return objects
 
 
