@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import NewPartitions, NewTopic, RecordsToDelete
+from aiokafka.admin import RecordsToDelete
 from aiokafka.structs import TopicPartition
 from prometheus_client import REGISTRY
 
@@ -73,7 +73,7 @@ async def test_messages_removed_by_retention_are_not_lag(kafka: KafkaDriver, lag
     # Each message in its own segment, kept 1 ms: the broker's retention check deletes all but the
     # active (last) segment.
     config = {"retention.ms": "1", "segment.bytes": "1048576", "segment.ms": "1", "file.delete.delay.ms": "0"}
-    await kafka.admin.create_topics([NewTopic(name, 1, 1, topic_configs=config)])
+    await kafka.topic(name, 1, config)
     for _ in range(5):
         await kafka.produce(name, {0: 1})
         await asyncio.sleep(0.01)
@@ -91,7 +91,7 @@ async def test_partitions_added_are_picked_up(kafka: KafkaDriver, lag_source: Ka
     await kafka.commit(name, {(name, 0): 1, (name, 1): 1})
     metric = lag_metric(lag_source.name)
     assert await read_lag(lag_source, metric, f"group={name}") == 4
-    await kafka.admin.create_partitions({name: NewPartitions(total_count=4)})
+    await kafka.partitions(name, 4)
     await kafka.produce(name, {2: 4, 3: 4})
     await kafka.commit(name, {(name, 2): 0, (name, 3): 2})
     assert await read_lag(lag_source, metric, f"group={name}") == 4 + 4 + 2
@@ -162,7 +162,7 @@ async def test_deleted_topic_is_an_error_not_zero(kafka: KafkaDriver, lag_source
     metric = lag_metric(lag_source.name)
     assert await read_lag(lag_source, metric, f"group={name},topic={name}") == 0
     assert exported(lag_source, name) == {"committed", "start", "end", "lag"}
-    await kafka.admin.delete_topics([name])
+    await kafka.delete_topic(name)
     with pytest.raises(SourceError, match="does not exist"):
         await read_lag(lag_source, metric, f"group={name},topic={name}")
     assert exported(lag_source, name) == set()  # the topic's series leave /metrics
@@ -300,7 +300,7 @@ async def test_partitions_added_and_committed_count_before_the_metadata_expires(
     try:
         metric = lag_metric(source.name, allow_idle_consumers=True)
         assert await read_lag(source, metric, f"group={name}") == 4
-        await kafka.admin.create_partitions({name: NewPartitions(total_count=4)})
+        await kafka.partitions(name, 4)
         await kafka.produce(name, {2: 4, 3: 4})
         await kafka.commit(name, {(name, 2): 0, (name, 3): 2})
         # A commit on a partition the cached metadata does not list: the metadata is stale, not the commit.
