@@ -311,6 +311,22 @@ async def test_partitions_added_and_committed_count_before_the_metadata_expires(
         await source.close()
 
 
+async def test_a_topic_created_after_a_read_named_it_is_read_before_the_metadata_expires(
+    kafka: KafkaDriver, broker: KafkaBroker, name: str
+) -> None:
+    # A topic the broker lacks is not kept as missing: every read asks for it again, so a topic created with
+    # its HPA is read as soon as the broker serves it, not metadata_max_age later.
+    source = KafkaLag(source_config(broker.bootstrap, metadata_max_age=60))
+    metric = lag_metric(source.name)
+    try:
+        with pytest.raises(SourceError, match=f"topic '{name}' does not exist"):
+            await read_lag(source, metric, f"group={name},topic={name}")
+        await kafka.topic(name, 2)
+        assert await read_lag(source, metric, f"group={name},topic={name}") == 1 + 1  # latest: one to start
+    finally:
+        await source.close()
+
+
 async def test_a_coordinator_still_loading_is_asked_again(kafka: KafkaDriver, broker: KafkaBroker, name: str) -> None:
     # A coordinator that has just started (or just took the group over) answers COORDINATOR_LOAD_IN_PROGRESS
     # for a moment; that used to fail the read at once (the flaky first test of a session: a new broker loads
