@@ -6,7 +6,7 @@ import asyncio
 import itertools
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.protocol.admin import DeleteGroupsRequest
 from aiokafka.structs import TopicPartition
 from prometheus_client import REGISTRY
@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 from adapter.config.kafka import KafkaMetric, KafkaSource
 from adapter.metrics.catalogue import Catalogue
 from adapter.sources.kafka.source import KafkaLag
+from tests.fixtures.kafka_broker import topic_gone, topic_served
 
 # Names unique in the session: the broker is shared by every test.
 names = itertools.count(1)
@@ -29,8 +30,21 @@ class KafkaDriver:
         self.admin = admin
         self.producer = producer
 
-    async def topic(self, topic: str, partitions: int) -> None:
-        await self.admin.create_topics([NewTopic(topic, partitions, 1)])
+    async def topic(self, topic: str, partitions: int, config: dict[str, str] | None = None) -> None:
+        """Create the topic; back once the broker serves it, as a read made at once expects."""
+        await self.admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=config or {})])
+        await topic_served(self.producer.client, topic, partitions)
+
+    async def partitions(self, topic: str, total: int) -> None:
+        """Add partitions up to `total`; back once the broker serves them."""
+        await self.admin.create_partitions({topic: NewPartitions(total_count=total)})
+        await topic_served(self.producer.client, topic, total)
+
+    async def delete_topic(self, topic: str) -> None:
+        """Delete the topic; back once no broker answers for it, as a read made at once expects."""
+        [described] = await self.admin.describe_topics([topic])
+        await self.admin.delete_topics([topic])
+        await topic_gone(self.producer.client, topic, len(described["partitions"]))
 
     async def produce(self, topic: str, counts: dict[int, int]) -> None:
         """`counts[p]` messages into partition p."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from aiokafka.admin import NewPartitions, RecordsToDelete
+from aiokafka.admin import RecordsToDelete
 from aiokafka.structs import TopicPartition
 from prometheus_client import REGISTRY
 
@@ -42,7 +42,7 @@ async def test_every_partition_matches_kafka_consumer_groups(
     await kafka.commit(name, {(uneven, 0): 2, (uneven, 2): 7, (retained, 0): 5, (past, 0): 10, (past, 1): 1})
     # Retention (DeleteRecords moves the log start the same way) removes the records the commit points at.
     await kafka.admin.delete_records({TopicPartition(retained, 0): RecordsToDelete(before_offset=15)})
-    await kafka.admin.create_partitions({uneven: NewPartitions(total_count=5)})
+    await kafka.partitions(uneven, 5)
     await kafka.produce(uneven, {3: 4, 4: 2})
     await kafka.commit(name, {(uneven, 3): 1})
 

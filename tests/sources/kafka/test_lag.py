@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import NewPartitions, NewTopic, RecordsToDelete
+from aiokafka.admin import RecordsToDelete
 from aiokafka.structs import TopicPartition
 from prometheus_client import REGISTRY
 
@@ -73,7 +73,7 @@ async def test_messages_removed_by_retention_are_not_lag(kafka: KafkaDriver, lag
     # Each message in its own segment, kept 1 ms: the broker's retention check deletes all but the
     # active (last) segment.
     config = {"retention.ms": "1", "segment.bytes": "1048576", "segment.ms": "1", "file.delete.delay.ms": "0"}
-    await kafka.admin.create_topics([NewTopic(name, 1, 1, topic_configs=config)])
+    await kafka.topic(name, 1, config)
     for _ in range(5):
         await kafka.produce(name, {0: 1})
         await asyncio.sleep(0.01)
@@ -91,7 +91,7 @@ async def test_partitions_added_are_picked_up(kafka: KafkaDriver, lag_source: Ka
     await kafka.commit(name, {(name, 0): 1, (name, 1): 1})
     metric = lag_metric(lag_source.name)
     assert await read_lag(lag_source, metric, f"group={name}") == 4
-    await kafka.admin.create_partitions({name: NewPartitions(total_count=4)})
+    await kafka.partitions(name, 4)
     await kafka.produce(name, {2: 4, 3: 4})
     await kafka.commit(name, {(name, 2): 0, (name, 3): 2})
     assert await read_lag(lag_source, metric, f"group={name}") == 4 + 4 + 2
@@ -162,7 +162,7 @@ async def test_deleted_topic_is_an_error_not_zero(kafka: KafkaDriver, lag_source
     metric = lag_metric(lag_source.name)
     assert await read_lag(lag_source, metric, f"group={name},topic={name}") == 0
     assert exported(lag_source, name) == {"committed", "start", "end", "lag"}
-    await kafka.admin.delete_topics([name])
+    await kafka.delete_topic(name)
     with pytest.raises(SourceError, match="does not exist"):
         await read_lag(lag_source, metric, f"group={name},topic={name}")
     assert exported(lag_source, name) == set()  # the topic's series leave /metrics
@@ -300,13 +300,29 @@ async def test_partitions_added_and_committed_count_before_the_metadata_expires(
     try:
         metric = lag_metric(source.name, allow_idle_consumers=True)
         assert await read_lag(source, metric, f"group={name}") == 4
-        await kafka.admin.create_partitions({name: NewPartitions(total_count=4)})
+        await kafka.partitions(name, 4)
         await kafka.produce(name, {2: 4, 3: 4})
         await kafka.commit(name, {(name, 2): 0, (name, 3): 2})
         # A commit on a partition the cached metadata does not list: the metadata is stale, not the commit.
         # The partitions used to be left out (lag 4) until metadata_max_age passed.
         assert await read_lag(source, metric, f"group={name}") == 4 + 4 + 2
         assert await read_lag(source, metric, f"group={name},partition=3") == 2
+    finally:
+        await source.close()
+
+
+async def test_a_topic_created_after_a_read_named_it_is_read_before_the_metadata_expires(
+    kafka: KafkaDriver, broker: KafkaBroker, name: str
+) -> None:
+    # A topic the broker lacks is not kept as missing: every read asks for it again, so a topic created with
+    # its HPA is read as soon as the broker serves it, not metadata_max_age later.
+    source = KafkaLag(source_config(broker.bootstrap, metadata_max_age=60))
+    metric = lag_metric(source.name)
+    try:
+        with pytest.raises(SourceError, match=f"topic '{name}' does not exist"):
+            await read_lag(source, metric, f"group={name},topic={name}")
+        await kafka.topic(name, 2)
+        assert await read_lag(source, metric, f"group={name},topic={name}") == 1 + 1  # latest: one to start
     finally:
         await source.close()
 
