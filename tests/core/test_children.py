@@ -30,7 +30,7 @@ from adapter.children import (
     wait_ready_blocking,
 )
 from adapter.ready import read_ready_file
-from tests.fixtures.netutil import refused_port
+from tests.fixtures.netutil import LOOPBACK_SERVER, refused_port
 from tests.fixtures.replicas import spawn
 
 
@@ -64,13 +64,7 @@ def test_a_child_that_exits_before_it_is_ready_is_reported_at_once_with_its_log(
 @pytest.mark.parametrize("command", ["serve", "proxy"])
 def test_zeroscale_binds_port_0_and_reports_every_listener_it_bound(command: str, tmp_path: Path) -> None:
     config = {
-        "server": {
-            "bind": "127.0.0.1",
-            "port": 0,
-            "metrics_bind": "127.0.0.1",
-            "metrics_port": 0,
-            "auth": {"enabled": False},
-        },
+        "server": LOOPBACK_SERVER,
         "grpc": {
             "scaler": {"enabled": True, "bind": "127.0.0.1", "port": 0},
             "counts": {"enabled": True, "bind": "127.0.0.1", "port": 0},

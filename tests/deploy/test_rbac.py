@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -598,6 +599,21 @@ def enforce(kube: KubeStandIn, granted: set[Grant]) -> None:
         kube.add_route(method, r"/.*", authorize)
 
 
+@contextlib.asynccontextmanager
+async def proxy_under_rbac(route: dict[str, Any], granted: set[Grant]) -> AsyncIterator[KubeStandIn]:
+    """A proxy with `route` running against the stand-in serving route `web`, which allows only `granted`; the stand-in
+    keeps what it was asked and holds once both have stopped."""
+    with KubeStandIn(tls=False, token="proxy-token") as kube:
+        standin_with_route_web(kube)
+        enforce(kube, granted)
+        client = KubeClient.from_config(kube.client_config())
+        try:
+            async with running_proxy([route], kube=client, activator=SETTINGS):
+                yield kube
+        finally:
+            await client.close()
+
+
 async def test_an_activator_route_works_with_exactly_the_grants_rendered_for_it(
     activator_installation: Objects, chart_default: Objects
 ) -> None:
@@ -609,21 +625,14 @@ async def test_an_activator_route_works_with_exactly_the_grants_rendered_for_it(
     (route,) = proxy["routes"]
     route = {**route, "activator": {**route["activator"], "port": port_outside_ephemeral()}, "wake": "none"}
     granted = grants(activator_installation, "zeroscale-proxy")
-    with KubeStandIn(tls=False, token="proxy-token") as kube:
-        standin_with_route_web(kube)
-        enforce(kube, granted)
-        client = KubeClient.from_config(kube.client_config())
-        try:
-            async with running_proxy([route], kube=client, activator=SETTINGS):
-                with contextlib.suppress(TimeoutError):  # a refused request is named below
-                    await until(lambda: listed(kube) == {POD})  # warm: the pod
-                    kube.put(DEPLOYMENTS, web_deployment(0))
-                    await until(lambda: listed(kube) == {PROXY})  # cold: the proxy
-        finally:
-            await client.close()
-        made = requests_made(kube)
-        assert [request for request in sorted(made, key=str) if not allowed(granted, request)] == []
-        assert listed(kube) == {PROXY}
+    async with proxy_under_rbac(route, granted) as kube:
+        with contextlib.suppress(TimeoutError):  # a refused request is named below
+            await until(lambda: listed(kube) == {POD})  # warm: the pod
+            kube.put(DEPLOYMENTS, web_deployment(0))
+            await until(lambda: listed(kube) == {PROXY})  # cold: the proxy
+    made = requests_made(kube)  # the proxy stopped: its last requests too
+    assert [request for request in sorted(made, key=str) if not allowed(granted, request)] == []
+    assert listed(kube) == {PROXY}
 
     assert ("create", "discovery.k8s.io", "endpointslices", "shop", "") in made
     assert ("watch", "apps", "deployments", "shop", "web") in made
@@ -656,16 +665,9 @@ async def test_an_activator_route_without_its_role_writes_nothing_and_the_log_sa
         ((verb, "apps", "deployments"), "shop", ("web",)) for verb in ("list", "watch") if "deployments" in also_granted
     }
     hint = "needs mode activator's Role in namespace shop"
-    with KubeStandIn(tls=False, token="proxy-token") as kube:
-        standin_with_route_web(kube)
-        enforce(kube, granted)
-        client = KubeClient.from_config(kube.client_config())
-        try:
-            async with running_proxy([route], kube=client, activator=SETTINGS):
-                await until(lambda: any(refused in r.getMessage() and hint in r.getMessage() for r in caplog.records))
-        finally:
-            await client.close()
-        assert listed(kube) == set()
+    async with proxy_under_rbac(route, granted) as kube:
+        await until(lambda: any(refused in r.getMessage() and hint in r.getMessage() for r in caplog.records))
+    assert listed(kube) == set()
     (message,) = {r.getMessage() for r in caplog.records if refused in r.getMessage()}
     assert "403" in message
     assert "deploy/overlays/activator" in message
