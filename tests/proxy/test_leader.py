@@ -42,7 +42,7 @@ from tests.proxy.test_activator import (
 
 __all__ = ["kube"]  # the fixture
 # A Lease left to lapse: the tests that wait for one use these, and decide from what the API received and when
-# (Renewals), never from how long a wait took; the others keep their Lease through a loaded machine's stalls (LEASE).
+# (LeaseWrites), never from how long a wait took; the others keep their Lease through a loaded machine's stalls (LEASE).
 TIMING = SHORT_LEASE
 
 
