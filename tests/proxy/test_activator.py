@@ -66,10 +66,12 @@ def activator_route(port: int, name: str = "web", **overrides: Any) -> dict[str,
 
 
 # Leases a loaded machine's stalls (the event loop held 1-2 s, the stand-in's thread with it) cannot take away:
-# a test that is not about losing the Lease must not lose it (a lost Lease drops the writes in flight). A quick
-# retry_period, so the Lease is taken at once. Tests that let a Lease lapse use SHORT_LEASE and decide from
-# events (what the API received, and when), not from how long a wait took.
-LEASE = {"lease_duration": 15.0, "renew_deadline": 10.0, "retry_period": 0.1}
+# a test that is not about losing the Lease must not lose it (a lost Lease drops the writes in flight). The
+# defaults: each try, and the give-up at close, has retry_period (2 s) to be answered (with 0.1 s, a stall
+# timed the give-up out and the other replica waited out the lease_duration); the Lease is taken at the first
+# try. Tests that let a Lease lapse use SHORT_LEASE and decide from events (what the API received, and when),
+# not from how long a wait took.
+LEASE = {"lease_duration": 15.0, "renew_deadline": 10.0, "retry_period": 2.0}
 SHORT_LEASE = {"lease_duration": 1.5, "renew_deadline": 1.0, "retry_period": 0.1}
 
 

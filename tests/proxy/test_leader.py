@@ -131,7 +131,7 @@ async def test_a_leader_that_closes_gives_the_lease_up_and_the_other_leads_withi
         lease = kube.get(lease_path("zeroscale"), "zeroscale-proxy-activator")
         assert lease is not None
         assert lease["spec"]["holderIdentity"] in ("", other.identity)
-        # A retry_period (0.1 s) and a round trip, not the lease_duration (15 s) of a Lease left to expire.
+        # A retry_period (2 s) and a round trip, not the lease_duration (15 s) of a Lease left to expire.
         await until(lambda: other.leading, within=LEASE["lease_duration"] / 2)
 
 
@@ -267,7 +267,7 @@ async def test_a_leader_that_reads_another_holder_stops_at_once(kube: KubeStandI
             kube.add_route("POST", LEASES, lambda request, _m: refused_for(request, "proxy-a"))
             kube.delete(lease_path("zeroscale"), "zeroscale-proxy-activator")
             await until(lambda: second.leading, within=10)
-            # a reads the Lease at its next retry_period (0.1 s) and stops there, not at its renew_deadline (10 s).
+            # a reads the Lease at its next retry_period (2 s) and stops there, not at its renew_deadline (10 s).
             await until(lambda: not first.leading, within=LEASE["renew_deadline"] / 2)
             assert second.leading
 
@@ -369,6 +369,10 @@ def slice_addresses(kube: KubeStandIn, service_name: str) -> list[str]:
     )
 
 
+def lease_reads(kube: KubeStandIn) -> int:
+    return sum(1 for method, path, _ in kube.requests if method == "GET" and "/leases/" in path)
+
+
 def holder_serves(route: str) -> float | None:
     return REGISTRY.get_sample_value("zeroscale_proxy_activator_holder_serves", {"route": route})
 
@@ -398,7 +402,7 @@ async def test_a_replica_whose_routes_the_holder_does_not_write_says_so(
     written, and it says so in its log and zeroscale_proxy_activator_holder_serves (the doctor: tests/doctor)."""
     seed(kube, 1, 8080, "10.0.0.1")
     api_route, canary = second_installation(kube, port_outside_ephemeral())
-    shared = {"lease_name": "shared"}
+    shared: dict[str, Any] = {"lease_name": "shared", "retry_period": 0.5}  # reads enough to count in a few seconds
     async with running_proxy(
         [activator_route(port_outside_ephemeral())],
         kube=kube_client,
@@ -408,7 +412,8 @@ async def test_a_replica_whose_routes_the_holder_does_not_write_says_so(
         async with running_proxy([api_route], kube=kube_client, activator={**canary, **shared}):
             await until(lambda: holder_serves("api") == 0)
             assert holder_serves("web") == 1
-            await asyncio.sleep(0.5)  # many reads of the Lease: one warning
+            reads = lease_reads(kube)
+            await until(lambda: lease_reads(kube) >= reads + 6)  # many reads of the Lease: one warning
             warnings = [
                 r.getMessage() for r in caplog.records if "does not write routes of this replica" in r.getMessage()
             ]
