@@ -435,11 +435,14 @@ async def test_a_writer_that_stops_leading_mid_write_writes_no_more(kube: KubeSt
     leader may be writing by then)."""
     port = port_outside_ephemeral()
     seed(kube, 1, 8080, "10.0.0.1", "10.0.0.2")
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
 
     def slow_first_post(method: str, path: str, _body: Any) -> None:
+        """Holds the first slice write that is on time (a stall may make one late: 504 before this hook), which is
+        then applied whenever released."""
         if method == "POST" and "/endpointslices" in path:
             kube.before_write.remove(slow_first_post)
+            entered.set()
             release.wait(10)
 
     def refuse_renewals(request: StandInRequest, _match: Any) -> Reply | None:
@@ -452,7 +455,7 @@ async def test_a_writer_that_stops_leading_mid_write_writes_no_more(kube: KubeSt
     ) as server:
         leader = server.leader
         assert leader is not None
-        await until(lambda: len([m for m, p, _ in kube.requests if m == "POST" and "/endpointslices" in p]) == 1)
+        await until(entered.is_set)
         kube.add_route("PUT", LEASES + "/.*", refuse_renewals)
         await until(lambda: not leader.leading, within=10)
         release.set()
