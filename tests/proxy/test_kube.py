@@ -93,12 +93,15 @@ async def test_cold_start_wakes_the_target_and_forwards_when_a_slice_is_ready(
 
 async def test_a_target_above_zero_is_not_patched(kube: KubeStandIn, kube_client: KubeClient) -> None:
     scale = ScaleStandIn(kube, "default", "web", replicas=2)
-    async with running_proxy([service_route("awake", limits={"hold_timeout": 0.5})], kube=kube_client) as server:
-        response = await request(server.port, get())
-        assert response.status == 504
+    read = wakes("awake", "already_awake")
+    # Held 3 s, longer than a loaded machine stalls the loop: the wake's read is counted while it is held (with
+    # 0.5 s, a stall let the proxy stop before its read was answered).
+    async with running_proxy([service_route("awake", limits={"hold_timeout": 3})], kube=kube_client) as server:
+        pending = asyncio.create_task(request(server.port, get()))
+        await until(lambda: wakes("awake", "already_awake") > read)
+        assert (await pending).status == 504
     assert scale.patches == []
     assert scale.replicas == 2
-    assert wakes("awake", "already_awake") >= 1
 
 
 async def test_a_conflicting_change_is_read_again_and_respected(kube: KubeStandIn, kube_client: KubeClient) -> None:
@@ -109,8 +112,11 @@ async def test_a_conflicting_change_is_read_again_and_respected(kube: KubeStandI
         current.set(3)  # the HPA acted between our read and our patch
 
     scale.before_patch = hpa_scales_up_first
-    async with running_proxy([service_route("racy", limits={"hold_timeout": 0.5})], kube=kube_client) as server:
-        await request(server.port, get())
+    read = wakes("racy", "already_awake")
+    async with running_proxy([service_route("racy", limits={"hold_timeout": 3})], kube=kube_client) as server:
+        pending = asyncio.create_task(request(server.port, get()))
+        await until(lambda: wakes("racy", "already_awake") > read)  # read again after the conflict, while held
+        await pending
     assert scale.conflicts == 1
     assert scale.replicas == 3  # re-read: no longer 0, so left alone
     assert len(scale.patches) == 1

@@ -14,6 +14,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from adapter.kube.client import KubeClient
+from adapter.kube.hpas import HPA
+from adapter.proxy.intent import NamespaceHPAs
 from tests.fixtures.kube_routes import (
     HPAS,
     SLICES_V1,
@@ -261,6 +263,23 @@ def lists_counted() -> float:
     return REGISTRY.get_sample_value("zeroscale_proxy_hpa_lists_total", {"namespace": "default"}) or 0.0
 
 
+class Readers:
+    """How many wakers wait for an answer of `hpas.read` now: the instance's own read, counted."""
+
+    def __init__(self, hpas: NamespaceHPAs) -> None:
+        self.waiting = 0
+        read = hpas.read
+
+        async def counted() -> list[HPA]:
+            self.waiting += 1
+            try:
+                return await read()
+            finally:
+                self.waiting -= 1
+
+        hpas.read = counted  # type: ignore[method-assign]
+
+
 def hpa_lists(kube: KubeStandIn) -> int:
     return sum(1 for method, path, _ in kube.requests if method == "GET" and "horizontalpodautoscalers" in path)
 
@@ -278,9 +297,11 @@ async def test_routes_waking_at_once_in_one_namespace_share_the_hpa_lists(
     counted = lists_counted()
     try:
         async with running_proxy(routes, kube=kube_client) as server:
+            readers = Readers(server._hpas["default"])
             pending = [asyncio.create_task(request(server.port, get(host=f"r{i}.example"))) for i in range(10)]
-            await until(lambda: slow.waiting >= 1 and all(server.routes[f"r{i}"].counts.held for i in range(10)))
-            await asyncio.sleep(1)  # time for every waker to read its Scale and ask for a list (the client waits 5 s)
+            # Every waker has read its Scale and asked for a list (the client waits 5 s for the one held); a sleep
+            # instead left a waker that a loaded machine kept from asking until the second list was sent: a third.
+            await until(lambda: slow.waiting >= 1 and readers.waiting == 10)
             slow.answer()
             await until(lambda: scale.replicas == 1)
             # Every waker has seen it awake since: none has a list still to send.

@@ -53,24 +53,24 @@ async def test_the_edge_from_zero_is_read_at_once_after_the_first_counts(
     make_cache: MakeCache, start_counts: StartCounts
 ) -> None:
     """The proxy's first counts come while the first read waits for them: a pushed change, read right after.
-    A request held right then must not wait for cache.push_interval (5 s here) to be seen."""
+    A request held right then must not wait for cache.push_interval (30 s here) to be seen."""
     routes = Routes("web")
     server = await start_counts(routes)
-    cache = await make_cache("edge", proxies=[f"127.0.0.1:{server.port}"], cache_settings={"push_interval": 5})
+    cache = await make_cache("edge", proxies=[f"127.0.0.1:{server.port}"], cache_settings={"push_interval": 30})
     await eventually(cache, 0)
     routes.add("web", held=1)
-    await eventually(cache, 1, within=2.5)  # far less than push_interval, even on a loaded machine
+    await eventually(cache, 1, within=10)  # far less than push_interval, even on a loaded machine
 
 
 async def test_a_replica_s_edge_from_zero_is_applied_at_once_within_its_coalesce_window(
     make_cache: MakeCache, start_counts: StartCounts
 ) -> None:
-    """The replica's first snapshot was just applied; the next message, within `coalesce` (5 s here) of it,
+    """The replica's first snapshot was just applied; the next message, within `coalesce` (30 s here) of it,
     lifts the route from 0: applied at once, not at the window's end."""
     routes = Routes("web")
     server = await start_counts(routes)
-    source = {"proxies": [f"127.0.0.1:{server.port}"], "coalesce": 5, "stale_after": 10}  # silence: beyond the window
+    source = {"proxies": [f"127.0.0.1:{server.port}"], "coalesce": 30, "stale_after": 60}  # silence: beyond the window
     cache = await make_cache("edge-replica", **source)
     await eventually(cache, 0)
     routes.add("web", held=1)
-    await eventually(cache, 1, within=2.5)  # far less than the window, even on a loaded machine
+    await eventually(cache, 1, within=10)  # far less than the window, even on a loaded machine
