@@ -22,6 +22,8 @@ from tests.fixtures.kube_routes import (
     endpoint_slice,
     hpas_collection,
     slices_collection,
+    wake_route,
+    wake_standin,
 )
 from tests.fixtures.kube_routes import hpa as hpa_object
 from tests.fixtures.kube_standin import KubeStandIn, Reply, status_body
@@ -32,22 +34,8 @@ from tests.fixtures.upstream_app import Upstream
 
 @pytest.fixture
 def kube() -> Iterator[KubeStandIn]:
-    with KubeStandIn(tls=False, token="proxy-token") as standin:
-        standin.serve_collection(SLICES_V1, "EndpointSliceList")
-        standin.serve_collection(HPAS, "HorizontalPodAutoscalerList")
+    with wake_standin() as standin:
         yield standin
-
-
-def service_route(name: str, **overrides: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "upstream": {"service": "web", "namespace": "default", "port": "http"},
-        "target": {"namespace": "default", "kind": "Deployment", "name": "web"},
-        "wake": "scale",
-        "readiness": "endpointslice",
-        "limits": {"hold_timeout": 15},
-        **overrides,
-    }
 
 
 def hpa(scaled_to_zero: str | None, target: str = "web") -> dict[str, Any]:
@@ -69,7 +57,7 @@ async def test_cold_start_wakes_the_target_and_forwards_when_a_slice_is_ready(
     collection = slices_collection("default")
     port = refused_port()
     kube.put(collection, endpoint_slice("web-abc", "web", [], port))
-    async with running_proxy([service_route("woken")], kube=kube_client) as server:
+    async with running_proxy([wake_route("woken")], kube=kube_client) as server:
         pending = asyncio.create_task(request(server.port, get("/echo?cold")))
         await until(lambda: scale.replicas == 1)
         assert scale.patches == [{"metadata": {"resourceVersion": "100"}, "spec": {"replicas": 1}}]
@@ -96,7 +84,7 @@ async def test_a_target_above_zero_is_not_patched(kube: KubeStandIn, kube_client
     read = wakes("awake", "already_awake")
     # Held 3 s, longer than a loaded machine stalls the loop: the wake's read is counted while it is held (with
     # 0.5 s, a stall let the proxy stop before its read was answered).
-    async with running_proxy([service_route("awake", limits={"hold_timeout": 3})], kube=kube_client) as server:
+    async with running_proxy([wake_route("awake", limits={"hold_timeout": 3})], kube=kube_client) as server:
         pending = asyncio.create_task(request(server.port, get()))
         await until(lambda: wakes("awake", "already_awake") > read)
         assert (await pending).status == 504
@@ -113,7 +101,7 @@ async def test_a_conflicting_change_is_read_again_and_respected(kube: KubeStandI
 
     scale.before_patch = hpa_scales_up_first
     read = wakes("racy", "already_awake")
-    async with running_proxy([service_route("racy", limits={"hold_timeout": 3})], kube=kube_client) as server:
+    async with running_proxy([wake_route("racy", limits={"hold_timeout": 3})], kube=kube_client) as server:
         pending = asyncio.create_task(request(server.port, get()))
         await until(lambda: wakes("racy", "already_awake") > read)  # read again after the conflict, while held
         await pending
@@ -131,7 +119,7 @@ async def test_a_target_its_hpa_did_not_scale_to_zero_is_not_woken_and_the_reque
     how to start it. Once the HPA's condition turns True (it scaled it to zero itself), requests wake it."""
     scale = ScaleStandIn(kube, "default", "web", replicas=0)
     kube.put(HPA_COLLECTION, hpa("False"))
-    route = service_route("stopped", limits={"hold_timeout": 30})
+    route = wake_route("stopped", limits={"hold_timeout": 30})
     async with running_proxy([route], kube=kube_client) as server:
         response = await asyncio.wait_for(request(server.port, get()), 5)
         assert response.status == 503
@@ -152,7 +140,7 @@ async def test_a_target_its_hpa_did_not_scale_to_zero_is_not_woken_and_the_reque
 async def test_wake_always_wakes_what_a_person_stopped(kube: KubeStandIn, kube_client: KubeClient) -> None:
     scale = ScaleStandIn(kube, "default", "web", replicas=0)
     kube.put(HPA_COLLECTION, hpa(None))
-    async with running_proxy([service_route("always", wake="always")], kube=kube_client) as server:
+    async with running_proxy([wake_route("always", wake="always")], kube=kube_client) as server:
         pending = asyncio.create_task(request(server.port, get()))
         await until(lambda: scale.replicas == 1)
         hpa_reads = [path for _, path, _ in kube.requests if "horizontalpodautoscalers" in path]
@@ -166,13 +154,13 @@ async def test_a_target_without_hpa_wakes_unless_the_route_says_otherwise(
 ) -> None:
     scale = ScaleStandIn(kube, "default", "web", replicas=0)
     kube.put(HPA_COLLECTION, hpa("True", target="other"))
-    strict = service_route("strict", wake_without_hpa=False)
+    strict = wake_route("strict", wake_without_hpa=False)
     async with running_proxy([strict], kube=kube_client) as server:
         response = await asyncio.wait_for(request(server.port, get()), 5)
         assert response.status == 503
         assert "no HorizontalPodAutoscaler scales it" in response.body.decode()
         assert scale.patches == []
-    async with running_proxy([service_route("lenient")], kube=kube_client) as server:
+    async with running_proxy([wake_route("lenient")], kube=kube_client) as server:
         pending = asyncio.create_task(request(server.port, get()))
         await until(lambda: scale.replicas == 1)
         pending.cancel()
@@ -184,7 +172,7 @@ async def test_hpas_it_cannot_read_wake_nothing(kube: KubeStandIn, kube_client: 
     request must not start it (it did: a refused list left the proxy waking as if no HPA watched it)."""
     scale = ScaleStandIn(kube, "default", "web", replicas=0)
     kube.add_route("GET", HPAS, lambda _req, _m: Reply(403, status_body(403, "Forbidden", "no list")))
-    async with running_proxy([service_route("blind", limits={"hold_timeout": 30})], kube=kube_client) as server:
+    async with running_proxy([wake_route("blind", limits={"hold_timeout": 30})], kube=kube_client) as server:
         response = await asyncio.wait_for(request(server.port, get()), 5)
         assert response.status == 503
         body = response.body.decode()
@@ -200,7 +188,7 @@ def route_target() -> ScaleTarget:
 async def test_hpa_mode_only_reports_counts(kube: KubeStandIn, kube_client: KubeClient) -> None:
     scale = ScaleStandIn(kube, "default", "web", replicas=0)
     async with running_proxy(
-        [service_route("counts-only", wake="hpa", limits={"hold_timeout": 0.3})], kube=kube_client
+        [wake_route("counts-only", wake="hpa", limits={"hold_timeout": 0.3})], kube=kube_client
     ) as server:
         seen: list[int] = []
         server.routes["counts-only"].counts.subscribe(lambda _r, held, inflight: seen.append(held + inflight))
@@ -218,7 +206,7 @@ async def test_endpointslice_v1beta1_fallback(kube: KubeStandIn, kube_client: Ku
             slices_collection("default", "v1beta1"),
             endpoint_slice("web-old", "web", [("127.0.0.1", {})], upstream.port, version="v1beta1"),
         )
-        async with running_proxy([service_route("old", wake="none")], kube=kube_client) as server:
+        async with running_proxy([wake_route("old", wake="none")], kube=kube_client) as server:
             await until(lambda: server.routes["old"].has_usable())
             assert (await request(server.port, get())).status == 200
     finally:
@@ -229,7 +217,7 @@ async def test_no_api_access_falls_back_to_connect_probes(kube: KubeStandIn, kub
     kube.add_route("GET", SLICES_V1, lambda _req, _m: Reply(403, status_body(403, "Forbidden", "no list")))
     upstream = await Upstream().start()
     try:
-        route = service_route(
+        route = wake_route(
             "probing",
             wake="none",
             readiness="auto",
@@ -244,7 +232,7 @@ async def test_no_api_access_falls_back_to_connect_probes(kube: KubeStandIn, kub
 
 async def test_endpoints_follow_the_watch(kube: KubeStandIn, kube_client: KubeClient) -> None:
     collection = slices_collection("default")
-    async with running_proxy([service_route("watched", wake="none")], kube=kube_client) as server:
+    async with running_proxy([wake_route("watched", wake="none")], kube=kube_client) as server:
         route = server.routes["watched"]
         kube.put(collection, endpoint_slice("web-1", "web", [("10.0.0.1", {}), ("10.0.0.2", {})], 8080))
         await until(lambda: len(route.endpoints) == 2)
@@ -294,7 +282,7 @@ async def test_malformed_slices_and_hpas_neither_stop_the_watch_nor_the_wake(
     odd = {"kind": "Port", "ports": [{"name": "http", "port": "8080"}, {"name": "http", "port": True}]}
     kube.put(collection, {**endpoint_slice("web-1", "web", [("10.0.0.9", {})], 8080), **odd})
     kube.put(HPA_COLLECTION, {"metadata": {"name": "odd", "namespace": "default"}, "spec": "junk", "status": []})
-    async with running_proxy([service_route("watched")], kube=kube_client) as server:
+    async with running_proxy([wake_route("watched")], kube=kube_client) as server:
         route = server.routes["watched"]
         kube.put(collection, endpoint_slice("web-2", "web", [("10.0.0.3", {"ready": True})], 8080))
         await until(lambda: [(e.host, e.port) for e in route.endpoints] == [("10.0.0.3", 8080)])

@@ -18,13 +18,14 @@ from adapter.kube.hpas import HPA
 from adapter.proxy.intent import NamespaceHPAs
 from tests.fixtures.kube_routes import (
     HPAS,
-    SLICES_V1,
     PagedLists,
     ScaleStandIn,
     SlowLists,
     hpa,
     hpas_collection,
     silence_watches,
+    wake_route,
+    wake_standin,
 )
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
 from tests.fixtures.proxy import Response, get, request, running_proxy, until
@@ -34,23 +35,13 @@ HPA_LIST = hpas_collection("default")
 
 @pytest.fixture
 def kube() -> Iterator[KubeStandIn]:
-    with KubeStandIn(tls=False, token="proxy-token") as standin:
-        standin.serve_collection(SLICES_V1, "EndpointSliceList")
-        standin.serve_collection(HPAS, "HorizontalPodAutoscalerList")
+    with wake_standin() as standin:
         yield standin
 
 
 def scale_route(name: str, **overrides: Any) -> dict[str, Any]:
     """A wake: scale route in front of Deployment default/web, trying again every 0.2 s while requests wait."""
-    return {
-        "name": name,
-        "upstream": {"service": "web", "namespace": "default", "port": "http"},
-        "target": {"namespace": "default", "kind": "Deployment", "name": "web"},
-        "readiness": "endpointslice",
-        "wake_retry_interval": 0.2,
-        "limits": {"hold_timeout": 30},
-        **overrides,
-    }
+    return wake_route(name, **{"wake_retry_interval": 0.2, "limits": {"hold_timeout": 30}, **overrides})
 
 
 def refusals(route: str, reason: str) -> float:
