@@ -23,7 +23,6 @@ from tests.fixtures.kube_routes import (
     SlowLists,
     hpa,
     hpas_collection,
-    silence_watches,
     wake_route,
     wake_standin,
 )
@@ -84,7 +83,6 @@ async def test_a_silent_hpa_watch_does_not_wake_what_a_person_stopped(
     watch's copy still said ScaledToZero=True)."""
     scale = ScaleStandIn(kube, "default", "web", replicas=0)
     kube.put(HPA_LIST, hpa("web", "web", "True"))
-    silent = silence_watches(kube, HPAS)
     async with running_proxy([scale_route("stale")], kube=kube_client) as server:
         first = asyncio.create_task(request(server.port, get()))
         await until(lambda: scale.replicas == 1)  # the HPA scaled it to zero itself: woken
@@ -92,7 +90,7 @@ async def test_a_silent_hpa_watch_does_not_wake_what_a_person_stopped(
         first.cancel()
         await asyncio.gather(first, return_exceptions=True)
 
-        silent.set()
+        kube.silence_watches(HPAS)
         scale.set(2)
         kube.put(HPA_LIST, hpa("web", "web", "False"))  # the HPA rescaled: NotScaledToZero
         scale.set(0)  # kubectl scale --replicas=0
