@@ -86,7 +86,8 @@ def credential_in_url(url: str) -> str | None:
 class Strict(BaseModel):
     """Every config model refuses unknown keys, so a typo is an error and not a silent default."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A string under a field is its description (the JSON schemas the chart and the CRD are generated with carry it).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class SecretFile(Strict):

@@ -41,7 +41,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from adapter.config.proxy import ActivatorConfig, RouteConfig, ScaleTarget, ServiceUpstream
+from adapter.config.proxy import ActivatorConfig
+from adapter.config.route import RouteConfig, ScaleTarget, ServiceUpstream
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import (
     build_slices,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from adapter.config.proxy import ScaleTarget
+from adapter.config.route import ScaleTarget
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError
 from adapter.kube.hpas import HPA, list_hpas

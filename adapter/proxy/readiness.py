@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from adapter.config.proxy import AddressUpstream, ServiceRef, ServiceUpstream
+from adapter.config.route import AddressUpstream, ServiceRef, ServiceUpstream
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import list_slices, ready_addresses, refused_addresses
 from adapter.kube.errors import KubeAPIError, KubeError

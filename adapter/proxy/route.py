@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from adapter.config.base import split_address
-from adapter.config.proxy import RouteConfig
+from adapter.config.route import RouteConfig
 from adapter.proxy.counts import RouteCounts
 from adapter.proxy.exchange import ASSIGNED, QUEUED, Exchange
 from adapter.proxy.refused import RefusedEndpoints

@@ -8,7 +8,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from adapter.config.proxy import LocalScaleTarget, ProxyConfig, RouteConfig, ServiceUpstream
+from adapter.config.proxy import ProxyConfig
+from adapter.config.route import LocalScaleTarget, RouteConfig, ServiceUpstream
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeConfigError
 from adapter.kube.watching import ListWatch

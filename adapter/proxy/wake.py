@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from adapter.config.kube import KubeAPIConfig
-from adapter.config.proxy import LocalScaleTarget, ScaleTarget
+from adapter.config.route import LocalScaleTarget, ScaleTarget
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError, KubeConnectionError, KubeError
 from adapter.kube.scale import get_scale, set_replicas

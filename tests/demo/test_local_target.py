@@ -15,7 +15,8 @@ import pytest
 from pydantic import ValidationError
 
 from adapter.children import shared_port
-from adapter.config.proxy import LocalScaleTarget, ProxyConfig, RouteConfig
+from adapter.config.proxy import ProxyConfig
+from adapter.config.route import LocalScaleTarget, RouteConfig
 from adapter.demo.processes import Supervisor
 from adapter.demo.scaler import answer, start_scaler
 from adapter.demo.workloads import LocalWorkload

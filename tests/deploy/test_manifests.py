@@ -18,7 +18,7 @@ from cryptography import x509
 from adapter.config import ZeroscaleConfig
 from adapter.config.http import HTTPSource
 from adapter.config.loader import load_config
-from adapter.config.proxy import ScaleTarget, ServiceUpstream
+from adapter.config.route import ScaleTarget, ServiceUpstream
 from tests.fixtures.manifests import DEPLOY, EXAMPLE_CONFIGS, EXAMPLES, OVERLAYS, Objects, find, kustomize
 
 K8S_VERSION = "1.37.0"

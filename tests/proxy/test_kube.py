@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from adapter.config.proxy import ScaleTarget
+from adapter.config.route import ScaleTarget
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import ready_addresses
 from adapter.kube.hpas import HPA

@@ -9,7 +9,7 @@ import contextlib
 import pytest
 from prometheus_client import REGISTRY
 
-from adapter.config.proxy import RouteLimits
+from adapter.config.route import RouteLimits
 from tests.fixtures.netutil import refused_port
 from tests.fixtures.proxy import get, post, read_response, request, route, running_proxy, until
 from tests.fixtures.upstream_app import Upstream

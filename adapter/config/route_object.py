@@ -1,0 +1,125 @@
+"""A ZeroscaleRoute (`zeroscale.io/v1alpha1`): one team's route, declared in its own namespace.
+
+Its spec is a route of the config file (adapter/config/route.py) without the names of other places: the upstream
+Service, the target workload and the activator's Service are all in the route's own namespace, and its name is
+the object's. `RouteSpec` owns that shape; the CRD's schema is generated from it (scripts/crd/generate.py), with
+CEL rules for what a schema cannot say, so the API server refuses a bad route at admission and the proxy checks
+the same model again when it reads one (a CRD installed from an older version may let more through).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from adapter.config.base import Strict
+from adapter.config.route import DNS_LABEL, RouteConfig, RouteFields, ScaleTarget, ServiceUpstream
+
+GROUP = "zeroscale.io"
+VERSION = "v1alpha1"
+KIND = "ZeroscaleRoute"
+PLURAL = "zeroscaleroutes"
+SINGULAR = "zeroscaleroute"
+SHORT_NAMES = ["zsroute", "zsr"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+class RouteService(Strict):
+    """A Service in the route's namespace, selecting the workload's pods; its EndpointSlices say which are ready."""
+
+    service: str = Field(pattern=DNS_LABEL, max_length=63)
+    """The Service's name (in the route's own namespace: a route cannot name another namespace's Service)."""
+    port: str | int = Field(default="", json_schema_extra={"x-kubernetes-int-or-string": True})
+    """The Service port's name (matched against EndpointSlice `ports[].name`) or its number; empty: its only port."""
+
+
+class RouteTarget(Strict):
+    """The workload a wake scales up, in the route's namespace (its scale subresource is patched)."""
+
+    kind: Literal["Deployment", "StatefulSet", "ReplicaSet"] = "Deployment"
+    """The workload's kind."""
+    name: str = Field(pattern=DNS_LABEL, max_length=253)
+    """The workload's name."""
+
+
+class RouteSpec(RouteFields):
+    """What a team declares: which requests the route takes, the Service they go to and the workload it wakes."""
+
+    upstream: RouteService
+    """Where requests go: a Service in this namespace."""
+    target: RouteTarget | None = None
+    """The workload to wake (wake: scale or always need it)."""
+
+    def route_config(self, namespace: str, name: str) -> RouteConfig:
+        """The route as the proxy runs it; ValueError (pydantic's) when the combination is not allowed."""
+        fields = self.model_dump(exclude={"upstream", "target"})
+        return RouteConfig(
+            **fields,
+            name=name,
+            namespace=namespace,
+            upstream=ServiceUpstream(service=self.upstream.service, namespace=namespace, port=self.upstream.port),
+            target=None if self.target is None else ScaleTarget(namespace=namespace, **self.target.model_dump()),
+            # An object's upstream is always a Service read from its slices: no address to probe instead.
+            readiness="endpointslice",
+        )
+
+
+class Condition(Strict):
+    """A condition as every Kubernetes object reports them (`kubectl wait --for=condition=Ready` reads them)."""
+
+    type: str
+    """Accepted (the route is valid, allowed and wins its hosts) or Ready (its Service, target and readiness known)."""
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    """One CamelCase word."""
+    message: str
+    """What happened, and what to change."""
+    lastTransitionTime: str  # noqa: N815 (Kubernetes' own spelling)
+    """When the status last changed (RFC 3339)."""
+    observedGeneration: int = 0  # noqa: N815
+    """The spec's generation this condition was computed from."""
+
+
+class RouteStatus(Strict):
+    """What the proxy saw of this route, written by one proxy replica (the Lease holder) at most every few seconds."""
+
+    observedGeneration: int = 0  # noqa: N815
+    """The spec's generation the status describes."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Accepted and Ready."""
+    state: Literal["Cold", "Warm", "Unknown"] = "Unknown"
+    """Cold: no ready endpoint (requests are held and wake the target); Warm: requests go straight through."""
+    held: int = 0
+    """Requests the writing replica holds for this route now."""
+    lastColdStartSeconds: float | None = None  # noqa: N815
+    """How long the last cold start took, from the first held request (or the wake) to a ready endpoint."""
+
+
+def route_key(obj: dict[str, Any]) -> str:
+    """`<namespace>/<name>` of a ZeroscaleRoute object."""
+    metadata = obj.get("metadata") or {}
+    return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+
+
+def parse_route(obj: dict[str, Any]) -> RouteConfig:
+    """The route a ZeroscaleRoute object declares; ValueError with a message for its status when it is not one."""
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, dict):
+        raise ValueError("the object has no metadata")
+    namespace, name = metadata.get("namespace"), metadata.get("name")
+    if not isinstance(namespace, str) or not isinstance(name, str):
+        raise ValueError("the object has no namespace or name")
+    try:
+        return RouteSpec.model_validate(obj.get("spec") or {}).route_config(namespace, name)
+    except ValidationError as err:
+        raise ValueError(_first_error(err)) from None
+
+
+def _first_error(err: ValidationError) -> str:
+    """One line a person can act on: the first problem and where it is in the spec."""
+    problems = err.errors(include_url=False)
+    first = problems[0]
+    where = ".".join(str(part) for part in first["loc"] if not isinstance(part, int) or part >= 0)
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"spec.{where}: {first['msg']}{more}" if where else f"spec: {first['msg']}{more}"
