@@ -6,6 +6,7 @@ proxy from its environment (`ZEROSCALE_PROXY__SIDECAR__UPSTREAM=127.0.0.1:8081`,
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 
@@ -83,6 +84,40 @@ class ActivatorConfig(Strict):
         return self
 
 
+class HostGrant(Strict):
+    """Host names the routes of some namespaces may claim (docs/architecture.md#host-claims)."""
+
+    namespaces: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    """Namespaces this grant is for; `*`: every namespace."""
+    hosts: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    """Shell-style patterns a claimed host (as written in the route: `shop.example.com`, `*.example.com`) must
+    match; `{namespace}` stands for the route's namespace, e.g. `{namespace}.apps.example.com`."""
+
+    def allows(self, namespace: str, host: str) -> bool:
+        if "*" not in self.namespaces and namespace not in self.namespaces:
+            return False
+        return any(fnmatch.fnmatchcase(host, pattern.replace("{namespace}", namespace)) for pattern in self.hosts)
+
+
+class RouteObjectsConfig(Strict):
+    """ZeroscaleRoute objects: routes each team declares in its own namespace, read live (docs/architecture.md#routes).
+    Needs `proxy.activator` for its Lease: one replica, its holder, writes the routes' status."""
+
+    enabled: bool = False
+    """Watch ZeroscaleRoute objects (the CRD must be installed; without it the file's routes serve alone)."""
+    namespaces: list[str] = Field(default_factory=list)
+    """The namespaces whose routes are served; empty: every namespace. A route elsewhere is refused in its status."""
+    hosts: list[HostGrant] = Field(default_factory=lambda: [HostGrant()])
+    """Which hosts each namespace may claim; a route claiming one no grant allows is refused in its status."""
+    max_routes: int = Field(default=10_000, ge=1)
+    """Route objects served at most (the oldest first); the rest are refused in their status."""
+    status_interval: Duration = Field(default=5.0, gt=0)
+    """A route's status is written at most this often (its conditions at once when they change)."""
+
+    def allowed_namespace(self, namespace: str) -> bool:
+        return not self.namespaces or namespace in self.namespaces
+
+
 class ProxyConfig(Strict):
     bind: str = "0.0.0.0"
     port: int = Field(default=8080, ge=0, le=65535)
@@ -112,6 +147,8 @@ class ProxyConfig(Strict):
     sidecar: SidecarConfig | None = None
     # Needed by routes in mode: activator.
     activator: ActivatorConfig | None = None
+    # Routes as ZeroscaleRoute objects, beside the ones above.
+    route_objects: RouteObjectsConfig = Field(default_factory=RouteObjectsConfig)
     # Development only (`zeroscale demo`, tests on a stand-in of the API): a loopback address may be a route's endpoint,
     # from the config, a slice or a name's DNS answer. In a cluster one is the proxy's own pod (its admin port, its
     # counts), never an upstream, and the API refuses it in a slice (docs/architecture.md#only-ip-endpoints). A
@@ -122,7 +159,12 @@ class ProxyConfig(Strict):
     def _one_mode(self) -> ProxyConfig:
         if self.sidecar is not None and self.routes:
             raise ValueError("set either routes (cluster mode) or sidecar, not both")
-        names = [route.name for route in self.routes]
+        if self.route_objects.enabled and (self.sidecar is not None or self.activator is None):
+            raise ValueError(
+                "route_objects needs cluster mode and proxy.activator (proxy_service, lease_namespace): its Lease "
+                "elects the one replica that writes the routes' status"
+            )
+        names = [route.key for route in self.routes]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"route names must be unique: {', '.join(duplicates)}")

@@ -75,16 +75,16 @@ class Condition(Strict):
     """One CamelCase word."""
     message: str
     """What happened, and what to change."""
-    lastTransitionTime: str  # noqa: N815 (Kubernetes' own spelling)
+    lastTransitionTime: str
     """When the status last changed (RFC 3339)."""
-    observedGeneration: int = 0  # noqa: N815
+    observedGeneration: int = 0
     """The spec's generation this condition was computed from."""
 
 
 class RouteStatus(Strict):
     """What the proxy saw of this route, written by one proxy replica (the Lease holder) at most every few seconds."""
 
-    observedGeneration: int = 0  # noqa: N815
+    observedGeneration: int = 0
     """The spec's generation the status describes."""
     conditions: list[Condition] = Field(default_factory=list)
     """Accepted and Ready."""
@@ -92,7 +92,7 @@ class RouteStatus(Strict):
     """Cold: no ready endpoint (requests are held and wake the target); Warm: requests go straight through."""
     held: int = 0
     """Requests the writing replica holds for this route now."""
-    lastColdStartSeconds: float | None = None  # noqa: N815
+    lastColdStartSeconds: float | None = None
     """How long the last cold start took, from the first held request (or the wake) to a ready endpoint."""
 
 
