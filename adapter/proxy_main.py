@@ -17,7 +17,7 @@ from pathlib import Path
 from adapter.config.grpc import CountsServerConfig
 from adapter.config.proxy import ProxyConfig
 from adapter.fdlimit import raise_open_files_limit
-from adapter.proxy.server import ProxyServer
+from adapter.proxy.app import Proxy
 from adapter.ready import address, announce
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ _SPARE_DESCRIPTORS = 4096
 async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None, ready_file: Path | None = None) -> int:
     """Run until SIGTERM or SIGINT, then shut down gracefully; 1 if a port cannot be listened on. With
     `ready_file`, the bound ports are written there once every listener is up (adapter/ready.py)."""
-    server = ProxyServer(config)
+    server = Proxy(config)
     try:
         await server.start()
     except OSError as err:
@@ -49,7 +49,7 @@ async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None, r
         stack.push_async_callback(server.shutdown)
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
-            server.loop.add_signal_handler(signum, stop.set)
+            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
         if ready_file is not None:
             announce(stack, ready_file, bound)
         await stop.wait()

@@ -208,7 +208,7 @@ class ProxyConfig(Strict):
         return self
 
     def activator_routes(self) -> dict[str, str]:
-        """What each activator route writes, by route name: `<namespace>/<service>@<digest>`, the digest of all the
+        """What each activator route writes, by route key: `<namespace>/<service>@<digest>`, the digest of all the
         slices depend on (the route's name, upstream, target and activator settings, and the proxy's own Service).
         The Lease holder publishes its set; a replica whose entry is not in it is not served (leader.py)."""
         proxy_service = self.activator.proxy_service.model_dump() if self.activator is not None else None
@@ -218,7 +218,7 @@ class ProxyConfig(Strict):
                 continue
             fields = route.model_dump(mode="json", include={"name", "upstream", "target", "activator"})
             digest = hashlib.sha256(json.dumps([fields, proxy_service], sort_keys=True).encode()).hexdigest()[:12]
-            served[route.name] = f"{route.upstream.namespace}/{route.activator.service}@{digest}"  # type: ignore[union-attr]
+            served[route.key] = f"{route.upstream.namespace}/{route.activator.service}@{digest}"  # type: ignore[union-attr]
         return served
 
     def effective_routes(self) -> list[RouteConfig]:

@@ -275,7 +275,7 @@ class Activator:
         return build_slices(
             self.namespace,
             self.service,
-            self._route.name,
+            self._route.config.name,  # a label value: the name alone (the slices are in the route's namespace)
             self._owner,
             self._port_name,
             groups,
