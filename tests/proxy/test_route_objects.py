@@ -66,6 +66,10 @@ def serve_pods(kube: KubeStandIn, namespace: str, app: Upstream | None) -> None:
     kube.put(slices_collection(namespace), endpoint_slice("web-1", "web", endpoints, app.port if app else 80))
 
 
+def held_gauge(route: str) -> float | None:
+    return REGISTRY.get_sample_value("zeroscale_proxy_held_requests", {"route": route})
+
+
 async def status_of(port: int, host: str) -> int:
     return (await request(port, get("/echo", host=host))).status
 
@@ -150,7 +154,7 @@ async def test_a_deleted_route_answers_its_held_requests_503_and_leaves_no_serie
         await until(lambda: "team-a/gone" in proxy.routes)
         held = [asyncio.create_task(request(proxy.port, get("/echo", host="gone.example"))) for _ in range(3)]
         await until(lambda: proxy.routes["team-a/gone"].counts.held == 3)
-        assert REGISTRY.get_sample_value("zeroscale_proxy_held_requests", {"route": "team-a/gone"}) == 3
+        assert held_gauge("team-a/gone") == 3
         kube.delete(routes_collection("team-a"), "gone")
         responses = await asyncio.wait_for(asyncio.gather(*held), 10)
         assert [response.status for response in responses] == [503] * 3
