@@ -9,8 +9,11 @@ path prefixes; a second route with the same host and prefix is refused, naming t
 refused whole (a route serving some of its hosts would be a surprise), and never takes a host from anyone: so
 one team's mistake or late claim fails only its own route.
 
+A route in mode activator also claims a listener port of the proxy's (within proxy.route_objects.activator_ports
+for an object) and the Service whose slices it writes, each by the same rule.
+
 Routes of the config file are not checked against each other (one author wrote them all, and the config's
-load already refused what cannot work), only claim their hosts first.
+load already refused what cannot work), only claim their hosts, ports and Services first.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ def place(candidates: list[Candidate], policy: RouteObjectsConfig) -> tuple[list
     refused: dict[str, Refusal] = {}
     host_owner: dict[str, str] = {}  # host -> the key of the route whose claim made it its namespace's
     path_owner: dict[tuple[str, str], str] = {}  # (host, path prefix) -> the route's key
+    # An activator route's listener port, and the Service whose slices it writes (`<namespace>/<service>`).
+    port_owner: dict[int, str] = {}
+    service_owner: dict[str, str] = {}
     objects = 0
     for candidate in ordered:
         route = candidate.config
@@ -55,6 +61,8 @@ def place(candidates: list[Candidate], policy: RouteObjectsConfig) -> tuple[list
             refusal = _policy_refusal(route, policy, objects)
             if refusal is None:
                 refusal = _claim_refusal(route, host_owner, path_owner)
+            if refusal is None:
+                refusal = _activator_refusal(route, policy, port_owner, service_owner)
             if refusal is not None:
                 refused[route.key] = refusal
                 continue
@@ -62,6 +70,9 @@ def place(candidates: list[Candidate], policy: RouteObjectsConfig) -> tuple[list
         for host in route.hosts:
             host_owner.setdefault(host, route.key)
             path_owner.setdefault((host, route.path_prefix), route.key)
+        if route.activator is not None:
+            port_owner.setdefault(route.activator.port, route.key)
+            service_owner.setdefault(f"{route.home}/{route.activator.service}", route.key)
         served.append(route)
     return served, refused
 
@@ -109,4 +120,38 @@ def _claim_refusal(
                 f"host {host} with path prefix {route.path_prefix} is served by route {first}, an older one: "
                 "give this route another path_prefix or host, or delete one of the two",
             )
+    return None
+
+
+def _activator_refusal(
+    route: RouteConfig, policy: RouteObjectsConfig, port_owner: dict[int, str], service_owner: dict[str, str]
+) -> Refusal | None:
+    activator = route.activator
+    if activator is None:
+        return None
+    ports = policy.activator_ports
+    if ports is None:
+        return Refusal(
+            "ActivatorNotAllowed",
+            "the proxy serves no route object in mode activator (proxy.route_objects.activator_ports is not set): "
+            "use mode in_path, or ask the platform team for activator ports",
+        )
+    if activator.port not in ports:
+        return Refusal(
+            "PortNotAllowed",
+            f"activator.port {activator.port} is outside the ports open to routes, {ports.first}-{ports.last} "
+            "(proxy.route_objects.activator_ports)",
+        )
+    owner = port_owner.get(activator.port)
+    if owner is not None:
+        return Refusal(
+            "PortClaimed", f"activator.port {activator.port} is taken by route {owner}, an older one: choose another"
+        )
+    owner = service_owner.get(f"{route.home}/{activator.service}")
+    if owner is not None:
+        return Refusal(
+            "ServiceClaimed",
+            f"Service {activator.service} has its EndpointSlices written by route {owner}, an older one: one "
+            "activator route per Service",
+        )
     return None

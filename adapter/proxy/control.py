@@ -40,11 +40,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Version:
-    """One version of a route and what keeps it going."""
+    """One version of a route and what keeps it going. Its activator (mode activator) is started and stopped by the
+    control plane's activator sync, never by the version: two versions must not write one Service's slices."""
 
     route: Route
     activator: Activator | None
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    activator_started: bool = False
 
     async def close(self) -> None:
         for close in self.closers:
@@ -72,6 +74,12 @@ class ControlPlane:
         self._proxy_pods: ProxyPods | None = None
         self.services = RouteServices(None, None, None, None)
         self._closing = False
+        # Activator routes' listener ports: port -> (its listener, the route key holding it); activators of
+        # versions no longer served, still to stop; why a route's port could not be listened on.
+        self._ports: dict[int, tuple[Listener, str]] = {}
+        self._stale_activators: list[Activator] = []
+        self.listen_failures: dict[str, str] = {}
+        self._activators_dirty = asyncio.Event()
         # What start() started, closed in reverse by close(): route objects first, then the routes (activators
         # before the Lease they write under), the Lease (given up for another replica), the proxy's pods, the HPAs.
         self._stack = contextlib.AsyncExitStack()
@@ -89,11 +97,9 @@ class ControlPlane:
             stack.push_async_callback(self.leader.close)
         stack.push_async_callback(self._close_routes)
         self._rebuild()
-        for version in self.versions.values():
-            if version.activator is not None:
-                # A route of the config file: its port is served from start to end by that one version.
-                listener = Listener(Router([(["*"], "/", version.route)]))
-                await self._data.listen(version.route.config.name, version.activator.port, listener)
+        await self._sync_activators(strict=True)  # the file's activator ports: one that cannot be bound stops us
+        syncing = asyncio.get_running_loop().create_task(self._follow_activators(), name="activator sync")
+        stack.push_async_callback(_cancel, syncing)
         if self._proxy_pods is not None and self.leader is not None:
             self._proxy_pods.start()
             self.leader.start()
@@ -164,6 +170,11 @@ class ControlPlane:
 
     async def _close_routes(self) -> None:
         for version in self.versions.values():
+            if version.activator is not None and version.activator_started:
+                self._stale_activators.append(version.activator)
+        for activator in self._stale_activators:
+            await activator.close()
+        for version in self.versions.values():
             await version.close()
         for task in list(self._retired):
             task.cancel()
@@ -194,17 +205,7 @@ class ControlPlane:
         objects: list[RouteObject] = self.route_objects.objects() if self.route_objects is not None else []
         refusals = {obj.key: obj.invalid for obj in objects if obj.invalid is not None}
         candidates = list(self._file_routes)
-        for obj in objects:
-            if obj.config is None:
-                continue
-            if obj.config.mode == "activator":
-                refusals[obj.key] = Refusal(
-                    "ActivatorNotServed",
-                    "mode activator needs a listener port of the proxy's own: declare this route in the proxy's "
-                    "config (proxy.routes) for now, or use mode in_path",
-                )
-                continue
-            candidates.append(Candidate(obj.config, obj.created))
+        candidates += [Candidate(obj.config, obj.created) for obj in objects if obj.config is not None]
         served, refused = place(candidates, self.config.route_objects)
         refusals.update(refused)
         self.refusals = refusals
@@ -225,6 +226,9 @@ class ControlPlane:
         for key, version in before.items():
             if after.get(key) is version:
                 continue
+            if version.activator is not None:
+                self._stale_activators.append(version.activator)
+                self._activators_dirty.set()
             if key in after:
                 self._retire(version, None)  # changed: what it admitted finishes there
                 continue
@@ -242,7 +246,55 @@ class ControlPlane:
             activator, closers = self.services.start(route)
         except RouteUnservable as err:  # only the config file's routes can be unservable: a bad config
             raise SystemExit(str(err)) from None
+        if activator is not None:
+            self._activators_dirty.set()
         return Version(route, activator, closers)
+
+    # --- activator routes: their ports, their slice writers, the Lease's list ---
+
+    async def _follow_activators(self) -> None:
+        while True:
+            await self._activators_dirty.wait()
+            await self._sync_activators(strict=False)
+
+    async def _sync_activators(self, *, strict: bool) -> None:
+        """Stop the slice writers of versions no longer served, then give each activator route its port and start
+        its writer, and tell the Lease what this replica writes. `strict` (the file's routes at start): a port that
+        cannot be bound raises OSError; later, the route's status says so and the next sync tries again."""
+        self._activators_dirty.clear()
+        stale, self._stale_activators = self._stale_activators, []
+        for activator in stale:
+            await activator.close()
+        wanted = {v.activator.port: (key, v) for key, v in self.versions.items() if v.activator is not None}
+        for port, (listener, key) in list(self._ports.items()):
+            if wanted.get(port, ("",))[0] != key:
+                listener.router = Router([])  # its open connections find no route from here
+                self._data.unlisten(key)
+                del self._ports[port]
+        failures: dict[str, str] = {}
+        for port, (key, version) in wanted.items():
+            router: Router[Route] = Router([(["*"], "/", version.route)])
+            if port in self._ports:
+                self._ports[port][0].router = router
+            else:
+                listener = Listener(router)
+                try:
+                    await self._data.listen(key, port, listener)
+                except OSError as err:
+                    if strict:
+                        raise
+                    failures[key] = f"cannot listen on activator.port {port}: {err}"
+                    log.warning("route %s: %s; trying again at the next change", key, failures[key])
+                    continue
+                self._ports[port] = (listener, key)
+            if self.versions.get(key) is version and not version.activator_started:
+                assert version.activator is not None
+                version.activator.start()
+                version.activator_started = True
+        self.listen_failures = failures
+        if self.leader is not None:
+            routes = [version.route.config for _, version in wanted.values()]
+            self.leader.set_routes(self.config.activator_routes(routes))
 
     def _retire(self, version: Version, failure: str | None) -> None:
         """Stop admitting to `version`: with `failure`, its held requests are answered 503 with it at once; it is
@@ -272,3 +324,8 @@ class ControlPlane:
         if route.name not in self.versions:
             self.board.drop(route.name)
             telemetry.forget_route(route.name)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

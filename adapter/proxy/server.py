@@ -58,6 +58,12 @@ class ProxyServer:
             functools.partial(ClientConnection, self, listener), self.config.bind, port, backlog=_BACKLOG
         )
 
+    def unlisten(self, name: str) -> None:
+        """Close the port `listen` opened under `name` (its connections go on, routed by their listener)."""
+        server = self._route_servers.pop(name, None)
+        if server is not None:
+            server.close()
+
     # --- connections ---
 
     def admit(self, connection: ClientConnection) -> bool:

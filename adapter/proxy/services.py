@@ -42,14 +42,12 @@ class RouteServices:
         self.hpas: dict[str, NamespaceHPAs] = {}  # the HPA lists wake: scale routes share, by namespace
 
     def start(self, route: Route) -> tuple[Activator | None, list[Callable[[], Awaitable[None]]]]:
-        """Start what `route` needs; its activator (mode activator) and what closes the rest, in order."""
+        """Start what `route` needs, and return what closes it, in order, with its activator (mode activator), made
+        but not started: the control plane starts it once the version it replaces has stopped writing the slices."""
         closers: list[Callable[[], Awaitable[None]]] = []
         activator = self._activator(route) if route.config.mode == "activator" else None
         self._readiness(route, activator, closers)
         self._wake(route, closers)
-        if activator is not None:
-            activator.start()
-            closers.insert(0, activator.close)
         return activator, closers
 
     def _activator(self, route: Route) -> Activator:

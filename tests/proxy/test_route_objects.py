@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from adapter.children import port_outside_ephemeral
 from adapter.kube.client import KubeClient
+from adapter.kube.endpointslices import MANAGED_BY
 from adapter.proxy.app import Proxy
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn
@@ -21,6 +23,9 @@ from tests.fixtures.proxy import get, read_response, request, running_proxy, unt
 from tests.fixtures.upstream_app import Upstream
 
 LEASES = r"/apis/coordination\.k8s\.io/v1/namespaces/[^/]+/leases"
+DEPLOYMENTS = r"/apis/apps/v1/namespaces/[^/]+/deployments"
+SERVICES = r"/api/v1/namespaces/[^/]+/services"
+LEASE_COLLECTION = "/apis/coordination.k8s.io/v1/namespaces/zeroscale/leases"
 ROUTES = r"/apis/zeroscale\.io/v1alpha1/namespaces/[^/]+/zeroscaleroutes"
 ACTIVATOR = {
     "proxy_service": {"service": "zeroscale-proxy", "namespace": "zeroscale"},
@@ -48,6 +53,8 @@ def kube() -> Iterator[KubeStandIn]:
         standin.serve_collection(SLICES_V1, "EndpointSliceList", writable=True)
         standin.serve_collection(LEASES, "LeaseList", writable=True)
         standin.serve_collection(ROUTES, "ZeroscaleRouteList", writable=True)
+        standin.serve_collection(DEPLOYMENTS, "DeploymentList", writable=True)
+        standin.serve_collection(SERVICES, "ServiceList", writable=True)
         yield standin
 
 
@@ -252,3 +259,105 @@ async def test_without_the_crd_the_file_routes_serve_and_objects_are_picked_up_o
                 await routed(proxy.port, "late.example")
         finally:
             await client.close()
+
+
+def activator_object(namespace: str, name: str, port: int, generation: int = 1) -> dict[str, Any]:
+    """A route object in mode activator: clients call Service `web`, whose slices the proxy writes; `web-pods`
+    selects the pods of Deployment `web`."""
+    body = route_object(namespace, name, ["web.example"], generation, mode="activator")
+    body["spec"] |= {
+        "upstream": {"service": "web-pods", "port": "http"},
+        "activator": {"service": "web", "port": port},
+        "target": {"kind": "Deployment", "name": "web"},
+    }
+    return body
+
+
+def seed_activator(kube: KubeStandIn, namespace: str) -> None:
+    """Deployment web at 0, the selector-less Service web, no pod, and the proxy's own pod 10.1.0.7."""
+    kube.put(
+        f"/apis/apps/v1/namespaces/{namespace}/deployments",
+        {"kind": "Deployment", "metadata": {"name": "web", "namespace": namespace}, "spec": {"replicas": 0}},
+    )
+    kube.put(
+        f"/api/v1/namespaces/{namespace}/services",
+        {"kind": "Service", "metadata": {"name": "web", "namespace": namespace, "uid": "uid-web"}, "spec": {}},
+    )
+    kube.put(slices_collection(namespace), endpoint_slice("web-pods-1", "web-pods", [], 80))
+    proxy_pod = endpoint_slice("zeroscale-proxy-1", "zeroscale-proxy", [("10.1.0.7", {"ready": True})], 8080)
+    kube.put(slices_collection("zeroscale"), proxy_pod)
+
+
+def written_slices(kube: KubeStandIn, namespace: str) -> list[dict[str, Any]]:
+    return [
+        obj
+        for obj in kube.objects(slices_collection(namespace))
+        if obj["metadata"]["labels"].get("endpointslice.kubernetes.io/managed-by") == MANAGED_BY
+    ]
+
+
+async def test_a_route_object_in_mode_activator_gets_its_port_writes_its_slices_and_gives_both_up_when_deleted(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    port = port_outside_ephemeral()
+    seed_activator(kube, "team-a")
+    kube.put(routes_collection("team-a"), activator_object("team-a", "web", port))
+    ports = {"first": port, "last": port}
+    async with route_proxy(kube, kube_client, activator_ports=ports) as proxy:
+        await until(lambda: "team-a/web" in proxy.activators)
+        # Cold: the Service's slice lists the proxy's pod on the route's own port (the Lease holder wrote it).
+        await until(lambda: bool(written_slices(kube, "team-a")))
+        (written,) = written_slices(kube, "team-a")
+        assert [endpoint["addresses"] for endpoint in written["endpoints"]] == [["10.1.0.7"]]
+        assert written["ports"][0]["port"] == port
+        assert written["metadata"]["labels"]["zeroscale.io/route"] == "web"  # a label value: the name alone
+        # The Lease says this replica writes the route's Service (what other replicas compare with theirs).
+        await until(lambda: "team-a/web@" in str(kube.objects(LEASE_COLLECTION)))
+        # Whatever the Host, a request on the route's port is the route's: held while the workload is at zero.
+        held = asyncio.create_task(request(port, get("/echo", host="anything.example")))
+        await until(lambda: proxy.routes["team-a/web"].counts.held == 1)
+        kube.delete(routes_collection("team-a"), "web")
+        response = await asyncio.wait_for(held, 10)
+        assert response.status == 503
+        assert b"route team-a/web was deleted" in response.body
+        await until(lambda: "team-a/web" not in proxy.activators)
+
+        async def refused() -> bool:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except ConnectionRefusedError:
+                return True
+            writer.close()
+            return False
+
+        for _ in range(200):
+            if await refused():
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError(f"port {port} still listens after its route was deleted")
+
+
+async def test_activator_ports_are_the_platforms_and_each_is_claimed_once(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    port = port_outside_ephemeral()
+    seed_activator(kube, "team-a")
+    seed_activator(kube, "team-b")
+    first = activator_object("team-a", "web", port)
+    first["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    second = activator_object("team-b", "web", port)
+    second["spec"]["hosts"] = ["other.example"]
+    outside = activator_object("team-b", "far", port + 1)
+    outside["spec"]["hosts"] = ["far.example"]
+    outside["spec"]["activator"]["service"] = "far"
+    for body in (first, second, outside):
+        kube.put(routes_collection(body["metadata"]["namespace"]), body)
+    async with route_proxy(kube, kube_client) as proxy:
+        await until(lambda: "team-a/web" in proxy.control.refusals)
+        assert proxy.control.refusals["team-a/web"].reason == "ActivatorNotAllowed"
+    async with route_proxy(kube, kube_client, activator_ports={"first": port, "last": port}) as proxy:
+        await until(lambda: "team-a/web" in proxy.activators and len(proxy.control.refusals) == 2)
+        assert proxy.control.refusals["team-b/web"].reason == "PortClaimed"
+        assert "team-a/web" in proxy.control.refusals["team-b/web"].message
+        assert proxy.control.refusals["team-b/far"].reason == "PortNotAllowed"
