@@ -60,8 +60,11 @@ async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None, r
 def run_proxy(config: ProxyConfig, counts: CountsServerConfig | None = None, ready_file: Path | None = None) -> int:
     import uvloop
 
-    if not config.effective_routes():
-        log.error("no routes: set proxy.routes, or proxy.sidecar.upstream (ZEROSCALE_PROXY__SIDECAR__UPSTREAM)")
+    if not config.effective_routes() and not config.route_objects.enabled:
+        log.error(
+            "no routes: set proxy.routes, proxy.route_objects.enabled (ZeroscaleRoute objects), or "
+            "proxy.sidecar.upstream (ZEROSCALE_PROXY__SIDECAR__UPSTREAM)"
+        )
         return 2
     # Each client connection takes a descriptor, and so does each pooled upstream connection.
     raise_open_files_limit(config.max_connections + _SPARE_DESCRIPTORS, f"max_connections={config.max_connections}")

@@ -21,6 +21,7 @@ class Proxy:
         self.config = config
         self.data = ProxyServer(config)
         self.control = ControlPlane(config, self.data, kube=kube)
+        self.data.routes_known = self.control.routes_known
         self._stack = contextlib.AsyncExitStack()
 
     async def start(self) -> None:

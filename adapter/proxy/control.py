@@ -186,6 +186,11 @@ class ControlPlane:
         """Held and in-flight counts of every route, present and future, after each change (the counts stream)."""
         return self.board.subscribe(listener)
 
+    def routes_known(self) -> bool:
+        """The route objects were listed once (or there are none to list: not enabled, or no CRD installed)."""
+        objects = self.route_objects
+        return objects is None or objects.listed or objects.absent
+
     @property
     def routes(self) -> dict[str, Route]:
         return {key: version.route for key, version in self.versions.items()}

@@ -56,6 +56,7 @@ class RouteObjects:
         self._parsed: dict[str, RouteObject] = {}
         self._failure_logged_at = -_FAILURE_LOG_INTERVAL
         self.listed = False  # every collection listed at least once
+        self.absent = False  # the API server answered 404: the CRD is not installed (until a list succeeds)
         self.watches = [
             ListWatch(
                 kube,
@@ -102,11 +103,13 @@ class RouteObjects:
         return RouteObject(key, generation, created, config, invalid, status)
 
     def _changed(self, path: str, objects: dict[str, dict[str, Any]]) -> None:
+        self.absent = False
         self._seen[path] = objects
         self.listed = len(self._seen) == self._paths
         self._on_change()
 
     def _failed(self, err: KubeError) -> bool:
+        self.absent = self.absent or (isinstance(err, KubeAPIError) and err.status == 404 and not self._seen)
         now = time.monotonic()
         if now >= self._failure_logged_at + _FAILURE_LOG_INTERVAL:
             self._failure_logged_at = now

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections.abc import Callable
 
 from adapter.config.proxy import ProxyConfig
 from adapter.proxy.admin import start_admin
@@ -42,6 +43,9 @@ class ProxyServer:
         self._sweeper: asyncio.Task[None] | None = None
         self._tick_changed = asyncio.Event()
         self._refusals_logged_at = -_REFUSAL_LOG_INTERVAL
+        # Whether the control plane knows the routes (the route objects listed once): until then /readyz says no,
+        # so a new pod of a rollout takes no request it would answer 404 for want of a route it has not read yet.
+        self.routes_known: Callable[[], bool] = lambda: True
         telemetry.CONNECTIONS.set_function(lambda: len(self.connections))
 
     # --- what the control plane calls ---
@@ -111,7 +115,10 @@ class ProxyServer:
             lambda: ClientConnection(self, self.listener), self.config.bind, self.config.port, backlog=_BACKLOG
         )
         self._admin = await start_admin(
-            self.config.admin_bind, self.config.admin_port, lambda: not self.draining, self.config.admin_max_connections
+            self.config.admin_bind,
+            self.config.admin_port,
+            lambda: not self.draining and self.routes_known(),
+            self.config.admin_max_connections,
         )
         self._sweeper = self.loop.create_task(self._sweep())
         log.info("proxy listening on %s:%d, admin on %d", self.config.bind, self.port, self.admin_port)

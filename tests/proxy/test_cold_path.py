@@ -14,7 +14,9 @@ from tests.fixtures.upstream_app import Upstream
 
 
 def errors(route_name: str, code: str) -> float:
-    value = REGISTRY.get_sample_value("zeroscale_proxy_error_responses_total", {"route": f"default/{route_name}" if route_name else "", "code": code})
+    value = REGISTRY.get_sample_value(
+        "zeroscale_proxy_error_responses_total", {"route": f"default/{route_name}" if route_name else "", "code": code}
+    )
     return value or 0.0
 
 

@@ -47,7 +47,9 @@ HPA_COLLECTION = hpas_collection("default")
 
 
 def wakes(route: str, result: str) -> float:
-    return REGISTRY.get_sample_value("zeroscale_proxy_wakes_total", {"route": f"default/{route}", "result": result}) or 0.0
+    return (
+        REGISTRY.get_sample_value("zeroscale_proxy_wakes_total", {"route": f"default/{route}", "result": result}) or 0.0
+    )
 
 
 async def test_cold_start_wakes_the_target_and_forwards_when_a_slice_is_ready(

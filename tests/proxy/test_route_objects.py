@@ -17,7 +17,7 @@ from adapter.children import port_outside_ephemeral
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import MANAGED_BY
 from adapter.proxy.app import Proxy
-from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
+from tests.fixtures.kube_routes import SLICES_V1, SlowLists, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn
 from tests.fixtures.proxy import get, read_response, request, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
@@ -361,3 +361,18 @@ async def test_activator_ports_are_the_platforms_and_each_is_claimed_once(
         assert proxy.control.refusals["team-b/web"].reason == "PortClaimed"
         assert "team-a/web" in proxy.control.refusals["team-b/web"].message
         assert proxy.control.refusals["team-b/far"].reason == "PortNotAllowed"
+
+
+async def test_a_proxy_is_not_ready_before_it_has_read_the_route_objects(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    """A new pod of a rollout must not take requests it would answer 404 for want of routes it has not read yet."""
+    serve_pods(kube, "team-a", upstream)
+    kube.put(routes_collection("team-a"), route_object("team-a", "shop", ["shop.example"]))
+    slow = SlowLists(kube, ROUTES)
+    async with route_proxy(kube, kube_client) as proxy:
+        await until(lambda: slow.waiting > 0)
+        assert (await request(proxy.admin_port, get("/readyz"))).status == 503
+        slow.answer()
+        await until(lambda: "team-a/shop" in proxy.routes)
+        assert (await request(proxy.admin_port, get("/readyz"))).status == 200

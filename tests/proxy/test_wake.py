@@ -345,7 +345,9 @@ async def test_a_wake_never_decides_from_a_list_sent_before_it_read_the_scale(
 
 
 def wakes(route: str, result: str) -> float:
-    return REGISTRY.get_sample_value("zeroscale_proxy_wakes_total", {"route": f"default/{route}", "result": result}) or 0.0
+    return (
+        REGISTRY.get_sample_value("zeroscale_proxy_wakes_total", {"route": f"default/{route}", "result": result}) or 0.0
+    )
 
 
 async def test_a_scale_that_keeps_changing_is_counted_once_a_conflict_and_the_request_told_why(
