@@ -19,7 +19,8 @@ UPGRADE = b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upg
 
 
 def _hits(route_name: str, limit: str) -> float:
-    value = REGISTRY.get_sample_value("zeroscale_proxy_limit_hits_total", {"route": f"default/{route_name}" if route_name else "", "limit": limit})
+    labels = {"route": f"default/{route_name}" if route_name else "", "limit": limit}
+    value = REGISTRY.get_sample_value("zeroscale_proxy_limit_hits_total", labels)
     return value or 0.0
 
 
