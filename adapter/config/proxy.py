@@ -129,6 +129,10 @@ class RouteObjectsConfig(Strict):
     """Route objects served at most (the oldest first); the rest are refused in their status."""
     status_interval: Duration = Field(default=5.0, gt=0)
     """A route's status is written at most this often (its conditions at once when they change)."""
+    max_limits: RouteLimits = Field(default_factory=RouteLimits)
+    """The most a route object's `limits` may ask, each key (held requests and bytes, timeouts, concurrency): the
+    proxy's memory and connections are shared by every team, so a route asking more is refused in its status. By
+    default the defaults: a team may lower its limits, and raise them only as far as the platform allows here."""
     activator_ports: PortRange | None = None
     """The ports route objects in mode activator may take (`activator.port`), each a listener of its own on every
     proxy pod (the chart's NetworkPolicy admits them); none: objects in mode activator are refused. The activator

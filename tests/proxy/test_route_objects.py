@@ -376,3 +376,22 @@ async def test_a_proxy_is_not_ready_before_it_has_read_the_route_objects(
         slow.answer()
         await until(lambda: "team-a/shop" in proxy.routes)
         assert (await request(proxy.admin_port, get("/readyz"))).status == 200
+
+
+async def test_a_team_cannot_make_the_shared_proxy_hold_more_or_spin_faster_than_the_platform_allows(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    serve_pods(kube, "team-a", upstream)
+    greedy = route_object("team-a", "greedy", ["greedy.example"], limits={"max_held_bytes": 2**40})
+    spinning = route_object("team-a", "spinning", ["spin.example"], probe_interval="1ms")
+    modest = route_object("team-a", "modest", ["modest.example"], limits={"max_held_requests": 2000})
+    for body in (greedy, spinning, modest):
+        kube.put(routes_collection("team-a"), body)
+    async with route_proxy(kube, kube_client, max_limits={"max_held_requests": 5000}) as proxy:
+        await until(lambda: "team-a/modest" in proxy.routes and len(proxy.control.refusals) == 2)
+        refusal = proxy.control.refusals["team-a/greedy"]
+        assert refusal.reason == "LimitNotAllowed"
+        assert "limits.max_held_bytes" in refusal.message
+        assert "proxy.route_objects.max_limits" in refusal.message
+        assert proxy.control.refusals["team-a/spinning"].reason == "InvalidSpec"
+        assert "spec.probe_interval" in proxy.control.refusals["team-a/spinning"].message
