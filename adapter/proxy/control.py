@@ -225,6 +225,8 @@ class ControlPlane:
             if version is None or version.route.config != config:
                 version = self._start_version(config)
             after[key] = version
+        if list(after) == list(before) and all(after[key] is before[key] for key in after):
+            return  # an event that changed no route (a status written, an object refused again): the table stands
         self.versions = after
         self.table = RouteTable.of([version.route for version in after.values()])
         self._data.install(self.table)
