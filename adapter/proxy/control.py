@@ -203,7 +203,15 @@ class ControlPlane:
         """Once per loop turn however many events came in it: a burst of changes costs one table."""
         if not self._rebuild_scheduled and not self._closing:
             self._rebuild_scheduled = True
-            asyncio.get_running_loop().call_soon(self._rebuild)
+            asyncio.get_running_loop().call_soon(self._rebuild_from_objects)
+
+    def _rebuild_from_objects(self) -> None:
+        try:
+            self._rebuild()
+        except Exception:
+            # A bug, or an object no check foresaw: the table in force stays, and the next change tries again.
+            telemetry.ROUTE_TABLE_FAILURES.inc()
+            log.exception("building the route table failed; serving the table as it was")
 
     def _rebuild(self) -> None:
         self._rebuild_scheduled = False
