@@ -31,7 +31,8 @@ async def keda_reads(adapter: Adapter, namespace: str) -> float:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{adapter.grpc_port}") as channel:
         scaled = ref(metric=METRIC, selector="route=web", owner=namespace)
         answer = await scaler_stub(channel).GetMetrics(pb.GetMetricsRequest(scaledObjectRef=scaled, metricName=METRIC))
-        return answer.metricValues[0].metricValueFloat
+        value: float = answer.metricValues[0].metricValueFloat
+        return value
 
 
 @pytest.fixture
