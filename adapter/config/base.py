@@ -121,8 +121,9 @@ class SelectorLabel(Strict):
     """A label the HPA's selector may (or must) give, and the pattern its values must match.
 
     The pattern keeps an HPA from making the adapter read arbitrary keys or groups. `{namespace}` in it stands for
-    the namespace asking (an HPA's, a ScaledObject's), so `{namespace}-.*` lets each team read only its own groups
-    or keys.
+    the namespace asking (an HPA's, a ScaledObject's), so `{namespace}_.+` lets each team read only its own groups
+    or keys. Follow it with a character no namespace name holds (`_` or `.`): after `-`, namespace `team` would
+    match team-a's `team-a-orders`.
     """
 
     pattern: str = ".+"
