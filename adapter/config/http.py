@@ -42,10 +42,11 @@ class HTTPSource(SourceBase):
     keepalive_timeout: Duration = 5.0
     # A snapshot larger than this is refused by gRPC before it is decoded (max_routes keys `<namespace>/<name>` of
     # up to 317 characters fit): decoding costs CPU per message, whoever sends it.
-    max_message_bytes: int = Field(default=512 * 1024, ge=1024)
+    max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     # Routes in one replica's snapshot; more is a broken or hostile replica: it fails the metric. A replica lists only
-    # the routes holding or forwarding something now, so this bounds busy routes, not configured ones.
-    max_routes: int = Field(default=1000, ge=1)
+    # the routes holding or forwarding something now, so this bounds busy routes, not configured ones; the default is
+    # the most route objects one proxy serves (proxy.route_objects.max_routes), all busy at once.
+    max_routes: int = Field(default=10_000, ge=1)
     # Replicas discovery may list; more fails the metric (each one is a channel and a task here).
     max_replicas: int = Field(default=256, ge=1)
 
