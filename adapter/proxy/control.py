@@ -29,6 +29,7 @@ from adapter.proxy.counts import CountsBoard, CountsListener
 from adapter.proxy.leader import LeaderElector
 from adapter.proxy.route import Route
 from adapter.proxy.route_objects import RouteObject, RouteObjects
+from adapter.proxy.route_status import StatusWriter
 from adapter.proxy.routing import Router
 from adapter.proxy.server import ProxyServer
 from adapter.proxy.services import RouteServices, RouteUnservable
@@ -69,7 +70,9 @@ class ControlPlane:
         self._file_routes = [Candidate(route) for route in config.effective_routes()]
         self.refusals: dict[str, Refusal] = {}  # route objects not served, and why
         self.route_objects: RouteObjects | None = None
+        self.status_writer: StatusWriter | None = None  # the route objects' status (the Lease holder writes)
         self._rebuild_scheduled = False
+        self._placed: list[RouteObject] | None = None  # the route objects as last placed
         self.leader: LeaderElector | None = None
         self._proxy_pods: ProxyPods | None = None
         self.services = RouteServices(None, None, None, None)
@@ -103,6 +106,9 @@ class ControlPlane:
         if self._proxy_pods is not None and self.leader is not None:
             self._proxy_pods.start()
             self.leader.start()
+        if self.status_writer is not None:
+            stack.push_async_callback(self.status_writer.close)
+            self.status_writer.start()
         if self.route_objects is not None:
             stack.push_async_callback(self.route_objects.close)
             self.route_objects.start()
@@ -120,8 +126,9 @@ class ControlPlane:
             self.leader = LeaderElector(kube, config.activator, config.activator_routes())
             self._proxy_pods = ProxyPods(kube, config.activator)
         self.services = RouteServices(kube, config.activator, self.leader, self._proxy_pods)
-        if config.route_objects.enabled and kube is not None:
+        if config.route_objects.enabled and kube is not None and self.leader is not None:
             self.route_objects = RouteObjects(kube, config.route_objects, self._schedule_rebuild)
+            self.status_writer = StatusWriter(kube, self.leader, config.route_objects.status_interval)
 
     def _wants_api(self) -> bool:
         """A file route that reads slices or wakes a Kubernetes workload."""
@@ -216,6 +223,12 @@ class ControlPlane:
     def _rebuild(self) -> None:
         self._rebuild_scheduled = False
         objects: list[RouteObject] = self.route_objects.objects() if self.route_objects is not None else []
+        if not self._specs_changed(objects):
+            # Only statuses changed (most events are the status writer's own): placing 10,000 routes again would
+            # cost the event loop a few hundred milliseconds per write.
+            if self.status_writer is not None:
+                self.status_writer.changed(objects, self.refusals, self.versions)
+            return
         refusals = {obj.key: obj.invalid for obj in objects if obj.invalid is not None}
         candidates = list(self._file_routes)
         candidates += [Candidate(obj.config, obj.created) for obj in objects if obj.config is not None]
@@ -223,6 +236,26 @@ class ControlPlane:
         refusals.update(refused)
         self.refusals = refusals
         self._swap(served)
+        self._placed = objects  # after the swap: a table that could not be built is tried again at the next event
+        if self.status_writer is not None:
+            self.status_writer.changed(objects, refusals, self.versions)
+
+    def _specs_changed(self, objects: list[RouteObject]) -> bool:
+        """Whether any object was added, deleted or parsed again since the last placing that went through
+        (RouteObjects parses an object once per generation: a status change keeps its parsed config, the very same
+        object)."""
+        before = self._placed
+        return (
+            before is None
+            or len(before) != len(objects)
+            or any(
+                old.key != new.key
+                or old.config is not new.config
+                or old.invalid is not new.invalid
+                or old.created != new.created
+                for old, new in zip(before, objects, strict=True)
+            )
+        )
 
     def _swap(self, served: list[RouteConfig]) -> None:
         before = self.versions
