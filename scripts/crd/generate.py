@@ -283,10 +283,10 @@ def crd_text() -> str:
     return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=120, allow_unicode=True)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--check", action="store_true", help="fail when a copy is out of date")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     text = crd_text()
     stale = [path for path in COPIES if not path.exists() or path.read_text(encoding="utf-8") != text]
     if args.check and stale:
