@@ -49,7 +49,7 @@ declares in its own namespace (the project README's "One route per app, in its n
 on `helm install` only, never on `helm upgrade` (nor removes it on `helm uninstall`): apply a newer CRD first,
 
 ```sh
-kubectl apply --server-side -f deploy/helm/zeroscale/crds/
+kubectl apply --server-side --force-conflicts -f deploy/helm/zeroscale/crds/
 helm upgrade zeroscale deploy/helm/zeroscale --namespace zeroscale --values my-values.yaml
 ```
 
