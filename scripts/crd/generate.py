@@ -201,6 +201,11 @@ def structural(node: Schema, defs: dict[str, Schema], where: str) -> Schema:
 
 def _model_schema(model: type[RouteSpec] | type[RouteStatus], where: str) -> Schema:
     schema = model.model_json_schema()
+    # pydantic leaves a default_factory's value out of the schema: a list of scalars (hosts: ["*"]) is a choice too.
+    for name, info in model.model_fields.items():
+        value = info.get_default(call_default_factory=True) if info.default_factory is not None else None
+        if value and isinstance(value, list) and all(isinstance(item, str | int | bool) for item in value):
+            schema["properties"][name]["default"] = value
     return structural(schema, schema.pop("$defs", {}), where)
 
 
