@@ -11,8 +11,7 @@ import yaml
 
 from adapter.doctor.findings import Finding
 from adapter.doctor.routes import CHECK, CHECK_CRD, MAX_NAMED, ROUTES_PATH
-from tests.doctor.fixtures import CONFIGMAPS, DEPLOYMENTS, Cluster, _one, rendered_base
-from tests.doctor.test_doctor import run_doctor
+from tests.doctor.fixtures import CONFIGMAPS, DEPLOYMENTS, Cluster, _one, rendered_base, run_doctor
 from tests.fixtures.kube_standin import Reply, StandInRequest
 
 NOW = datetime.datetime.now(datetime.UTC)
