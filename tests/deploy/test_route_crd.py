@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
+from adapter.config.proxy import ProxyConfig
 from adapter.config.route_object import RouteSpec, parse_route
-from tests.fixtures.manifests import CHART, ROOT, Objects, helm_template
+from tests.fixtures.manifests import CHART, ROOT, Objects, helm_render, helm_template
 from tests.fixtures.route_crd import (
     CRD_FILE,
     REFUSED_BY_CEL,
@@ -172,3 +173,38 @@ def test_what_only_a_cel_rule_refuses_the_model_refuses_too(obj: dict[str, Any],
 def test_every_cel_rule_has_a_case() -> None:
     cased = {message for _, _, message in REFUSED_BY_CEL}
     assert [text for text in _rule_messages() if not any(message in text for message in cased)] == []
+
+
+def chart_proxy_config(helm: Path, *options: str) -> dict[str, Any]:
+    """`proxy` of the config file the chart renders into its ConfigMap."""
+    (config_map,) = [obj for obj in helm_render(helm, *options) if obj["kind"] == "ConfigMap"]
+    proxy: dict[str, Any] = yaml.safe_load(config_map["data"]["config.yaml"])["proxy"]
+    return proxy
+
+
+def test_the_chart_serves_route_objects_and_fills_the_lease_from_the_release(helm: Path) -> None:
+    """routeObjects.enabled (the default): route_objects on, and proxy.activator (which it needs) named after the
+    release unless the config names its own; the result loads as the proxy would load it."""
+    proxy = chart_proxy_config(helm, "--set", "fullnameOverride=edge")
+    assert proxy["route_objects"] == {"enabled": True}
+    assert proxy["activator"] == {
+        "proxy_service": {"service": "edge-proxy", "namespace": "zeroscale"},
+        "lease_namespace": "zeroscale",
+    }
+    assert ProxyConfig.model_validate(proxy).route_objects.enabled
+    own = "config.proxy.activator.lease_namespace=ha,config.proxy.activator.proxy_service.service=front"
+    proxy = chart_proxy_config(helm, "--set", own + ",config.proxy.activator.proxy_service.namespace=edge")
+    assert proxy["activator"] == {"proxy_service": {"service": "front", "namespace": "edge"}, "lease_namespace": "ha"}
+
+
+@pytest.mark.parametrize(
+    "option", ["routeObjects.enabled=false", "config.proxy.route_objects.enabled=false", "proxy.enabled=false"]
+)
+def test_the_chart_leaves_route_objects_off_when_told(helm: Path, option: str) -> None:
+    """Off by the chart's value, by the config (which wins), or with no proxy: no route_objects, no Lease settings."""
+    objects = helm_render(helm, "--set", option)
+    (config_map,) = [obj for obj in objects if obj["kind"] == "ConfigMap"]
+    proxy = yaml.safe_load(config_map["data"]["config.yaml"])["proxy"]
+    assert not (proxy.get("route_objects") or {}).get("enabled")
+    assert "activator" not in proxy
+    assert not [obj for obj in objects if obj["metadata"]["name"].endswith(("-proxy-routes", "-routes-edit"))]
