@@ -17,7 +17,7 @@ from pathlib import Path
 from adapter.config.grpc import CountsServerConfig
 from adapter.config.proxy import ProxyConfig
 from adapter.fdlimit import raise_open_files_limit
-from adapter.proxy.server import ProxyServer
+from adapter.proxy.app import Proxy
 from adapter.ready import address, announce
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ _SPARE_DESCRIPTORS = 4096
 async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None, ready_file: Path | None = None) -> int:
     """Run until SIGTERM or SIGINT, then shut down gracefully; 1 if a port cannot be listened on. With
     `ready_file`, the bound ports are written there once every listener is up (adapter/ready.py)."""
-    server = ProxyServer(config)
+    server = Proxy(config)
     try:
         await server.start()
     except OSError as err:
@@ -49,7 +49,7 @@ async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None, r
         stack.push_async_callback(server.shutdown)
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
-            server.loop.add_signal_handler(signum, stop.set)
+            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
         if ready_file is not None:
             announce(stack, ready_file, bound)
         await stop.wait()
@@ -60,8 +60,11 @@ async def serve(config: ProxyConfig, counts: CountsServerConfig | None = None, r
 def run_proxy(config: ProxyConfig, counts: CountsServerConfig | None = None, ready_file: Path | None = None) -> int:
     import uvloop
 
-    if not config.effective_routes():
-        log.error("no routes: set proxy.routes, or proxy.sidecar.upstream (ZEROSCALE_PROXY__SIDECAR__UPSTREAM)")
+    if not config.effective_routes() and not config.route_objects.enabled:
+        log.error(
+            "no routes: set proxy.routes, proxy.route_objects.enabled (ZeroscaleRoute objects), or "
+            "proxy.sidecar.upstream (ZEROSCALE_PROXY__SIDECAR__UPSTREAM)"
+        )
         return 2
     # Each client connection takes a descriptor, and so does each pooled upstream connection.
     raise_open_files_limit(config.max_connections + _SPARE_DESCRIPTORS, f"max_connections={config.max_connections}")

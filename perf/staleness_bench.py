@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from adapter.children import port_outside_ephemeral  # noqa: E402
 from adapter.config.proxy import ProxyConfig  # noqa: E402
 from adapter.kube.client import KubeClient  # noqa: E402
-from adapter.proxy.server import ProxyServer  # noqa: E402
+from adapter.proxy.app import Proxy  # noqa: E402
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection  # noqa: E402
 from tests.fixtures.kube_standin import KubeStandIn  # noqa: E402
 
@@ -105,9 +105,9 @@ async def run(args: argparse.Namespace) -> None:
         config = ProxyConfig(
             bind="127.0.0.1", port=0, admin_bind="127.0.0.1", admin_port=0, routes=[route], activator=activator
         )
-        server = ProxyServer(config, kube=client)
+        server = Proxy(config, kube=client)
         await server.start()
-        web = server.routes["web"]
+        web = server.routes["default/web"]
         limit = 10 * max(args.silence, args.resync)
         try:
             await until(lambda: service_lists(kube) == ["10.0.0.0"], within=30)

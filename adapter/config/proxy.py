@@ -99,6 +99,22 @@ class HostGrant(Strict):
         return any(fnmatch.fnmatchcase(host, pattern.replace("{namespace}", namespace)) for pattern in self.hosts)
 
 
+class PortRange(Strict):
+    """Ports of the proxy's pods, first to last (both included)."""
+
+    first: int = Field(ge=1, le=65535)
+    last: int = Field(ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PortRange:
+        if self.first > self.last:
+            raise ValueError(f"first ({self.first}) must not be above last ({self.last})")
+        return self
+
+    def __contains__(self, port: object) -> bool:
+        return isinstance(port, int) and self.first <= port <= self.last
+
+
 class RouteObjectsConfig(Strict):
     """ZeroscaleRoute objects: routes each team declares in its own namespace, read live (docs/architecture.md#routes).
     Needs `proxy.activator` for its Lease: one replica, its holder, writes the routes' status."""
@@ -113,6 +129,14 @@ class RouteObjectsConfig(Strict):
     """Route objects served at most (the oldest first); the rest are refused in their status."""
     status_interval: Duration = Field(default=5.0, gt=0)
     """A route's status is written at most this often (its conditions at once when they change)."""
+    max_limits: RouteLimits = Field(default_factory=RouteLimits)
+    """The most a route object's `limits` may ask, each key (held requests and bytes, timeouts, concurrency): the
+    proxy's memory and connections are shared by every team, so a route asking more is refused in its status. By
+    default the defaults: a team may lower its limits, and raise them only as far as the platform allows here."""
+    activator_ports: PortRange | None = None
+    """The ports route objects in mode activator may take (`activator.port`), each a listener of its own on every
+    proxy pod (the chart's NetworkPolicy admits them); none: objects in mode activator are refused. The activator
+    also writes EndpointSlices in the route's namespace: the proxy needs the Role for it there."""
 
     def allowed_namespace(self, namespace: str) -> bool:
         return not self.namespaces or namespace in self.namespaces
@@ -164,6 +188,15 @@ class ProxyConfig(Strict):
                 "route_objects needs cluster mode and proxy.activator (proxy_service, lease_namespace): its Lease "
                 "elects the one replica that writes the routes' status"
             )
+        object_ports = self.route_objects.activator_ports
+        if object_ports is not None and (
+            {self.port, self.admin_port} & set(range(object_ports.first, object_ports.last + 1))
+            or any(route.activator is not None and route.activator.port in object_ports for route in self.routes)
+        ):
+            raise ValueError(
+                "route_objects.activator_ports must not hold the proxy's port, its admin_port or a port of an "
+                "activator route of the file"
+            )
         names = [route.key for route in self.routes]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
@@ -207,18 +240,19 @@ class ProxyConfig(Strict):
                 )
         return self
 
-    def activator_routes(self) -> dict[str, str]:
-        """What each activator route writes, by route name: `<namespace>/<service>@<digest>`, the digest of all the
-        slices depend on (the route's name, upstream, target and activator settings, and the proxy's own Service).
-        The Lease holder publishes its set; a replica whose entry is not in it is not served (leader.py)."""
+    def activator_routes(self, routes: list[RouteConfig] | None = None) -> dict[str, str]:
+        """What each activator route (of the file, or of `routes`) writes, by route key:
+        `<namespace>/<service>@<digest>`, the digest of all the slices depend on (the route's name, upstream, target
+        and activator settings, and the proxy's own Service). The Lease holder publishes its set; a replica whose
+        entry is not in it is not served (leader.py)."""
         proxy_service = self.activator.proxy_service.model_dump() if self.activator is not None else None
         served = {}
-        for route in self.routes:
+        for route in self.routes if routes is None else routes:
             if route.activator is None:
                 continue
             fields = route.model_dump(mode="json", include={"name", "upstream", "target", "activator"})
             digest = hashlib.sha256(json.dumps([fields, proxy_service], sort_keys=True).encode()).hexdigest()[:12]
-            served[route.name] = f"{route.upstream.namespace}/{route.activator.service}@{digest}"  # type: ignore[union-attr]
+            served[route.key] = f"{route.upstream.namespace}/{route.activator.service}@{digest}"  # type: ignore[union-attr]
         return served
 
     def effective_routes(self) -> list[RouteConfig]:

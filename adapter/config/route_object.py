@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from adapter.config.base import Strict
+from adapter.config.base import Duration, Strict
 from adapter.config.route import DNS_LABEL, RouteConfig, RouteFields, ScaleTarget, ServiceUpstream
 
 GROUP = "zeroscale.io"
@@ -46,10 +46,18 @@ class RouteTarget(Strict):
 class RouteSpec(RouteFields):
     """What a team declares: which requests the route takes, the Service they go to and the workload it wakes."""
 
+    hosts: list[str] = Field(min_length=1, max_length=64)
+    """Exact host names or `*.suffix` wildcards (matched case-insensitively, port ignored). Required: a route object
+    claims its hosts, and the oldest claim of a host wins it across namespaces (`kubectl get zsr -A`)."""
     upstream: RouteService
     """Where requests go: a Service in this namespace."""
     target: RouteTarget | None = None
     """The workload to wake (wake: scale or always need it)."""
+    # Floors the file's routes do not have: a tenant's route must not make the shared proxy dial or patch in a loop.
+    wake_retry_interval: Duration = Field(default=5.0, ge=1.0)
+    """While requests are held and the target still reads 0, wake again this often (at least 1s)."""
+    probe_interval: Duration = Field(default=0.01, ge=0.005)
+    """How often an endpoint that refused a connection is dialled again while requests wait (at least 5ms)."""
 
     def route_config(self, namespace: str, name: str) -> RouteConfig:
         """The route as the proxy runs it; ValueError (pydantic's) when the combination is not allowed."""

@@ -78,26 +78,41 @@ def items_of(obj: object, name: str) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def objects_by_name(listing: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """A list answer's items by name; an item without a name (or not an object) is skipped, not fatal."""
+def name_of(obj: object) -> str | None:
+    """An object's metadata.name: how the objects of one namespace's collection are kept."""
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def namespaced_name_of(obj: object) -> str | None:
+    """`<namespace>/<name>`: how the objects of a collection listed across namespaces are kept (names repeat)."""
+    name = name_of(obj)
+    namespace = field(obj, "metadata").get("namespace")
+    return f"{namespace}/{name}" if name and isinstance(namespace, str) and namespace else None
+
+
+ObjectKey = Callable[[object], "str | None"]
+
+
+def objects_by_name(listing: dict[str, Any], key: ObjectKey = name_of) -> dict[str, dict[str, Any]]:
+    """A list answer's items by name (or `key`); an item without one (or not an object) is skipped, not fatal."""
     items = listing.get("items")
     named: dict[str, dict[str, Any]] = {}
     for item in items if isinstance(items, list) else ():
-        metadata = item.get("metadata") if isinstance(item, dict) else None
-        name = metadata.get("name") if isinstance(metadata, dict) else None
-        if isinstance(name, str) and name:
+        name = key(item)
+        if name is not None:
             named[name] = item
     return named
 
 
-def apply_event(objects: dict[str, dict[str, Any]], event: dict[str, Any]) -> bool:
-    """Apply one watch event to the objects kept by name; False for events that change nothing (BOOKMARK)
-    or that carry no named object."""
+def apply_event(objects: dict[str, dict[str, Any]], event: dict[str, Any], key: ObjectKey = name_of) -> bool:
+    """Apply one watch event to the objects kept by name (or `key`); False for events that change nothing
+    (BOOKMARK) or that carry no named object."""
     kind = event.get("type")
     obj = event.get("object")
-    metadata = obj.get("metadata") if isinstance(obj, dict) else None
-    name = metadata.get("name") if isinstance(metadata, dict) else None
-    if not isinstance(name, str) or not name or kind not in ("ADDED", "MODIFIED", "DELETED"):
+    name = key(obj)
+    if name is None or kind not in ("ADDED", "MODIFIED", "DELETED"):
         return False
     assert isinstance(obj, dict)
     if kind == "DELETED":
@@ -107,12 +122,13 @@ def apply_event(objects: dict[str, dict[str, Any]], event: dict[str, Any]) -> bo
     return True
 
 
-def collection_lister(kube: KubeClient, path: str) -> Lister:
-    """The Lister of one collection path (a labelSelector or fieldSelector may be part of it)."""
+def collection_lister(kube: KubeClient, path: str, key: ObjectKey = name_of) -> Lister:
+    """The Lister of one collection path (a labelSelector or fieldSelector may be part of it); its objects are
+    kept by `key` (`namespaced_name_of` for a collection across namespaces)."""
 
     async def list_collection() -> tuple[str, dict[str, dict[str, Any]], str]:
         _, listing = await kube.request("GET", path)
-        return path, objects_by_name(listing), str(field(listing, "metadata").get("resourceVersion", ""))
+        return path, objects_by_name(listing, key), str(field(listing, "metadata").get("resourceVersion", ""))
 
     return list_collection
 
@@ -134,8 +150,11 @@ class ListWatch(WatchTask):
         watch_name: str,
         on_change: Callable[[dict[str, dict[str, Any]]], None],
         on_error: Callable[[KubeError], bool],
+        key: ObjectKey = name_of,
     ) -> None:
+        """`key`: how events' objects are kept, as the lister keeps them."""
         self._kube = kube
+        self._key = key
         self._lister = lister
         self.watch_name = watch_name
         self._on_change = on_change
@@ -201,7 +220,7 @@ class ListWatch(WatchTask):
             async with cut:
                 self._following = cut
                 async for event in self._kube.watch(path, version or None):
-                    if apply_event(objects, event):
+                    if apply_event(objects, event, self._key):
                         self._on_change(objects)
         except TimeoutError:
             if not cut.expired():

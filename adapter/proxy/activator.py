@@ -38,7 +38,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from adapter.config.proxy import ActivatorConfig
@@ -80,8 +80,9 @@ class ProxyPods:
         name = f"EndpointSlice watch of the proxy's Service {service.namespace}/{service.service}"
         self.watch = ListWatch(kube, slice_lister(kube, service), name, self._changed, self._failed)
 
-    def subscribe(self, activator: Activator) -> None:
+    def subscribe(self, activator: Activator) -> Callable[[], None]:
         self._listeners.append(activator)
+        return lambda: self._listeners.remove(activator)
 
     def start(self) -> None:
         self.watch.start()
@@ -144,6 +145,7 @@ class Activator:
         self._dirty = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._last_problem: str | None = None
+        self._unsubscribe: list[Callable[[], None]] = []
         lister = collection_lister(kube, workload_collection_path(self.namespace, self._target.kind, self._target.name))
         name = f"{self._target.kind} watch of route {route.name}"
         self._workload = ListWatch(kube, lister, name, self._workload_changed, self._workload_failed)
@@ -161,9 +163,11 @@ class Activator:
     # --- inputs ---
 
     def start(self) -> None:
-        self._proxies.subscribe(self)
-        self._leader.subscribe(self._leadership)
-        self._route.counts.subscribe(self._counts)
+        self._unsubscribe = [
+            self._proxies.subscribe(self),
+            self._leader.subscribe(self._leadership),
+            self._route.counts.subscribe(self._counts),
+        ]
         self._workload.start()
         self._outputs.start()
         self._service_watch.start()
@@ -275,7 +279,7 @@ class Activator:
         return build_slices(
             self.namespace,
             self.service,
-            self._route.name,
+            self._route.config.name,  # a label value: the name alone (the slices are in the route's namespace)
             self._owner,
             self._port_name,
             groups,
@@ -468,6 +472,11 @@ class Activator:
             log.warning("route %s: %s", self._route.name, message)
 
     async def close(self) -> None:
+        """Stop deciding and writing (the slices stay as last written: a new version of the route, or whoever
+        takes the Service over, writes them next)."""
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe = []
         await self._workload.close()
         await self._outputs.close()
         await self._service_watch.close()

@@ -34,8 +34,8 @@ from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
     from adapter.proxy.route import Route
-    from adapter.proxy.routing import Router
     from adapter.proxy.server import ProxyServer
+    from adapter.proxy.table import Listener
     from adapter.proxy.upstream import UpstreamConnection
 
 # Why reading from the client is paused; reading resumes when no reason is left.
@@ -75,6 +75,7 @@ class ClientConnection(asyncio.Protocol):
         "_headers",
         "_idle_timeout",
         "_in_headers",
+        "_listener",
         "_max_head",
         "_max_header_bytes",
         "_max_headers",
@@ -85,7 +86,6 @@ class ClientConnection(asyncio.Protocol):
         "_peer",
         "_refusal",
         "_rejected",
-        "_router",
         "_tunnel",
         "_tunnel_deadline",
         "_tunnel_idle",
@@ -100,10 +100,11 @@ class ClientConnection(asyncio.Protocol):
         "write_deadline",
     )
 
-    def __init__(self, server: ProxyServer, router: Router[Route] | None = None) -> None:
-        """`router`: the routes this listener serves (an activator route's own port serves that route alone)."""
+    def __init__(self, server: ProxyServer, listener: Listener) -> None:
+        """`listener`: the routing of the port this connection came in on, read per request (the control plane
+        swaps its table whole: adapter/proxy/table.py)."""
         self.server = server
-        self._router = server.router if router is None else router
+        self._listener = listener
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
         self._config = server.config
         self._parser = httptools.HttpRequestParser(self)
@@ -388,7 +389,7 @@ class ClientConnection(asyncio.Protocol):
             self._reject(refused.code, refused.args[0])
         # A plain tuple, unpacked: docs/architecture.md#hot-head-tuples.
         _, host, url, http10, chunked, content_length, expect_continue, keep_alive, upgrade, _, _ = request
-        route = self._router.match(host or b"", url)
+        route = self._listener.router.match(host or b"", url)
         if route is None:
             telemetry.ERRORS.labels("", "404").inc()
             self._reject(404, "no route for this host and path")

@@ -28,7 +28,7 @@ from adapter.telemetry import rpc as telemetry
 SERVICE = "zeroscale.proxy.v1.PendingCounts"
 _SERVER = "counts"
 
-# ProxyServer.subscribe: every route's counts after each change; returns the unsubscribe function.
+# Proxy.subscribe: every route's counts after each change; returns the unsubscribe function.
 SubscribeCounts = Callable[[CountsListener], Callable[[], None]]
 
 

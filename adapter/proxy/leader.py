@@ -74,9 +74,16 @@ class LeaderElector(WatchTask):
             return 0.0
         return self._renewed_at + self._config.renew_deadline - time.monotonic()
 
-    def subscribe(self, listener: Callable[[bool], None]) -> None:
-        """Call `listener(leading)` whenever this replica starts or stops leading."""
+    def subscribe(self, listener: Callable[[bool], None]) -> Callable[[], None]:
+        """Call `listener(leading)` whenever this replica starts or stops leading; returns what unsubscribes it."""
         self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def set_routes(self, routes: dict[str, str]) -> None:
+        """What this replica's activator routes write now (route objects come and go): said on the next renewal."""
+        for gone in self._routes.keys() - routes.keys():
+            telemetry.ACTIVATOR_HOLDER_SERVES.remove(gone)
+        self._routes = routes
 
     async def _run(self) -> None:
         while True:

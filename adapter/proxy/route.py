@@ -17,7 +17,7 @@ from prometheus_client import Counter
 
 from adapter.config.base import split_address
 from adapter.config.route import RouteConfig
-from adapter.proxy.counts import RouteCounts
+from adapter.proxy.counts import CountsBoard, RouteCounts
 from adapter.proxy.exchange import ASSIGNED, QUEUED, Exchange
 from adapter.proxy.refused import RefusedEndpoints
 from adapter.proxy.upstream import Endpoint
@@ -28,15 +28,20 @@ _IDLE_PROBE_INTERVAL = 1.0
 
 
 class Route:
-    def __init__(self, config: RouteConfig, *, allow_loopback: bool = False) -> None:
+    """One version of a route: a changed route gets a new one, sharing its counts with the version it replaces
+    (`board`), while the old one finishes the requests it admitted."""
+
+    def __init__(self, config: RouteConfig, *, allow_loopback: bool = False, board: CountsBoard | None = None) -> None:
         self.config = config
-        self.name = config.name
+        # The route's identity in counts, metrics and logs: `<namespace>/<name>`.
+        self.name = config.key
         # A loopback address may be an endpoint (proxy.allow_loopback_endpoints, or a sidecar's upstream): every other
         # rule of docs/architecture.md#only-ip-endpoints holds all the same.
         self.allow_loopback = allow_loopback
-        self.refused_dns = RefusedEndpoints(config.name, "dns", f"route {config.name}: DNS")
+        self.refused_dns = RefusedEndpoints(self.name, "dns", f"route {self.name}: DNS")
         self.limits = config.limits
-        self.counts = RouteCounts(config.name)
+        held_only = config.mode == "activator"
+        self.counts = board.counts(self.name, held_only=held_only) if board is not None else RouteCounts(self.name)
         self.queue: deque[Exchange] = deque()
         # Called when a request is held while no endpoint is usable (the waker).
         self.on_cold: Callable[[], None] | None = None
@@ -60,6 +65,8 @@ class Route:
         self._probe_now = asyncio.Event()
         self._probe_idle = False
         self._cold_since = 0.0
+        # How long the latest cold start took (seconds; None: none yet), for the route's status.
+        self.last_cold_start: float | None = None
         self._ready_at = 0.0
         self._await_first_byte = False
         self._closed = False
@@ -224,6 +231,7 @@ class Route:
                 began = self._wake_sent_at if self._wake_sent_at >= self._cold_since else self._cold_since
                 telemetry.COLD_STARTS.labels(self.name).inc()
                 telemetry.WAKE_TO_READY_SECONDS.labels(self.name).observe(now - began)
+                self.last_cold_start = now - began
                 self._cold_since = 0.0
                 self._ready_at = now
                 self._await_first_byte = True
@@ -234,6 +242,12 @@ class Route:
         if self._await_first_byte:
             self._await_first_byte = False
             telemetry.READY_TO_FIRST_BYTE_SECONDS.labels(self.name).observe(time.monotonic() - self._ready_at)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing held or forwarded by this version: a retired one may be closed. (An open tunnel is a byte relay of
+        its own connections, which closing the route leaves alone.)"""
+        return not self.queue and not any(ep.inflight for ep in self._endpoints)
 
     @property
     def cold(self) -> bool:

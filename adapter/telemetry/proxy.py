@@ -172,6 +172,9 @@ class _HotPathCollector(Collector):
     def stats(self, route: str) -> HotPathStats:
         return self._routes.setdefault(route, HotPathStats())
 
+    def forget(self, route: str) -> None:
+        self._routes.pop(route, None)
+
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
             "zeroscale_proxy_requests", "Requests forwarded upstream (retries not counted)", labels=["route"]
@@ -206,6 +209,9 @@ class _AtZeroCollector(Collector):
     def track(self, route: str, seconds: Callable[[], float]) -> None:
         self._routes[route] = seconds
 
+    def forget(self, route: str) -> None:
+        self._routes.pop(route, None)
+
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(
             "zeroscale_proxy_target_at_zero_seconds",
@@ -219,3 +225,40 @@ class _AtZeroCollector(Collector):
 
 AT_ZERO = _AtZeroCollector()
 REGISTRY.register(AT_ZERO)
+
+
+# Every series above with a `route` label (its first): a route deleted for good leaves none behind, so routes made
+# and deleted live (ZeroscaleRoute objects) do not grow the scrape for ever.
+_PER_ROUTE: tuple[Counter | Gauge | Histogram, ...] = (
+    HELD_REQUESTS,
+    HELD_BYTES,
+    INFLIGHT_REQUESTS,
+    READY_ENDPOINTS,
+    HOLD_SECONDS,
+    COLD_STARTS,
+    WAKE_TO_READY_SECONDS,
+    READY_TO_FIRST_BYTE_SECONDS,
+    WAKES,
+    WAKE_REFUSALS,
+    ERRORS,
+    RETRIES,
+    TARGET_REPLICAS,
+    ACTIVATOR_HOLDER_SERVES,
+    ACTIVATOR_DIRECT,
+    SLICE_WRITES,
+    REFUSED_ENDPOINTS,
+    SWITCH_SECONDS,
+    LIMIT_HITS,
+    OPEN_TUNNELS,
+    UPSTREAM_CONNECTS,
+)
+
+
+def forget_route(route: str) -> None:
+    """Remove every series of `route` (deleted, and its last version closed)."""
+    for metric in _PER_ROUTE:
+        # prometheus_client lists a metric's children only in this attribute; remove() takes whole label sets.
+        for labels in [labels for labels in list(metric._metrics) if labels[0] == route]:
+            metric.remove(*labels)
+    HOT_PATH.forget(route)
+    AT_ZERO.forget(route)

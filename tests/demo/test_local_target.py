@@ -20,8 +20,8 @@ from adapter.config.route import LocalScaleTarget, RouteConfig
 from adapter.demo.processes import Supervisor
 from adapter.demo.scaler import answer, start_scaler
 from adapter.demo.workloads import LocalWorkload
+from adapter.proxy.app import Proxy
 from adapter.proxy.route import Route
-from adapter.proxy.server import ProxyServer
 from adapter.proxy.wake import Waker
 from tests.demo.fixtures import until
 
@@ -111,7 +111,7 @@ async def test_a_request_held_at_zero_wakes_the_local_app_through_the_proxy(supe
             ],
         }
     )
-    proxy = ProxyServer(config)
+    proxy = Proxy(config)
     await proxy.start()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)

@@ -344,7 +344,7 @@ async def test_a_lease_holder_that_does_not_write_this_installations_routes_is_a
     put_lease(cluster, "other-proxy-7d9f", ["shop/api@0123456789ab"])
     (finding,) = activator_findings(await run_doctor(cluster))
     assert finding.level == "fail"
-    assert "other-proxy-7d9f, does not write routes of this config: web (not written)" in finding.message
+    assert "other-proxy-7d9f, does not write routes of this config: zeroscale-demo/web (not written)" in finding.message
     assert "lease_name" in finding.hint
 
 

@@ -164,13 +164,12 @@ def test_every_panel_returns_data(cold_start: Stack, name: str) -> None:
 
 def test_the_proxy_reports_replicas_and_time_at_zero(cold_start: Stack) -> None:
     """The replica panels' series carry the facts of the script, not just any sample."""
-    replicas = cold_start.prometheus.query('zeroscale_proxy_target_replicas{route="web"}')
+    replicas = cold_start.prometheus.query('zeroscale_proxy_target_replicas{route="default/web"}')
     assert [float(series["value"][1]) for series in replicas] == [1.0]
-    (at_zero,) = cold_start.prometheus.query('zeroscale_proxy_target_at_zero_seconds_total{route="web"}')
+    (at_zero,) = cold_start.prometheus.query('zeroscale_proxy_target_at_zero_seconds_total{route="default/web"}')
     assert float(at_zero["value"][1]) >= 1.0  # at zero from the start until the EndpointSlice came
-    codes = {
-        s["metric"]["code"] for s in cold_start.prometheus.query('zeroscale_proxy_error_responses_total{route="idle"}')
-    }
+    errors = cold_start.prometheus.query('zeroscale_proxy_error_responses_total{route="default/idle"}')
+    codes = {s["metric"]["code"] for s in errors}
     assert {"503", "504", "499"} <= codes
 
 

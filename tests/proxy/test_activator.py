@@ -22,7 +22,7 @@ from adapter.children import port_outside_ephemeral
 from adapter.config.proxy import ProxyConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import MANAGED_BY, build_slices
-from adapter.proxy.server import ProxyServer
+from adapter.proxy.app import Proxy
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
 from tests.fixtures.proxy import get, request, running_proxy, until
@@ -154,7 +154,7 @@ def slice_writes(kube: KubeStandIn) -> list[tuple[str, str]]:
 
 
 def writes_total(route: str, result: str) -> float:
-    labels = {"route": route, "result": result}
+    labels = {"route": f"default/{route}", "result": result}
     return REGISTRY.get_sample_value("zeroscale_proxy_activator_slice_writes_total", labels) or 0.0
 
 
@@ -171,7 +171,7 @@ async def test_the_service_lists_the_pods_while_warm_the_proxy_from_replicas_zer
     def watch_writes(method: str, path: str, body: Any) -> None:
         lists_pod = isinstance(body, dict) and any("127.0.0.1" in e["addresses"] for e in body.get("endpoints", []))
         if method in ("POST", "PUT") and "/endpointslices" in path and lists_pod:
-            pods_listed_while.append(server.routes["web"].counts.held)
+            pods_listed_while.append(server.routes["default/web"].counts.held)
 
     kube.before_write.append(watch_writes)
     updated = writes_total("web", "updated")
@@ -183,7 +183,7 @@ async def test_the_service_lists_the_pods_while_warm_the_proxy_from_replicas_zer
                 {"apiVersion": "v1", "kind": "Service", "name": "web", "uid": SERVICE_UID}
             ]
             assert written["metadata"]["labels"]["zeroscale.io/route"] == "web"
-            assert server.activators["web"].warm
+            assert server.activators["default/web"].warm
 
             # Scaled to 0: the proxy is listed at once, while the pod's endpoint is still ready in its slice.
             set_replicas(kube, 0)
@@ -196,7 +196,7 @@ async def test_the_service_lists_the_pods_while_warm_the_proxy_from_replicas_zer
             kube.put(SLICES, pods(pod_port))
             await upstream.stop()
             held = [asyncio.create_task(request(port, get(f"/slow?s=0.2&n={n}"), within=15)) for n in range(3)]
-            await until(lambda: server.routes["web"].counts.held == 3)
+            await until(lambda: server.routes["default/web"].counts.held == 3)
             set_replicas(kube, 1)  # woken, but no pod is ready yet: still the proxy
             await asyncio.sleep(0.3)
             assert not any(task.done() for task in held)
@@ -248,7 +248,7 @@ async def test_a_new_writer_writes_nothing_until_it_has_read_the_target_the_pods
     before = listed(kube)
     unblock = block(kube, unread)
     async with running_proxy([activator_route(port)], kube=kube_client, activator=activator_settings()) as server:
-        activator = server.activators["web"]
+        activator = server.activators["default/web"]
         await until(lambda: server.leader is not None and server.leader.leading)
         await asyncio.sleep(0.5)
         assert not activator.inputs_read
@@ -314,7 +314,7 @@ async def test_a_service_with_a_selector_is_refused_and_the_log_says_what_to_cha
     async with running_proxy(
         [activator_route(port_outside_ephemeral())], kube=kube_client, activator=activator_settings()
     ) as server:
-        await until(lambda: server.activators["web"].inputs_read and writes_total("web", "refused") > refused)
+        await until(lambda: server.activators["default/web"].inputs_read and writes_total("web", "refused") > refused)
         await asyncio.sleep(0.3)
     assert slice_writes(kube) == []
     assert ours(kube) == []
@@ -506,7 +506,7 @@ async def test_a_missing_service_is_named_with_what_to_do(
 
 
 def switches_timed(route: str, to: str) -> float:
-    labels = {"route": route, "to": to}
+    labels = {"route": f"default/{route}", "to": to}
     return REGISTRY.get_sample_value("zeroscale_proxy_activator_switch_seconds_count", labels) or 0.0
 
 
@@ -606,14 +606,14 @@ async def test_an_fqdn_slice_of_the_pods_is_not_copied(kube: KubeStandIn, kube_c
         await until(lambda: listed(kube) == [("10.0.0.1", 8080, "http")])
         await asyncio.sleep(0.3)  # nothing more is written
         assert listed(kube) == [("10.0.0.1", 8080, "http")]
-        assert a.activators["web"].warm
+        assert a.activators["default/web"].warm
 
 
 # --- bounded staleness and our own outputs (issue 28 findings 1 and 6; docs/architecture.md#staleness-bounds) ---
 
 
-def route_hosts(server: ProxyServer) -> list[str]:
-    return sorted(endpoint.host for endpoint in server.routes["web"].endpoints)
+def route_hosts(server: Proxy) -> list[str]:
+    return sorted(endpoint.host for endpoint in server.routes["default/web"].endpoints)
 
 
 async def test_a_pod_replaced_under_a_silent_watch_leaves_the_route_and_the_service_within_the_silence_timeout(

@@ -7,21 +7,23 @@ import contextlib
 
 from prometheus_client import REGISTRY
 
-from adapter.proxy.server import ProxyServer
+from adapter.proxy.app import Proxy
 from tests.fixtures.netutil import refused_port
 from tests.fixtures.proxy import get, post, read_response, request, route, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
 
 
 def errors(route_name: str, code: str) -> float:
-    value = REGISTRY.get_sample_value("zeroscale_proxy_error_responses_total", {"route": route_name, "code": code})
+    value = REGISTRY.get_sample_value(
+        "zeroscale_proxy_error_responses_total", {"route": f"default/{route_name}" if route_name else "", "code": code}
+    )
     return value or 0.0
 
 
 async def test_thousand_held_requests_each_answered_once_with_its_own_body() -> None:
     port = refused_port()
     async with running_proxy([route("cold1k", f"127.0.0.1:{port}")], max_connections=5000) as server:
-        counts = server.routes["cold1k"].counts
+        counts = server.routes["default/cold1k"].counts
         connections = []
         for index in range(1000):
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -50,7 +52,7 @@ async def test_held_requests_go_out_in_arrival_order() -> None:
     port = refused_port()
     routes = [route("ordered", f"127.0.0.1:{port}", limits={"endpoint_concurrency": 1})]
     async with running_proxy(routes) as server:
-        counts = server.routes["ordered"].counts
+        counts = server.routes["default/ordered"].counts
         pending = []
         for index in range(30):
             pending.append(asyncio.create_task(request(server.port, get(f"/echo?n={index}"))))
@@ -67,7 +69,7 @@ async def test_counts_are_published_on_every_change() -> None:
     port = refused_port()
     async with running_proxy([route("counted", f"127.0.0.1:{port}")]) as server:
         seen: list[tuple[int, int]] = []
-        server.routes["counted"].counts.subscribe(lambda _route, held, inflight: seen.append((held, inflight)))
+        server.routes["default/counted"].counts.subscribe(lambda _route, held, inflight: seen.append((held, inflight)))
         task = asyncio.create_task(request(server.port, get("/slow?s=0.1")))
         await until(lambda: (1, 0) in seen)
         upstream = await Upstream(port).start()
@@ -89,14 +91,14 @@ async def test_hold_timeout_answers_504_naming_the_wait() -> None:
         assert response.status == 504
         assert response.body == b"the workload did not become ready in 0.3 s (limits.hold_timeout)\n"
         assert errors("sleepy", "504") == before + 1
-        assert server.routes["sleepy"].counts.held == 0
+        assert server.routes["default/sleepy"].counts.held == 0
 
 
 async def test_over_capacity_is_503_with_retry_after() -> None:
     routes = [route("small", f"127.0.0.1:{refused_port()}", limits={"max_held_requests": 2, "retry_after": 7})]
     async with running_proxy(routes) as server:
         held = [asyncio.create_task(request(server.port, get())) for _ in range(2)]
-        await until(lambda: server.routes["small"].counts.held == 2)
+        await until(lambda: server.routes["default/small"].counts.held == 2)
         response = await request(server.port, get())
         assert response.status == 503
         assert response.headers["retry-after"] == "7"
@@ -111,7 +113,7 @@ async def test_held_body_over_the_limit_is_413_and_route_bytes_over_the_bound_50
     async with running_proxy(routes) as server:
         assert (await request(server.port, post(b"x" * 1001))).status == 413
         first = asyncio.create_task(request(server.port, post(b"y" * 900)))
-        await until(lambda: server.routes["bodies"].counts.held_bytes == 900)
+        await until(lambda: server.routes["default/bodies"].counts.held_bytes == 900)
         response = await request(server.port, post(b"z" * 900))
         assert response.status == 503
         assert "retry-after" in response.headers
@@ -124,7 +126,7 @@ async def test_held_body_over_the_limit_is_413_and_route_bytes_over_the_bound_50
 async def test_client_that_disconnects_while_held_is_removed_and_counted() -> None:
     port = refused_port()
     async with running_proxy([route("quitter", f"127.0.0.1:{port}")]) as server:
-        counts = server.routes["quitter"].counts
+        counts = server.routes["default/quitter"].counts
         before = errors("quitter", "499")
         _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(get("/echo?gone"))
@@ -150,7 +152,7 @@ async def test_slow_upstream_is_504_after_the_response_timeout(upstream: Upstrea
         assert (await request(server.port, get())).status == 200
 
 
-async def test_upstream_crash_mid_response_cuts_the_client_off_and_counts_502(proxy: ProxyServer) -> None:
+async def test_upstream_crash_mid_response_cuts_the_client_off_and_counts_502(proxy: Proxy) -> None:
     before = errors("app", "502")
     reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
     writer.write(post(b"", "/crash"))
@@ -176,9 +178,7 @@ async def test_upstream_closing_before_answering_is_502(upstream: Upstream) -> N
         crasher.close()
 
 
-async def test_stale_keep_alive_connection_is_retried_for_idempotent_requests(
-    proxy: ProxyServer, upstream: Upstream
-) -> None:
+async def test_stale_keep_alive_connection_is_retried_for_idempotent_requests(proxy: Proxy, upstream: Upstream) -> None:
     assert (await request(proxy.port, get("/echo?first"))).status == 200
     # The upstream drops its idle connections (as a server with a short keep-alive timeout does).
     for conn in list(upstream.open):
@@ -194,7 +194,7 @@ async def test_burst_is_spread_over_endpoints_as_they_become_ready() -> None:
     try:
         routes = [route("spread", first.address, limits={"endpoint_concurrency": 2})]
         async with running_proxy(routes) as server:
-            app = server.routes["spread"]
+            app = server.routes["default/spread"]
             app.set_endpoints([])
             tasks = [asyncio.create_task(request(server.port, get("/slow?s=0.2"))) for _ in range(8)]
             await until(lambda: app.counts.held == 8)
@@ -219,7 +219,7 @@ async def test_websocket_through_a_cold_start() -> None:
             b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
         )
-        await until(lambda: server.routes["ws"].counts.held == 1)
+        await until(lambda: server.routes["default/ws"].counts.held == 1)
         upstream = await Upstream(port).start()
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
@@ -230,10 +230,10 @@ async def test_websocket_through_a_cold_start() -> None:
                 writer.write(message)
                 assert await asyncio.wait_for(reader.readexactly(len(message)), 5) == message
             # An open tunnel is not a pending request: it is counted apart, and only while open.
-            assert server.routes["ws"].counts.inflight == 0
-            assert server.routes["ws"].tunnels == 1
+            assert server.routes["default/ws"].counts.inflight == 0
+            assert server.routes["default/ws"].tunnels == 1
             writer.close()
-            await until(lambda: server.routes["ws"].tunnels == 0)
+            await until(lambda: server.routes["default/ws"].tunnels == 0)
         finally:
             await upstream.stop()
 
@@ -245,8 +245,8 @@ async def test_held_chunked_body_is_forwarded_once_with_its_terminator() -> None
             b"PUT /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
         )
         pending = asyncio.create_task(request(server.port, raw))
-        await until(lambda: server.routes["chunks"].counts.held == 1)
-        assert server.routes["chunks"].counts.held_bytes > 0
+        await until(lambda: server.routes["default/chunks"].counts.held == 1)
+        assert server.routes["default/chunks"].counts.held_bytes > 0
         upstream = await Upstream(port).start()
         try:
             response = await pending
@@ -255,7 +255,7 @@ async def test_held_chunked_body_is_forwarded_once_with_its_terminator() -> None
         assert response.body == b"hello world"
         assert [seen.body for seen in upstream.requests] == [b"hello world"]
         assert upstream.received.count(b"0\r\n\r\n") == 1
-        assert server.routes["chunks"].counts.held_bytes == 0
+        assert server.routes["default/chunks"].counts.held_bytes == 0
 
 
 async def test_idempotent_chunked_request_is_resent_once_after_a_lost_connection() -> None:
@@ -292,7 +292,7 @@ async def test_an_endpoint_that_refused_is_probed_back_into_use() -> None:
     late_port = refused_port()
     try:
         async with running_proxy([route("mixed", good.address)]) as server:
-            app = server.routes["mixed"]
+            app = server.routes["default/mixed"]
             app.set_endpoints([("127.0.0.1", late_port), ("127.0.0.1", good.port)])
             # Every request is answered (a refused connect moves it to the other endpoint).
             for index in range(6):

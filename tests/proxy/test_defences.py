@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from adapter.proxy.app import Proxy
 from adapter.proxy.routing import Router, normalise_host
-from adapter.proxy.server import ProxyServer
 from tests.fixtures.netutil import send_until_answered
 from tests.fixtures.proxy import get, post, read_response, request, route, running_proxy
 from tests.fixtures.upstream_app import Upstream
@@ -46,14 +46,14 @@ SMUGGLING = [
 
 
 @pytest.mark.parametrize("raw", SMUGGLING)
-async def test_smuggling_and_malformed_requests_are_refused(proxy: ProxyServer, upstream: Upstream, raw: bytes) -> None:
+async def test_smuggling_and_malformed_requests_are_refused(proxy: Proxy, upstream: Upstream, raw: bytes) -> None:
     response = await request(proxy.port, raw)
     assert 400 <= response.status < 600
     assert response.headers.get("connection") == "close"
     assert upstream.requests == []
 
 
-async def test_a_smuggled_second_request_never_reaches_the_upstream(proxy: ProxyServer, upstream: Upstream) -> None:
+async def test_a_smuggled_second_request_never_reaches_the_upstream(proxy: Proxy, upstream: Upstream) -> None:
     smuggled = b"GET /admin HTTP/1.1\r\nHost: a\r\n\r\n"
     raw = b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n%b" % (
         5 + len(smuggled),
@@ -140,7 +140,7 @@ _TOKENS = st.sampled_from(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(_TOKENS | st.binary(max_size=8), max_size=40).map(b"".join))
-async def test_fuzzed_requests_get_an_answer_or_a_close(proxy: ProxyServer, raw: bytes) -> None:
+async def test_fuzzed_requests_get_an_answer_or_a_close(proxy: Proxy, raw: bytes) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
     try:
         writer.write(raw)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from adapter.proxy.server import ProxyServer
+from adapter.proxy.app import Proxy
 from tests.fixtures.proxy import get, post, read_response, request
 from tests.fixtures.upstream_app import Upstream
 
 
-async def test_get_is_forwarded_with_forwarding_headers(proxy: ProxyServer, upstream: Upstream) -> None:
+async def test_get_is_forwarded_with_forwarding_headers(proxy: Proxy, upstream: Upstream) -> None:
     response = await request(proxy.port, get("/echo?x=1", extra="X-Forwarded-Proto: https\r\nKeep-Alive: 5\r\n"))
     assert response.status == 200
     assert response.headers["x-seen-path"] == "/echo?x=1"
@@ -23,19 +23,19 @@ async def test_get_is_forwarded_with_forwarding_headers(proxy: ProxyServer, upst
     assert "x-zeroscale-cold-start" not in response.headers
 
 
-async def test_existing_forwarded_for_is_appended_to(proxy: ProxyServer) -> None:
+async def test_existing_forwarded_for_is_appended_to(proxy: Proxy) -> None:
     response = await request(proxy.port, get(extra="X-Forwarded-For: 10.0.0.1\r\n"))
     assert response.headers["x-seen-x-forwarded-for"] == "10.0.0.1, 127.0.0.1"
 
 
-async def test_headers_named_in_connection_are_dropped(proxy: ProxyServer, upstream: Upstream) -> None:
+async def test_headers_named_in_connection_are_dropped(proxy: Proxy, upstream: Upstream) -> None:
     await request(proxy.port, get(extra="Connection: x-secret\r\nX-Secret: 1\r\nX-Kept: 2\r\n"))
     seen = upstream.requests[0].headers
     assert "x-secret" not in seen
     assert seen["x-kept"] == "2"
 
 
-async def test_post_body_content_length_and_chunked(proxy: ProxyServer, upstream: Upstream) -> None:
+async def test_post_body_content_length_and_chunked(proxy: Proxy, upstream: Upstream) -> None:
     body = b"x" * 100_000
     response = await request(proxy.port, post(body))
     assert response.status == 200
@@ -48,7 +48,7 @@ async def test_post_body_content_length_and_chunked(proxy: ProxyServer, upstream
     assert upstream.requests[-1].headers["transfer-encoding"] == "chunked"
 
 
-async def test_chunked_and_close_delimited_responses(proxy: ProxyServer) -> None:
+async def test_chunked_and_close_delimited_responses(proxy: Proxy) -> None:
     response = await request(proxy.port, post(b"abcdef", "/echo?chunked=1"))
     assert response.body == b"abcdef"
     assert response.headers["transfer-encoding"] == "chunked"
@@ -58,7 +58,7 @@ async def test_chunked_and_close_delimited_responses(proxy: ProxyServer) -> None
     assert response.headers["transfer-encoding"] == "chunked"
 
 
-async def test_head_response_has_no_body_and_connection_is_reused(proxy: ProxyServer, upstream: Upstream) -> None:
+async def test_head_response_has_no_body_and_connection_is_reused(proxy: Proxy, upstream: Upstream) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
     writer.write(post(b"12345").replace(b"POST", b"HEAD", 1))
     head = await read_response(reader, head_only=True)
@@ -73,7 +73,7 @@ async def test_head_response_has_no_body_and_connection_is_reused(proxy: ProxySe
     assert upstream.connections == 2
 
 
-async def test_keep_alive_on_both_sides(proxy: ProxyServer, upstream: Upstream) -> None:
+async def test_keep_alive_on_both_sides(proxy: Proxy, upstream: Upstream) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
     for index in range(50):
         writer.write(post(b"n%d" % index))
@@ -83,7 +83,7 @@ async def test_keep_alive_on_both_sides(proxy: ProxyServer, upstream: Upstream) 
     assert upstream.connections == 1
 
 
-async def test_pipelined_requests_are_answered_in_order(proxy: ProxyServer) -> None:
+async def test_pipelined_requests_are_answered_in_order(proxy: Proxy) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
     writer.write(b"".join(post(b"p%d" % i, path=f"/slow?s={0.05 if i == 0 else 0}") for i in range(5)))
     for index in range(5):
@@ -92,7 +92,7 @@ async def test_pipelined_requests_are_answered_in_order(proxy: ProxyServer) -> N
     writer.close()
 
 
-async def test_expect_continue_is_answered_by_the_proxy(proxy: ProxyServer) -> None:
+async def test_expect_continue_is_answered_by_the_proxy(proxy: Proxy) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
     writer.write(b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
     interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
@@ -130,7 +130,7 @@ async def test_longest_path_prefix_wins(upstream: Upstream) -> None:
         await other.stop()
 
 
-async def test_http10_client_and_absolute_form_target(proxy: ProxyServer, upstream: Upstream) -> None:
+async def test_http10_client_and_absolute_form_target(proxy: Proxy, upstream: Upstream) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
     writer.write(b"GET /echo?old HTTP/1.0\r\n\r\n")
     data = await asyncio.wait_for(reader.read(), 5)  # HTTP/1.0 without keep-alive: closed after the answer

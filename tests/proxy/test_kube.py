@@ -47,7 +47,9 @@ HPA_COLLECTION = hpas_collection("default")
 
 
 def wakes(route: str, result: str) -> float:
-    return REGISTRY.get_sample_value("zeroscale_proxy_wakes_total", {"route": route, "result": result}) or 0.0
+    return (
+        REGISTRY.get_sample_value("zeroscale_proxy_wakes_total", {"route": f"default/{route}", "result": result}) or 0.0
+    )
 
 
 async def test_cold_start_wakes_the_target_and_forwards_when_a_slice_is_ready(
@@ -61,7 +63,7 @@ async def test_cold_start_wakes_the_target_and_forwards_when_a_slice_is_ready(
         pending = asyncio.create_task(request(server.port, get("/echo?cold")))
         await until(lambda: scale.replicas == 1)
         assert scale.patches == [{"metadata": {"resourceVersion": "100"}, "spec": {"replicas": 1}}]
-        assert server.routes["woken"].counts.held == 1
+        assert server.routes["default/woken"].counts.held == 1
         upstream = await Upstream(port).start()
         try:
             # Not ready yet, then ready: only the ready endpoint is used.
@@ -75,7 +77,7 @@ async def test_cold_start_wakes_the_target_and_forwards_when_a_slice_is_ready(
         assert response.status == 200
         assert response.headers["x-zeroscale-cold-start"] == "true"
         assert wakes("woken", "patched") == 1
-        cold_starts = REGISTRY.get_sample_value("zeroscale_proxy_cold_starts_total", {"route": "woken"})
+        cold_starts = REGISTRY.get_sample_value("zeroscale_proxy_cold_starts_total", {"route": "default/woken"})
         assert cold_starts == 1
 
 
@@ -191,7 +193,7 @@ async def test_hpa_mode_only_reports_counts(kube: KubeStandIn, kube_client: Kube
         [wake_route("counts-only", wake="hpa", limits={"hold_timeout": 0.3})], kube=kube_client
     ) as server:
         seen: list[int] = []
-        server.routes["counts-only"].counts.subscribe(lambda _r, held, inflight: seen.append(held + inflight))
+        server.routes["default/counts-only"].counts.subscribe(lambda _r, held, inflight: seen.append(held + inflight))
         assert (await request(server.port, get())).status == 504
     assert scale.patches == []
     assert 1 in seen
@@ -207,7 +209,7 @@ async def test_endpointslice_v1beta1_fallback(kube: KubeStandIn, kube_client: Ku
             endpoint_slice("web-old", "web", [("127.0.0.1", {})], upstream.port, version="v1beta1"),
         )
         async with running_proxy([wake_route("old", wake="none")], kube=kube_client) as server:
-            await until(lambda: server.routes["old"].has_usable())
+            await until(lambda: server.routes["default/old"].has_usable())
             assert (await request(server.port, get())).status == 200
     finally:
         await upstream.stop()
@@ -224,7 +226,7 @@ async def test_no_api_access_falls_back_to_connect_probes(kube: KubeStandIn, kub
             upstream={"service": "web", "namespace": "default", "port": "http", "address": upstream.address},
         )
         async with running_proxy([route], kube=kube_client) as server:
-            await until(lambda: server.routes["probing"].has_usable())
+            await until(lambda: server.routes["default/probing"].has_usable())
             assert (await request(server.port, get())).status == 200
     finally:
         await upstream.stop()
@@ -233,7 +235,7 @@ async def test_no_api_access_falls_back_to_connect_probes(kube: KubeStandIn, kub
 async def test_endpoints_follow_the_watch(kube: KubeStandIn, kube_client: KubeClient) -> None:
     collection = slices_collection("default")
     async with running_proxy([wake_route("watched", wake="none")], kube=kube_client) as server:
-        route = server.routes["watched"]
+        route = server.routes["default/watched"]
         kube.put(collection, endpoint_slice("web-1", "web", [("10.0.0.1", {}), ("10.0.0.2", {})], 8080))
         await until(lambda: len(route.endpoints) == 2)
         kube.put(collection, endpoint_slice("web-2", "web", [("10.0.0.3", {"ready": True})], 8080))
@@ -283,7 +285,7 @@ async def test_malformed_slices_and_hpas_neither_stop_the_watch_nor_the_wake(
     kube.put(collection, {**endpoint_slice("web-1", "web", [("10.0.0.9", {})], 8080), **odd})
     kube.put(HPA_COLLECTION, {"metadata": {"name": "odd", "namespace": "default"}, "spec": "junk", "status": []})
     async with running_proxy([wake_route("watched")], kube=kube_client) as server:
-        route = server.routes["watched"]
+        route = server.routes["default/watched"]
         kube.put(collection, endpoint_slice("web-2", "web", [("10.0.0.3", {"ready": True})], 8080))
         await until(lambda: [(e.host, e.port) for e in route.endpoints] == [("10.0.0.3", 8080)])
     # "odd" scales nothing readable: the target counts as one without an HPA.

@@ -244,7 +244,7 @@ async def test_of_two_proxies_only_the_leader_writes_and_both_hold_and_forward(
                 for _, path, body in kube.writes
                 if body and "/endpointslices" in path
             }
-            assert routes == {leader_route.name}
+            assert routes == {leader_route.config.name}
 
             # The leader goes: the follower takes the Lease (given up) and writes.
             await leader.shutdown(grace=0)
@@ -331,7 +331,7 @@ async def test_a_write_sent_just_before_the_lease_is_lost_never_lands_after_anot
     async with running_proxy(
         [activator_route(port_outside_ephemeral())], kube=kube_client, activator=activator_settings("proxy-a", **TIMING)
     ) as a:
-        await until(lambda: listed(kube) == [(PROXY_ADDRESS, a.routes["web"].config.activator.port, "http")])  # type: ignore[union-attr]
+        await until(lambda: listed(kube) == [(PROXY_ADDRESS, a.routes["default/web"].config.activator.port, "http")])  # type: ignore[union-attr]
         await until(lambda: len(renewals) >= 3)  # renewing
         applied.clear()
         for method in ("POST", "PUT", "DELETE"):
@@ -374,7 +374,7 @@ def lease_reads(kube: KubeStandIn) -> int:
 
 
 def holder_serves(route: str) -> float | None:
-    return REGISTRY.get_sample_value("zeroscale_proxy_activator_holder_serves", {"route": route})
+    return REGISTRY.get_sample_value("zeroscale_proxy_activator_holder_serves", {"route": f"default/{route}"})
 
 
 async def test_two_installations_in_one_namespace_each_write_their_routes_by_default(
@@ -418,7 +418,7 @@ async def test_a_replica_whose_routes_the_holder_does_not_write_says_so(
                 r.getMessage() for r in caplog.records if "does not write routes of this replica" in r.getMessage()
             ]
             assert len(warnings) == 1, warnings
-            assert "the holder a does not write routes of this replica: api (not written)" in warnings[0]
+            assert "the holder a does not write routes of this replica: default/api (not written)" in warnings[0]
             assert "proxy.activator.lease_name" in warnings[0]
             assert ours(kube, "api") == []
 
@@ -437,7 +437,7 @@ async def test_a_lease_whose_routes_annotation_is_malformed_is_still_taken_over(
     """Another installation, another version or a person wrote zeroscale.io/activator-routes (annotations may hold
     256 KiB): what it says is unknown, and the Lease is still timed and taken over as any other."""
     put_lease(kube, "proxy-gone", {"zeroscale.io/activator-routes": annotation})
-    elector = LeaderElector(kube_client, config("proxy-a"), {"web": "default/web@0123456789ab"})
+    elector = LeaderElector(kube_client, config("proxy-a"), {"default/web": "default/web@0123456789ab"})
     elector.start()
     try:
         await until(lambda: elector.leading, within=5)
@@ -470,7 +470,7 @@ async def test_a_lease_nobody_holds_is_not_said_to_write_our_routes(
     put_lease(kube, "")
     forbidden = Reply(403, status_body(403, "Forbidden", 'cannot update resource "leases"'))
     kube.add_route("PUT", LEASES + "/[^/]+", lambda _request, _match: forbidden)
-    elector = LeaderElector(kube_client, config("proxy-a"), {"quiet": "default/quiet@0123456789ab"})
+    elector = LeaderElector(kube_client, config("proxy-a"), {"default/quiet": "default/quiet@0123456789ab"})
     elector.start()
     try:
         await until(lambda: holder_serves("quiet") is not None, within=5)
@@ -478,7 +478,7 @@ async def test_a_lease_nobody_holds_is_not_said_to_write_our_routes(
         assert not elector.leading
         assert holder_serves("quiet") == 0
         put_lease(kube, "other-proxy", {"zeroscale.io/activator-routes": '["shop/api@0123456789ab"]'})
-        said = "the holder other-proxy does not write routes of this replica: quiet (not written)"
+        said = "the holder other-proxy does not write routes of this replica: default/quiet (not written)"
         await until(lambda: any(said in record.getMessage() for record in caplog.records), within=5)
         assert holder_serves("quiet") == 0
     finally:
@@ -504,7 +504,7 @@ async def test_a_holder_that_does_not_say_what_it_writes_is_said_once_and_not_co
     and the log says why, once."""
     caplog.set_level("INFO", logger="adapter.proxy.leader")
     put_lease(kube, "proxy-old", seconds=3600)  # renewed, as far as this replica can tell
-    elector = LeaderElector(kube_client, config("proxy-a"), {"unsaid": "default/unsaid@0123456789ab"})
+    elector = LeaderElector(kube_client, config("proxy-a"), {"default/unsaid": "default/unsaid@0123456789ab"})
     elector.start()
     try:
         said = "the holder proxy-old does not say which routes it writes"

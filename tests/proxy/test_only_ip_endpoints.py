@@ -42,7 +42,7 @@ def slice_route(name: str) -> dict[str, Any]:
 
 
 def refused(route_name: str, source: str, reason: str) -> float:
-    labels = {"route": route_name, "source": source, "reason": reason}
+    labels = {"route": f"default/{route_name}" if route_name else "", "source": source, "reason": reason}
     return REGISTRY.get_sample_value("zeroscale_proxy_refused_endpoints_total", labels) or 0.0
 
 
@@ -59,7 +59,7 @@ async def test_an_fqdn_slice_is_ignored_even_where_loopback_is_allowed(
     before = refused("fqdn", "endpointslice", "fqdn_slice")
     async with running_proxy([slice_route("fqdn")], kube=kube_client) as server:  # the fixture allows loopback
         await until(lambda: refused("fqdn", "endpointslice", "fqdn_slice") == before + 1)
-        assert server.routes["fqdn"].endpoints == []
+        assert server.routes["default/fqdn"].endpoints == []
         response = await request(server.port, get("/echo?to=localhost"))
         assert response.status == 504  # held for hold_timeout, no endpoint: never sent
     assert upstream.requests == []
@@ -79,8 +79,8 @@ async def test_an_address_the_api_refuses_in_a_slice_is_refused_from_one(
     kube.put(SLICES, endpoint_slice("web-abc", "web", [(address, {"ready": True}), ("10.0.0.9", {"ready": True})], 80))
     before = refused(name, "endpointslice", reason)
     async with running_proxy([slice_route(name)], kube=kube_client, allow_loopback_endpoints=allow_loopback) as server:
-        await until(lambda: server.routes[name].endpoints != [])
-        assert [(ep.host, ep.port) for ep in server.routes[name].endpoints] == [("10.0.0.9", 80)]
+        await until(lambda: server.routes[f"default/{name}"].endpoints != [])
+        assert [(ep.host, ep.port) for ep in server.routes[f"default/{name}"].endpoints] == [("10.0.0.9", 80)]
         assert refused(name, "endpointslice", reason) == before + 1
         # The same slice again (any change of it) is no new refusal: counted and logged once while it stays.
         kube.put(SLICES, endpoint_slice("web-abc", "web", [(address, {"ready": True}), ("10.0.0.9", {})], 80))

@@ -46,7 +46,7 @@ async def held(port: int, count: int, admin: int) -> list[tuple[asyncio.StreamRe
     async with asyncio.timeout(10):
         while True:
             metrics = await request(admin, get("/metrics"))
-            if f'zeroscale_proxy_held_requests{{route="sidecar"}} {count}.0'.encode() in metrics.body:
+            if f'zeroscale_proxy_held_requests{{route="default/sidecar"}} {count}.0'.encode() in metrics.body:
                 return connections
             await asyncio.sleep(0.02)
 

@@ -44,7 +44,7 @@ def scale_route(name: str, **overrides: Any) -> dict[str, Any]:
 
 
 def refusals(route: str, reason: str) -> float:
-    labels = {"route": route, "reason": reason}
+    labels = {"route": f"default/{route}", "reason": reason}
     return REGISTRY.get_sample_value("zeroscale_proxy_wake_refusals_total", labels) or 0.0
 
 
@@ -111,7 +111,7 @@ async def test_held_requests_wait_for_the_first_hpa_list(kube: KubeStandIn, kube
     try:
         async with running_proxy([scale_route("early")], kube=kube_client) as server:
             pending = asyncio.create_task(request(server.port, get()))
-            await until(lambda: server.routes["early"].counts.held == 1 and slow.waiting >= 1)
+            await until(lambda: server.routes["default/early"].counts.held == 1 and slow.waiting >= 1)
             await asyncio.sleep(0.5)  # time enough to wake it, were the wake not waiting for the list
             assert scale.patches == []
             assert not pending.done()
@@ -286,7 +286,7 @@ async def test_routes_waking_at_once_in_one_namespace_share_the_hpa_lists(
     counted = lists_counted()
     try:
         async with running_proxy(routes, kube=kube_client) as server:
-            readers = Readers(server._hpas["default"])
+            readers = Readers(server.control.services.hpas["default"])
             pending = [asyncio.create_task(request(server.port, get(host=f"r{i}.example"))) for i in range(10)]
             # Every waker has read its Scale and asked for a list (the client waits 5 s for the one held); a sleep
             # instead left a waker that a loaded machine kept from asking until the second list was sent: a third.
@@ -333,7 +333,7 @@ async def test_a_wake_never_decides_from_a_list_sent_before_it_read_the_scale(
             kube.put(HPA_LIST, hpa("web", "web", "False"))  # the HPA rescaled: NotScaledToZero
             scale.set(0)  # kubectl scale --replicas=0
             second = asyncio.create_task(request(server.port, get(host="b.example")))
-            await until(lambda: second.done() or server.routes["b"].counts.held == 1)
+            await until(lambda: second.done() or server.routes["default/b"].counts.held == 1)
             await asyncio.sleep(1)  # time for b to read the Scale and ask for the HPAs
             release.set()
             answers = await asyncio.gather(first, second)
@@ -345,7 +345,9 @@ async def test_a_wake_never_decides_from_a_list_sent_before_it_read_the_scale(
 
 
 def wakes(route: str, result: str) -> float:
-    return REGISTRY.get_sample_value("zeroscale_proxy_wakes_total", {"route": route, "result": result}) or 0.0
+    return (
+        REGISTRY.get_sample_value("zeroscale_proxy_wakes_total", {"route": f"default/{route}", "result": result}) or 0.0
+    )
 
 
 async def test_a_scale_that_keeps_changing_is_counted_once_a_conflict_and_the_request_told_why(

@@ -15,7 +15,7 @@ from types import FrameType
 from typing import Any
 
 import adapter.proxy.server
-from adapter.proxy.server import ProxyServer
+from adapter.proxy.app import Proxy
 from tests.fixtures.proxy import get, request
 
 _PROXY = str(Path(adapter.proxy.server.__file__).parent)
@@ -47,7 +47,7 @@ class _Walk:
         return [module for module, _ in self.calls[first : last + 1]]
 
 
-async def test_one_request_enters_each_module_once_per_direction(proxy: ProxyServer) -> None:
+async def test_one_request_enters_each_module_once_per_direction(proxy: Proxy) -> None:
     port = proxy.port
     assert (await request(port, get())).status == 200  # a pooled upstream connection for the walk
     walk = _Walk()

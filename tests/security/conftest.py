@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from adapter.proxy.server import ProxyServer
+from adapter.proxy.app import Proxy
 from tests.fixtures.proxy import no_loop_errors, proxy, pytest_asyncio_loop_factories, route, running_proxy, upstream
 from tests.security.h11_upstream import H11Upstream
 
@@ -20,6 +20,6 @@ async def h11_upstream() -> AsyncIterator[H11Upstream]:
 
 
 @pytest.fixture
-async def h11_proxy(h11_upstream: H11Upstream) -> AsyncIterator[ProxyServer]:
+async def h11_proxy(h11_upstream: H11Upstream) -> AsyncIterator[Proxy]:
     async with running_proxy([route("app", h11_upstream.address)]) as server:
         yield server

@@ -19,7 +19,8 @@ UPGRADE = b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upg
 
 
 def _hits(route_name: str, limit: str) -> float:
-    value = REGISTRY.get_sample_value("zeroscale_proxy_limit_hits_total", {"route": route_name, "limit": limit})
+    labels = {"route": f"default/{route_name}" if route_name else "", "limit": limit}
+    value = REGISTRY.get_sample_value("zeroscale_proxy_limit_hits_total", labels)
     return value or 0.0
 
 
@@ -49,7 +50,7 @@ def test_the_body_timeout_defaults_to_60_s_at_most() -> None:
 )
 async def test_a_body_that_stops_coming_is_408_and_stops_counting(upstream: Upstream, partial: bytes) -> None:
     async with running_proxy([route("body", upstream.address, limits={"body_timeout": 0.3})]) as server:
-        counts = server.routes["body"].counts
+        counts = server.routes["default/body"].counts
         before = _hits("body", "body_timeout")
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(partial)
@@ -59,7 +60,7 @@ async def test_a_body_that_stops_coming_is_408_and_stops_counting(upstream: Upst
         assert answer.startswith(b"HTTP/1.1 408")
         assert b"limits.body_timeout" in answer
         assert counts.inflight == 0
-        assert server.routes["body"].endpoints[0].inflight == 0
+        assert server.routes["default/body"].endpoints[0].inflight == 0
         assert _hits("body", "body_timeout") == before + 1
 
 
@@ -85,14 +86,14 @@ async def test_an_upstream_that_stalls_mid_body_is_cut_off_and_stops_counting() 
             writer.close()
             assert received.startswith(b"HTTP/1.1 200")
             assert received.endswith(b"first bytes"), "cut off: the client sees a short body and a close"
-            assert server.routes["stall"].counts.inflight == 0
+            assert server.routes["default/stall"].counts.inflight == 0
     finally:
         await stalled.stop()
 
 
 async def test_a_client_that_stops_reading_is_cut_off_after_send_timeout(upstream: Upstream) -> None:
     async with running_proxy([route("reader", upstream.address)], send_timeout=0.3) as server:
-        counts = server.routes["reader"].counts
+        counts = server.routes["default/reader"].counts
         before = _hits("reader", "send_timeout")
         _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         # 32 MB echoed back and never read: more than the socket buffers on both sides hold.
@@ -110,7 +111,7 @@ async def test_a_client_that_stops_reading_is_cut_off_after_send_timeout(upstrea
 
 async def test_a_tunnel_leaves_the_pending_count_and_the_endpoint_slots(upstream: Upstream) -> None:
     async with running_proxy([route("ws", upstream.address, limits={"endpoint_concurrency": 2})]) as server:
-        ws = server.routes["ws"]
+        ws = server.routes["default/ws"]
         tunnels = []
         for _ in range(3):
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -119,7 +120,7 @@ async def test_a_tunnel_leaves_the_pending_count_and_the_endpoint_slots(upstream
             assert head.startswith(b"HTTP/1.1 101")
             tunnels.append(writer)
         assert (ws.tunnels, ws.counts.pending, ws.endpoints[0].inflight) == (3, 0, 0)
-        sample = REGISTRY.get_sample_value("zeroscale_proxy_open_tunnels", {"route": "ws"})
+        sample = REGISTRY.get_sample_value("zeroscale_proxy_open_tunnels", {"route": "default/ws"})
         assert sample == 3
         # Plain requests still find room on the endpoint.
         assert (await request(server.port, get(), within=5)).status == 200
@@ -151,9 +152,9 @@ async def test_an_idle_tunnel_is_closed_after_tunnel_idle_timeout(upstream: Upst
             writer.write(b"ping")
             assert await asyncio.wait_for(reader.readexactly(4), 5) == b"ping"
             await asyncio.sleep(0.15)
-        assert server.routes["idle"].tunnels == 1
+        assert server.routes["default/idle"].tunnels == 1
         assert await _read_all(reader) == b""
-        await until(lambda: server.routes["idle"].tunnels == 0)
+        await until(lambda: server.routes["default/idle"].tunnels == 0)
         writer.close()
 
 
@@ -162,7 +163,7 @@ async def test_bytes_sent_ahead_of_a_held_upgrade_are_bounded() -> None:
     many small segments as a peer trying to make the count expensive would, the connection is closed."""
     cold = f"127.0.0.1:{refused_port()}"  # nothing listens: the upgrade request is held
     async with running_proxy([route("early", cold, limits={"hold_timeout": 30})]) as server:
-        counts = server.routes["early"].counts
+        counts = server.routes["default/early"].counts
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(UPGRADE)
         await until(lambda: counts.held == 1)

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapter.proxy.server import ProxyServer
+from adapter.proxy.app import Proxy
 from tests.fixtures.proxy import route, running_proxy
 from tests.security.h11_upstream import H11Upstream
 
@@ -165,7 +165,7 @@ def _final_responses(data: bytes) -> list[bool]:
 
 
 @pytest.fixture
-async def differential() -> AsyncIterator[tuple[ProxyServer, H11Upstream]]:
+async def differential() -> AsyncIterator[tuple[Proxy, H11Upstream]]:
     upstream = await H11Upstream().start()
     limits = {"body_timeout": 1}
     async with running_proxy(
@@ -181,7 +181,7 @@ async def differential() -> AsyncIterator[tuple[ProxyServer, H11Upstream]]:
     cuts=st.lists(st.integers(1, 400), max_size=4),
 )
 async def test_the_upstream_reads_what_the_client_sent(
-    differential: tuple[ProxyServer, H11Upstream], requests: list[bytes], cuts: list[int]
+    differential: tuple[Proxy, H11Upstream], requests: list[bytes], cuts: list[int]
 ) -> None:
     server, upstream = differential
     upstream.requests.clear()
@@ -203,7 +203,7 @@ async def test_the_upstream_reads_what_the_client_sent(
     # Everything the proxy forwarded has been answered: the client saw every response.
     await asyncio.sleep(0)
 
-    default_host = server.routes["app"].default_host
+    default_host = server.routes["default/app"].default_host
     expected = _as_h11_reads(stream, default_host)
     forwarded = [_Seen(r.method, r.target, next(iter(r.header(b"host")), b"<none>"), r.body) for r in upstream.requests]
     answers = _final_responses(received)
@@ -280,7 +280,7 @@ def _as_h11_response(raw: bytes) -> tuple[int, bytes] | None:
 
 
 @pytest.fixture
-async def scripted() -> AsyncIterator[tuple[ProxyServer, H11Upstream, list[bytes]]]:
+async def scripted() -> AsyncIterator[tuple[Proxy, H11Upstream, list[bytes]]]:
     replies: list[bytes] = []
     upstream = await H11Upstream(reply=lambda _request: replies.pop(0)).start()
     async with running_proxy([route("app", upstream.address)], header_timeout=1, idle_timeout=1) as server:
@@ -291,7 +291,7 @@ async def scripted() -> AsyncIterator[tuple[ProxyServer, H11Upstream, list[bytes
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(responses=st.lists(_response(), min_size=1, max_size=5))
 async def test_the_client_reads_what_the_upstream_sent(
-    scripted: tuple[ProxyServer, H11Upstream, list[bytes]], responses: list[tuple[bytes, bytes]]
+    scripted: tuple[Proxy, H11Upstream, list[bytes]], responses: list[tuple[bytes, bytes]]
 ) -> None:
     """Each response on the pooled upstream connection reaches its own client request: never its trailers in
     the next one's head, never bytes sent after it as the next one's answer."""

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from prometheus_client import REGISTRY
 
-from adapter.proxy.server import ProxyServer
+from adapter.proxy.app import Proxy
 from tests.fixtures.proxy import get, post, read_response, request, route, running_proxy
 from tests.fixtures.upstream_app import Upstream
 from tests.security.h11_upstream import H11Upstream
@@ -21,7 +21,7 @@ def _refused(side: str, reason: str) -> float:
     return value or 0.0
 
 
-async def _pool_one_connection(server: ProxyServer, upstream: H11Upstream) -> None:
+async def _pool_one_connection(server: Proxy, upstream: H11Upstream) -> None:
     """A first request leaves one idle keep-alive connection in the pool: the next request reuses it."""
     assert (await request(server.port, get("/first"))).status == 200
     assert upstream.connections == 1
@@ -56,7 +56,7 @@ CONNECTION_OPTIONS = [
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 @pytest.mark.parametrize("option", CONNECTION_OPTIONS)
 async def test_a_request_naming_a_framing_header_in_connection_is_400_and_forwards_nothing(
-    h11_proxy: ProxyServer, h11_upstream: H11Upstream, option: str, chunked: bool
+    h11_proxy: Proxy, h11_upstream: H11Upstream, option: str, chunked: bool
 ) -> None:
     await _pool_one_connection(h11_proxy, h11_upstream)
     before = _refused("request", "connection_names_framing")
@@ -74,7 +74,7 @@ async def test_a_request_naming_a_framing_header_in_connection_is_400_and_forwar
 
 
 async def test_other_connection_options_are_dropped_and_framing_is_the_proxys_own(
-    h11_proxy: ProxyServer, h11_upstream: H11Upstream
+    h11_proxy: Proxy, h11_upstream: H11Upstream
 ) -> None:
     await _pool_one_connection(h11_proxy, h11_upstream)
     raw = _named("Connection: keep-alive, X-Drop-Me\r\nX-Drop-Me: 1\r\nX-Keep: 2", b"hello")
@@ -161,7 +161,7 @@ CODINGS = {
 
 @pytest.mark.parametrize(("header", "status"), CODINGS.values(), ids=CODINGS.keys())
 async def test_request_transfer_codings_other_than_a_lone_chunked_are_refused(
-    h11_proxy: ProxyServer, h11_upstream: H11Upstream, header: bytes, status: int
+    h11_proxy: Proxy, h11_upstream: H11Upstream, header: bytes, status: int
 ) -> None:
     raw = b"POST /echo HTTP/1.1\r\nHost: a\r\n%b\r\n\r\n5\r\nhello\r\n0\r\n\r\n" % header
     response = await request(h11_proxy.port, raw)
@@ -169,7 +169,7 @@ async def test_request_transfer_codings_other_than_a_lone_chunked_are_refused(
     assert h11_upstream.requests == []
 
 
-async def test_transfer_encoding_in_an_http10_request_is_400(h11_proxy: ProxyServer, h11_upstream: H11Upstream) -> None:
+async def test_transfer_encoding_in_an_http10_request_is_400(h11_proxy: Proxy, h11_upstream: H11Upstream) -> None:
     raw = b"POST /echo HTTP/1.0\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
     response = await request(h11_proxy.port, raw)
     assert response.status == 400
@@ -180,7 +180,7 @@ async def test_transfer_encoding_in_an_http10_request_is_400(h11_proxy: ProxySer
 
 
 async def test_absolute_form_http10_without_host_forwards_the_authority_as_host(
-    h11_proxy: ProxyServer, h11_upstream: H11Upstream
+    h11_proxy: Proxy, h11_upstream: H11Upstream
 ) -> None:
     response = await request(h11_proxy.port, b"GET http://web.test/x?y=1 HTTP/1.0\r\n\r\n")
     assert response.status == 200
@@ -194,7 +194,7 @@ async def test_absolute_form_http10_without_host_forwards_the_authority_as_host(
     [(b"http://web.test/x", b"/x"), (b"http://web.test", b"/"), (b"http://web.test?q=1", b"/?q=1")],
 )
 async def test_the_authority_wins_over_the_host_header(
-    h11_proxy: ProxyServer, h11_upstream: H11Upstream, target: bytes, path: bytes
+    h11_proxy: Proxy, h11_upstream: H11Upstream, target: bytes, path: bytes
 ) -> None:
     response = await request(h11_proxy.port, b"GET %b HTTP/1.1\r\nHost: other.test\r\n\r\n" % target)
     assert response.status == 200
@@ -216,12 +216,12 @@ async def test_the_authority_wins_over_the_host_header(
         b"GET /x HTTP/1.1\r\nHost: web.test\x80\r\n\r\n",
     ],
 )
-async def test_a_host_that_is_not_a_host_is_400(h11_proxy: ProxyServer, h11_upstream: H11Upstream, raw: bytes) -> None:
+async def test_a_host_that_is_not_a_host_is_400(h11_proxy: Proxy, h11_upstream: H11Upstream, raw: bytes) -> None:
     assert (await request(h11_proxy.port, raw)).status == 400
     assert h11_upstream.requests == []
 
 
-async def test_values_the_proxy_reads_are_trimmed(proxy: ProxyServer, upstream: Upstream) -> None:
+async def test_values_the_proxy_reads_are_trimmed(proxy: Proxy, upstream: Upstream) -> None:
     # Host with trailing whitespace is the same host; X-Forwarded-For and Upgrade are forwarded trimmed.
     response = await request(
         proxy.port, b"GET /echo HTTP/1.1\r\nHost: app.example \t\r\nX-Forwarded-For: 10.0.0.1  \r\n\r\n"
@@ -255,7 +255,7 @@ async def test_a_malformed_response_is_502_and_not_retried() -> None:
 
 
 async def test_a_clients_forwarded_header_gets_the_hop_the_proxy_saw_appended(
-    h11_proxy: ProxyServer, h11_upstream: H11Upstream
+    h11_proxy: Proxy, h11_upstream: H11Upstream
 ) -> None:
     # An app reading the last element of Forwarded (RFC 7239) sees the address the proxy saw, not a claim.
     raw = b"GET /echo HTTP/1.1\r\nHost: app.example\r\nForwarded: for=203.0.113.9 \r\nForwarded: for=10.0.0.1\r\n\r\n"
@@ -264,7 +264,7 @@ async def test_a_clients_forwarded_header_gets_the_hop_the_proxy_saw_appended(
 
 
 async def test_underscore_spellings_of_headers_the_proxy_owns_are_not_forwarded(
-    h11_proxy: ProxyServer, h11_upstream: H11Upstream
+    h11_proxy: Proxy, h11_upstream: H11Upstream
 ) -> None:
     """A CGI or WSGI server maps `_` and `-` in a header name alike (HTTP_X_FORWARDED_FOR): these would spoof the
     forwarding headers the proxy sets, or reach the app as framing it never saw."""
@@ -287,7 +287,7 @@ async def test_underscore_spellings_of_headers_the_proxy_owns_are_not_forwarded(
     assert seen.header(b"x-forwarded-for") == [b"127.0.0.1"]
 
 
-async def test_an_http10_expect_is_ignored_not_answered_with_100(h11_proxy: ProxyServer) -> None:
+async def test_an_http10_expect_is_ignored_not_answered_with_100(h11_proxy: Proxy) -> None:
     """An HTTP/1.0 client knows no interim answers: a 100 would be read as its response, the real one after it
     as garbage."""
     reader, writer = await asyncio.open_connection("127.0.0.1", h11_proxy.port)

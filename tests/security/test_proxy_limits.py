@@ -163,7 +163,7 @@ async def test_endless_trailers_are_431_not_buffered(upstream: Upstream) -> None
         answer = await send_until_answered(reader, writer, b"a" * 1024, 256)
         writer.close()
         assert answer.startswith(b"HTTP/1.1 431")
-        assert server.routes["trailers"].counts.inflight == 0
+        assert server.routes["default/trailers"].counts.inflight == 0
 
 
 async def test_chunks_larger_than_the_head_limit_are_not_taken_for_trailers(upstream: Upstream) -> None:
@@ -176,7 +176,7 @@ async def test_chunks_larger_than_the_head_limit_are_not_taken_for_trailers(upst
         writer.write(b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1000\r\n")
         for piece in (b"a" * 4096 + b"\r\n1000\r\n", b"b" * 4096 + b"\r\n0\r\n\r\n"):
             # Each in its own read: the chunk header before it has had no data yet.
-            await until(lambda: server.routes["chunks"].counts.inflight == 1)
+            await until(lambda: server.routes["default/chunks"].counts.inflight == 1)
             await asyncio.sleep(0.05)
             writer.write(piece)
         response = await asyncio.wait_for(read_response(reader), 5)
@@ -210,7 +210,7 @@ async def test_an_endless_response_head_is_502_not_buffered() -> None:
             response = await request(server.port, get(), within=5)
             assert response.status == 502
             assert b"limits.max_response_head_bytes" in response.body
-            assert server.routes["endless"].counts.inflight == 0
+            assert server.routes["default/endless"].counts.inflight == 0
     finally:
         await stand_in.stop()
 

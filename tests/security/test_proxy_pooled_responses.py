@@ -123,7 +123,7 @@ async def test_bytes_after_a_response_in_the_same_read_never_answer_another_clie
         writer_a.write(get("/a"))
         await until(lambda: len(upstream.seen) == 1)
         writer_b.write(get("/b"))
-        await until(lambda: server.routes["app"].counts.held == 1)
+        await until(lambda: server.routes["default/app"].counts.held == 1)
         upstream.gate.set()
         a = await asyncio.wait_for(read_response(reader_a), 5)
         b = await asyncio.wait_for(read_response(reader_b), 5)
@@ -189,7 +189,7 @@ async def test_response_trailers_are_bounded_like_a_response_head(
         upstream = scripted(lambda _target, pieces=pieces: pieces)  # type: ignore[misc]
         await upstream.start()
         async with running_proxy([route("app", upstream.address, limits={"max_response_head_bytes": limit})]) as server:
-            counted = {"route": "app", "limit": "max_response_head_bytes"}
+            counted = {"route": "default/app", "limit": "max_response_head_bytes"}
             before = _counted("zeroscale_proxy_limit_hits_total", counted)
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
             writer.write(get("/a"))
@@ -199,7 +199,7 @@ async def test_response_trailers_are_bounded_like_a_response_head(
             assert received.startswith(b"HTTP/1.1 200 OK")
             assert not received.endswith(b"0\r\n\r\n")
             assert _counted("zeroscale_proxy_limit_hits_total", counted) == before + 1
-            await until(lambda: server.routes["app"].counts.pending == 0)
+            await until(lambda: server.routes["default/app"].counts.pending == 0)
 
 
 async def test_a_204_is_forwarded_without_a_content_length(
@@ -243,7 +243,7 @@ async def test_a_body_on_a_method_without_content_semantics_never_leaves_its_con
         )
         await until(lambda: len(upstream.seen) == 1)
         writer_b.write(get("/b"))
-        await until(lambda: server.routes["app"].counts.held == 1)
+        await until(lambda: server.routes["default/app"].counts.held == 1)
         upstream.gate.set()
         a = await asyncio.wait_for(read_response(reader_a, head_only=method == b"HEAD"), 5)
         b = await asyncio.wait_for(read_response(reader_b), 5)

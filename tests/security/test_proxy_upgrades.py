@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adapter.proxy.server import ProxyServer
+from adapter.proxy.app import Proxy
 from tests.fixtures.proxy import request, route, running_proxy
 from tests.fixtures.upstream_app import Upstream
 from tests.security.h11_upstream import H11Upstream
@@ -14,7 +14,7 @@ H2C = b"Connection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQCAAAAA
 
 @pytest.mark.parametrize("protocols", [b"h2c", b"H2C", b"HTTP/2.0", b"h2c, HTTP/1.1", b"h2"])
 async def test_an_upgrade_to_http_itself_is_forwarded_as_a_plain_request(
-    h11_proxy: ProxyServer, h11_upstream: H11Upstream, protocols: bytes
+    h11_proxy: Proxy, h11_upstream: H11Upstream, protocols: bytes
 ) -> None:
     """An h2c tunnel would carry requests the proxy never parses: unrouted, uncounted, under no request limit."""
     raw = b"GET /x HTTP/1.1\r\nHost: app.example\r\nUpgrade: %b\r\n%b\r\nPRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" % (
@@ -28,12 +28,10 @@ async def test_an_upgrade_to_http_itself_is_forwarded_as_a_plain_request(
     assert seen.header(b"upgrade") == []
     assert seen.header(b"http2-settings") == []
     assert h11_upstream.errors == []
-    assert h11_proxy.routes["app"].tunnels == 0
+    assert h11_proxy.routes["default/app"].tunnels == 0
 
 
-async def test_other_protocols_in_the_list_are_still_upgraded_to(
-    h11_proxy: ProxyServer, h11_upstream: H11Upstream
-) -> None:
+async def test_other_protocols_in_the_list_are_still_upgraded_to(h11_proxy: Proxy, h11_upstream: H11Upstream) -> None:
     raw = b"GET /x HTTP/1.1\r\nHost: app.example\r\nUpgrade: h2c, websocket\r\n%b\r\n" % H2C
     await request(h11_proxy.port, raw)
     # h11 answers an upgrade it does not take with a plain response: what matters is what it was asked.
@@ -48,4 +46,4 @@ async def test_an_upstream_switching_to_h2c_unasked_is_502(upstream: Upstream) -
         raw = b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\n%b\r\nPRI * HTTP/2.0\r\n\r\n" % H2C
         response = await request(server.port, raw)
         assert response.status == 502
-        assert server.routes["app"].tunnels == 0
+        assert server.routes["default/app"].tunnels == 0

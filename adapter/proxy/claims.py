@@ -1,0 +1,166 @@
+"""Which routes are served: the platform's policy for route objects, then who owns each host
+(docs/architecture.md#host-claims).
+
+The rule, the same for every route wherever it was declared: routes are taken oldest first (a ZeroscaleRoute's
+creationTimestamp; the config file's routes count as older than any object, being the platform's own), then by
+`<namespace>/<name>`. A host belongs to the namespace of the first route that claims it; a later route of another
+namespace claiming it is refused, naming the owner. Within a namespace, routes may share a host with different
+path prefixes; a second route with the same host and prefix is refused, naming the first. A refused route is
+refused whole (a route serving some of its hosts would be a surprise), and never takes a host from anyone: so
+one team's mistake or late claim fails only its own route.
+
+A route in mode activator also claims a listener port of the proxy's (within proxy.route_objects.activator_ports
+for an object) and the Service whose slices it writes, each by the same rule.
+
+Routes of the config file are not checked against each other (one author wrote them all, and the config's
+load already refused what cannot work), only claim their hosts, ports and Services first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adapter.config.proxy import RouteObjectsConfig
+from adapter.config.route import RouteConfig
+
+ACCEPTED = "Accepted"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A route to place: from the config file (`created` empty: older than any object) or a route object."""
+
+    config: RouteConfig
+    created: str = ""
+
+    @property
+    def from_file(self) -> bool:
+        return not self.created
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: str  # one CamelCase word, as a condition's reason
+    message: str
+
+
+def place(candidates: list[Candidate], policy: RouteObjectsConfig) -> tuple[list[RouteConfig], dict[str, Refusal]]:
+    """The routes served, oldest first, and why each of the others is not, by route key."""
+    ordered = sorted(candidates, key=lambda candidate: (candidate.created, candidate.config.key))
+    served: list[RouteConfig] = []
+    refused: dict[str, Refusal] = {}
+    host_owner: dict[str, str] = {}  # host -> the key of the route whose claim made it its namespace's
+    path_owner: dict[tuple[str, str], str] = {}  # (host, path prefix) -> the route's key
+    # An activator route's listener port, and the Service whose slices it writes (`<namespace>/<service>`).
+    port_owner: dict[int, str] = {}
+    service_owner: dict[str, str] = {}
+    objects = 0
+    for candidate in ordered:
+        route = candidate.config
+        if not candidate.from_file:
+            refusal = _policy_refusal(route, policy, objects)
+            if refusal is None:
+                refusal = _claim_refusal(route, host_owner, path_owner)
+            if refusal is None:
+                refusal = _activator_refusal(route, policy, port_owner, service_owner)
+            if refusal is not None:
+                refused[route.key] = refusal
+                continue
+            objects += 1
+        for host in route.hosts:
+            host_owner.setdefault(host, route.key)
+            path_owner.setdefault((host, route.path_prefix), route.key)
+        if route.activator is not None:
+            port_owner.setdefault(route.activator.port, route.key)
+            service_owner.setdefault(f"{route.home}/{route.activator.service}", route.key)
+        served.append(route)
+    return served, refused
+
+
+def _policy_refusal(route: RouteConfig, policy: RouteObjectsConfig, served_objects: int) -> Refusal | None:
+    namespace = route.home
+    if not policy.allowed_namespace(namespace):
+        return Refusal(
+            "NamespaceNotAllowed",
+            f"the proxy serves route objects of the namespaces {', '.join(policy.namespaces)} only "
+            "(proxy.route_objects.namespaces): ask the platform team to add this one",
+        )
+    for host in route.hosts:
+        if not any(grant.allows(namespace, host) for grant in policy.hosts):
+            return Refusal(
+                "HostNotAllowed",
+                f"host {host} is not one this namespace may claim (proxy.route_objects.hosts): use a host the "
+                "platform granted, or ask for this one",
+            )
+    asked, ceiling = route.limits.model_dump(), policy.max_limits.model_dump()
+    above = [key for key, value in asked.items() if value > ceiling[key]]
+    if above:
+        key = above[0]
+        return Refusal(
+            "LimitNotAllowed",
+            f"limits.{key} is {asked[key]:g}, above the {ceiling[key]:g} the platform allows route objects "
+            "(proxy.route_objects.max_limits): lower it, or ask the platform team to raise the ceiling",
+        )
+    if served_objects >= policy.max_routes:
+        return Refusal(
+            "TooManyRoutes",
+            f"the proxy serves {policy.max_routes} route objects already, older than this one "
+            "(proxy.route_objects.max_routes): the platform may raise it",
+        )
+    return None
+
+
+def _claim_refusal(
+    route: RouteConfig, host_owner: dict[str, str], path_owner: dict[tuple[str, str], str]
+) -> Refusal | None:
+    namespace = route.home
+    for host in route.hosts:
+        owner = host_owner.get(host)
+        if owner is not None and owner.split("/", 1)[0] != namespace:
+            return Refusal(
+                "HostClaimed",
+                f"host {host} belongs to route {owner}, an older claim from another namespace "
+                "(the oldest route claiming a host wins it): choose another host",
+            )
+        first = path_owner.get((host, route.path_prefix))
+        if first is not None:
+            return Refusal(
+                "PathClaimed",
+                f"host {host} with path prefix {route.path_prefix} is served by route {first}, an older one: "
+                "give this route another path_prefix or host, or delete one of the two",
+            )
+    return None
+
+
+def _activator_refusal(
+    route: RouteConfig, policy: RouteObjectsConfig, port_owner: dict[int, str], service_owner: dict[str, str]
+) -> Refusal | None:
+    activator = route.activator
+    if activator is None:
+        return None
+    ports = policy.activator_ports
+    if ports is None:
+        return Refusal(
+            "ActivatorNotAllowed",
+            "the proxy serves no route object in mode activator (proxy.route_objects.activator_ports is not set): "
+            "use mode in_path, or ask the platform team for activator ports",
+        )
+    if activator.port not in ports:
+        return Refusal(
+            "PortNotAllowed",
+            f"activator.port {activator.port} is outside the ports open to routes, {ports.first}-{ports.last} "
+            "(proxy.route_objects.activator_ports)",
+        )
+    owner = port_owner.get(activator.port)
+    if owner is not None:
+        return Refusal(
+            "PortClaimed", f"activator.port {activator.port} is taken by route {owner}, an older one: choose another"
+        )
+    owner = service_owner.get(f"{route.home}/{activator.service}")
+    if owner is not None:
+        return Refusal(
+            "ServiceClaimed",
+            f"Service {activator.service} has its EndpointSlices written by route {owner}, an older one: one "
+            "activator route per Service",
+        )
+    return None

@@ -1,0 +1,397 @@
+"""ZeroscaleRoute objects served live (adapter/proxy/control.py, route_objects.py, claims.py) against the Kubernetes
+API stand-in: a route object takes requests once created, a change takes new requests at once while what the old
+version admitted finishes there, a deletion answers the held requests 503, routes nobody changed keep their state,
+and one team's claim or mistake fails only its own route."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from adapter.children import port_outside_ephemeral
+from adapter.kube.client import KubeClient
+from adapter.kube.endpointslices import MANAGED_BY
+from adapter.proxy.app import Proxy
+from tests.fixtures.kube_routes import SLICES_V1, SlowLists, endpoint_slice, slices_collection
+from tests.fixtures.kube_standin import KubeStandIn
+from tests.fixtures.proxy import get, read_response, request, running_proxy, until
+from tests.fixtures.upstream_app import Upstream
+
+LEASES = r"/apis/coordination\.k8s\.io/v1/namespaces/[^/]+/leases"
+DEPLOYMENTS = r"/apis/apps/v1/namespaces/[^/]+/deployments"
+SERVICES = r"/api/v1/namespaces/[^/]+/services"
+LEASE_COLLECTION = "/apis/coordination.k8s.io/v1/namespaces/zeroscale/leases"
+ROUTES = r"/apis/zeroscale\.io/v1alpha1/namespaces/[^/]+/zeroscaleroutes"
+ACTIVATOR = {
+    "proxy_service": {"service": "zeroscale-proxy", "namespace": "zeroscale"},
+    "lease_namespace": "zeroscale",
+    "identity": "proxy-a",
+}
+
+
+def routes_collection(namespace: str) -> str:
+    return f"/apis/zeroscale.io/v1alpha1/namespaces/{namespace}/zeroscaleroutes"
+
+
+def route_object(namespace: str, name: str, hosts: list[str], generation: int = 1, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "zeroscale.io/v1alpha1",
+        "kind": "ZeroscaleRoute",
+        "metadata": {"name": name, "namespace": namespace, "generation": generation},
+        "spec": {"hosts": hosts, "upstream": {"service": "web", "port": "http"}, "wake": "none", **spec},
+    }
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeStandIn]:
+    with KubeStandIn(tls=False, token="proxy-token") as standin:
+        standin.serve_collection(SLICES_V1, "EndpointSliceList", writable=True)
+        standin.serve_collection(LEASES, "LeaseList", writable=True)
+        standin.serve_collection(ROUTES, "ZeroscaleRouteList", writable=True)
+        standin.serve_collection(DEPLOYMENTS, "DeploymentList", writable=True)
+        standin.serve_collection(SERVICES, "ServiceList", writable=True)
+        yield standin
+
+
+@asynccontextmanager
+async def route_proxy(
+    kube: KubeStandIn, client: KubeClient, routes: list[dict[str, Any]] | None = None, **objects: Any
+) -> AsyncIterator[Proxy]:
+    settings = {"namespaces": ["team-a", "team-b"], **objects, "enabled": True}
+    async with running_proxy(routes or [], kube=client, activator=ACTIVATOR, route_objects=settings) as proxy:
+        yield proxy
+
+
+def serve_pods(kube: KubeStandIn, namespace: str, app: Upstream | None) -> None:
+    """Service `web` of `namespace` has `app` as its one ready pod (None: no pod at all: the workload at zero)."""
+    endpoints = [] if app is None else [("127.0.0.1", {"ready": True})]
+    kube.put(slices_collection(namespace), endpoint_slice("web-1", "web", endpoints, app.port if app else 80))
+
+
+def held_gauge(route: str) -> float | None:
+    return REGISTRY.get_sample_value("zeroscale_proxy_held_requests", {"route": route})
+
+
+async def status_of(port: int, host: str) -> int:
+    return (await request(port, get("/echo", host=host))).status
+
+
+async def routed(port: int, host: str) -> None:
+    """Wait until a request for `host` is routed (no longer the proxy's own 404)."""
+    for _ in range(500):
+        if await status_of(port, host) != 404:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{host} was never routed")
+
+
+async def test_a_route_object_takes_requests_once_created_and_a_file_route_keeps_working(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    file_route = {"name": "own", "hosts": ["own.example"], "upstream": {"address": upstream.address}}
+    file_route |= {"wake": "none", "readiness": "probe"}
+    serve_pods(kube, "team-a", upstream)
+    async with route_proxy(kube, kube_client, [file_route]) as proxy:
+        assert await status_of(proxy.port, "shop.example") == 404
+        kube.put(routes_collection("team-a"), route_object("team-a", "shop", ["shop.example"]))
+        await routed(proxy.port, "shop.example")
+        assert await status_of(proxy.port, "shop.example") == 200
+        assert await status_of(proxy.port, "own.example") == 200
+        assert set(proxy.routes) == {"default/own", "team-a/shop"}
+
+
+async def test_an_edit_routes_new_requests_at_once_and_leaves_unchanged_routes_as_they_were(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    serve_pods(kube, "team-a", upstream)
+    serve_pods(kube, "team-b", upstream)
+    kube.put(routes_collection("team-a"), route_object("team-a", "shop", ["shop.example"]))
+    kube.put(routes_collection("team-b"), route_object("team-b", "blog", ["blog.example"]))
+    async with route_proxy(kube, kube_client) as proxy:
+        await routed(proxy.port, "shop.example")
+        await routed(proxy.port, "blog.example")
+        blog, shop = proxy.routes["team-b/blog"], proxy.routes["team-a/shop"]
+        blog_requests = blog.stats.requests
+        edited = route_object("team-a", "shop", ["shop.example", "store.example"], generation=2)
+        kube.put(routes_collection("team-a"), edited)
+        await routed(proxy.port, "store.example")
+        assert proxy.routes["team-a/shop"] is not shop  # a new version
+        assert proxy.routes["team-b/blog"] is blog  # untouched: its pools, queue and counters go on
+        assert blog.stats.requests == blog_requests
+        assert await status_of(proxy.port, "blog.example") == 200
+        assert blog.stats.requests == blog_requests + 1
+
+
+async def test_requests_held_by_a_changed_route_finish_on_the_version_that_admitted_them(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    serve_pods(kube, "team-a", None)  # at zero: requests are held
+    kube.put(routes_collection("team-a"), route_object("team-a", "shop", ["shop.example"]))
+    async with route_proxy(kube, kube_client) as proxy:
+        await until(lambda: "team-a/shop" in proxy.routes)
+        old = proxy.routes["team-a/shop"]
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(get("/echo?held=1", host="shop.example"))
+        await until(lambda: len(old.queue) == 1)
+        limits = {"hold_timeout": "30s", "max_held_requests": 7}
+        kube.put(routes_collection("team-a"), route_object("team-a", "shop", ["shop.example"], 2, limits=limits))
+        await until(lambda: proxy.routes["team-a/shop"] is not old)
+        assert proxy.routes["team-a/shop"].limits.max_held_requests == 7
+        assert old.counts is proxy.routes["team-a/shop"].counts  # one sum for the HPA
+        assert old.counts.held == 1
+        serve_pods(kube, "team-a", upstream)  # the workload wakes: the old version's own watch sees it
+        response = await asyncio.wait_for(read_response(reader), 10)
+        writer.close()
+        assert response.status == 200
+        assert response.headers["x-seen-path"] == "/echo?held=1"
+        await until(lambda: old.counts.pending == 0)
+
+
+async def test_a_deleted_route_answers_its_held_requests_503_and_leaves_no_series(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    serve_pods(kube, "team-a", None)
+    kube.put(routes_collection("team-a"), route_object("team-a", "gone", ["gone.example"]))
+    async with route_proxy(kube, kube_client) as proxy:
+        await until(lambda: "team-a/gone" in proxy.routes)
+        held = [asyncio.create_task(request(proxy.port, get("/echo", host="gone.example"))) for _ in range(3)]
+        await until(lambda: proxy.routes["team-a/gone"].counts.held == 3)
+        assert held_gauge("team-a/gone") == 3
+        kube.delete(routes_collection("team-a"), "gone")
+        responses = await asyncio.wait_for(asyncio.gather(*held), 10)
+        assert [response.status for response in responses] == [503] * 3
+        assert all(b"route team-a/gone was deleted" in response.body for response in responses)
+        assert await status_of(proxy.port, "gone.example") == 404
+        await until(
+            lambda: REGISTRY.get_sample_value("zeroscale_proxy_held_requests", {"route": "team-a/gone"}) is None
+        )
+
+
+async def test_a_host_belongs_to_its_oldest_claim_and_the_younger_route_is_refused_naming_it(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    serve_pods(kube, "team-a", upstream)
+    serve_pods(kube, "team-b", upstream)
+    older = route_object("team-b", "first", ["shared.example"])
+    older["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    younger = route_object("team-a", "second", ["shared.example", "mine.example"])
+    younger["metadata"]["creationTimestamp"] = "2026-06-01T00:00:00Z"
+    kube.put(routes_collection("team-a"), younger)
+    kube.put(routes_collection("team-b"), older)
+    async with route_proxy(kube, kube_client) as proxy:
+        await until(lambda: "team-b/first" in proxy.routes)
+        refusal = proxy.control.refusals["team-a/second"]
+        assert refusal.reason == "HostClaimed"
+        assert "team-b/first" in refusal.message
+        assert "team-a/second" not in proxy.routes
+        # Refused whole: none of its hosts is served, and it took nothing from the winner.
+        assert await status_of(proxy.port, "mine.example") == 404
+        assert await status_of(proxy.port, "shared.example") == 200
+        kube.delete(routes_collection("team-b"), "first")  # the claim is free: the other route gets it
+        await until(lambda: "team-a/second" in proxy.routes)
+        assert "team-a/second" not in proxy.control.refusals
+
+
+async def test_a_file_route_is_older_than_any_object(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    file_route = {"name": "own", "hosts": ["own.example"], "upstream": {"address": upstream.address}}
+    file_route |= {"wake": "none", "readiness": "probe", "namespace": "platform"}
+    serve_pods(kube, "team-a", upstream)
+    claim = route_object("team-a", "grab", ["own.example"])
+    claim["metadata"]["creationTimestamp"] = "2000-01-01T00:00:00Z"
+    kube.put(routes_collection("team-a"), claim)
+    async with route_proxy(kube, kube_client, [file_route]) as proxy:
+        await until(lambda: "team-a/grab" in proxy.control.refusals)
+        assert "platform/own" in proxy.control.refusals["team-a/grab"].message
+
+
+async def test_the_platform_policy_refuses_namespaces_and_hosts_it_did_not_grant(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    serve_pods(kube, "team-a", upstream)
+    serve_pods(kube, "team-b", upstream)
+    kube.put(routes_collection("team-a"), route_object("team-a", "ok", ["team-a.apps.example"]))
+    kube.put(routes_collection("team-a"), route_object("team-a", "greedy", ["team-b.apps.example"]))
+    kube.put(routes_collection("team-b"), route_object("team-b", "outside", ["team-b.apps.example"]))
+    grants = [{"namespaces": ["*"], "hosts": ["{namespace}.apps.example"]}]
+    async with route_proxy(kube, kube_client, namespaces=["team-a"], hosts=grants) as proxy:
+        await until(lambda: "team-a/ok" in proxy.routes and "team-a/greedy" in proxy.control.refusals)
+        assert proxy.control.refusals["team-a/greedy"].reason == "HostNotAllowed"
+        # team-b's routes are not read at all: the proxy watches the namespaces it serves only.
+        assert "team-b/outside" not in proxy.routes
+        assert not any("/namespaces/team-b/" in path for _, path, _ in kube.requests)
+        assert await status_of(proxy.port, "team-a.apps.example") == 200
+
+
+async def test_an_invalid_route_fails_alone(kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream) -> None:
+    serve_pods(kube, "team-a", upstream)
+    kube.put(routes_collection("team-a"), route_object("team-a", "good", ["good.example"]))
+    kube.put(routes_collection("team-a"), route_object("team-a", "bad", ["bad.example"], wake="scale"))
+    async with route_proxy(kube, kube_client) as proxy:
+        await routed(proxy.port, "good.example")
+        refusal = proxy.control.refusals["team-a/bad"]
+        assert refusal.reason == "InvalidSpec"
+        assert "wake: scale needs a target" in refusal.message
+
+
+async def test_without_the_crd_the_file_routes_serve_and_objects_are_picked_up_once_it_is_installed(
+    kube_client: KubeClient, upstream: Upstream
+) -> None:
+    file_route = {"name": "own", "hosts": ["own.example"], "upstream": {"address": upstream.address}}
+    file_route |= {"wake": "none", "readiness": "probe"}
+    with KubeStandIn(tls=False, token="proxy-token") as bare:
+        bare.serve_collection(SLICES_V1, "EndpointSliceList", writable=True)
+        bare.serve_collection(LEASES, "LeaseList", writable=True)
+        client = KubeClient.from_config(bare.client_config())
+        try:
+            async with route_proxy(bare, client, [file_route]) as proxy:
+                assert await status_of(proxy.port, "own.example") == 200
+                await until(lambda: any("zeroscaleroutes" in path for _, path, _ in bare.requests))
+                serve_pods(bare, "team-a", upstream)
+                bare.serve_collection(ROUTES, "ZeroscaleRouteList", writable=True)  # the CRD is installed
+                bare.put(routes_collection("team-a"), route_object("team-a", "late", ["late.example"]))
+                await routed(proxy.port, "late.example")
+        finally:
+            await client.close()
+
+
+def activator_object(namespace: str, name: str, port: int, generation: int = 1) -> dict[str, Any]:
+    """A route object in mode activator: clients call Service `web`, whose slices the proxy writes; `web-pods`
+    selects the pods of Deployment `web`."""
+    body = route_object(namespace, name, ["web.example"], generation, mode="activator")
+    body["spec"] |= {
+        "upstream": {"service": "web-pods", "port": "http"},
+        "activator": {"service": "web", "port": port},
+        "target": {"kind": "Deployment", "name": "web"},
+    }
+    return body
+
+
+def seed_activator(kube: KubeStandIn, namespace: str) -> None:
+    """Deployment web at 0, the selector-less Service web, no pod, and the proxy's own pod 10.1.0.7."""
+    kube.put(
+        f"/apis/apps/v1/namespaces/{namespace}/deployments",
+        {"kind": "Deployment", "metadata": {"name": "web", "namespace": namespace}, "spec": {"replicas": 0}},
+    )
+    kube.put(
+        f"/api/v1/namespaces/{namespace}/services",
+        {"kind": "Service", "metadata": {"name": "web", "namespace": namespace, "uid": "uid-web"}, "spec": {}},
+    )
+    kube.put(slices_collection(namespace), endpoint_slice("web-pods-1", "web-pods", [], 80))
+    proxy_pod = endpoint_slice("zeroscale-proxy-1", "zeroscale-proxy", [("10.1.0.7", {"ready": True})], 8080)
+    kube.put(slices_collection("zeroscale"), proxy_pod)
+
+
+def written_slices(kube: KubeStandIn, namespace: str) -> list[dict[str, Any]]:
+    return [
+        obj
+        for obj in kube.objects(slices_collection(namespace))
+        if obj["metadata"]["labels"].get("endpointslice.kubernetes.io/managed-by") == MANAGED_BY
+    ]
+
+
+async def test_a_route_object_in_mode_activator_gets_its_port_writes_its_slices_and_gives_both_up_when_deleted(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    port = port_outside_ephemeral()
+    seed_activator(kube, "team-a")
+    kube.put(routes_collection("team-a"), activator_object("team-a", "web", port))
+    ports = {"first": port, "last": port}
+    async with route_proxy(kube, kube_client, activator_ports=ports) as proxy:
+        await until(lambda: "team-a/web" in proxy.activators)
+        # Cold: the Service's slice lists the proxy's pod on the route's own port (the Lease holder wrote it).
+        await until(lambda: bool(written_slices(kube, "team-a")))
+        (written,) = written_slices(kube, "team-a")
+        assert [endpoint["addresses"] for endpoint in written["endpoints"]] == [["10.1.0.7"]]
+        assert written["ports"][0]["port"] == port
+        assert written["metadata"]["labels"]["zeroscale.io/route"] == "web"  # a label value: the name alone
+        # The Lease says this replica writes the route's Service (what other replicas compare with theirs).
+        await until(lambda: "team-a/web@" in str(kube.objects(LEASE_COLLECTION)))
+        # Whatever the Host, a request on the route's port is the route's: held while the workload is at zero.
+        held = asyncio.create_task(request(port, get("/echo", host="anything.example")))
+        await until(lambda: proxy.routes["team-a/web"].counts.held == 1)
+        kube.delete(routes_collection("team-a"), "web")
+        response = await asyncio.wait_for(held, 10)
+        assert response.status == 503
+        assert b"route team-a/web was deleted" in response.body
+        await until(lambda: "team-a/web" not in proxy.activators)
+
+        async def refused() -> bool:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except ConnectionRefusedError:
+                return True
+            writer.close()
+            return False
+
+        for _ in range(200):
+            if await refused():
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError(f"port {port} still listens after its route was deleted")
+
+
+async def test_activator_ports_are_the_platforms_and_each_is_claimed_once(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    port = port_outside_ephemeral()
+    seed_activator(kube, "team-a")
+    seed_activator(kube, "team-b")
+    first = activator_object("team-a", "web", port)
+    first["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    second = activator_object("team-b", "web", port)
+    second["spec"]["hosts"] = ["other.example"]
+    outside = activator_object("team-b", "far", port + 1)
+    outside["spec"]["hosts"] = ["far.example"]
+    outside["spec"]["activator"]["service"] = "far"
+    for body in (first, second, outside):
+        kube.put(routes_collection(body["metadata"]["namespace"]), body)
+    async with route_proxy(kube, kube_client) as proxy:
+        await until(lambda: "team-a/web" in proxy.control.refusals)
+        assert proxy.control.refusals["team-a/web"].reason == "ActivatorNotAllowed"
+    async with route_proxy(kube, kube_client, activator_ports={"first": port, "last": port}) as proxy:
+        await until(lambda: "team-a/web" in proxy.activators and len(proxy.control.refusals) == 2)
+        assert proxy.control.refusals["team-b/web"].reason == "PortClaimed"
+        assert "team-a/web" in proxy.control.refusals["team-b/web"].message
+        assert proxy.control.refusals["team-b/far"].reason == "PortNotAllowed"
+
+
+async def test_a_proxy_is_not_ready_before_it_has_read_the_route_objects(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    """A new pod of a rollout must not take requests it would answer 404 for want of routes it has not read yet."""
+    serve_pods(kube, "team-a", upstream)
+    kube.put(routes_collection("team-a"), route_object("team-a", "shop", ["shop.example"]))
+    slow = SlowLists(kube, ROUTES)
+    async with route_proxy(kube, kube_client) as proxy:
+        await until(lambda: slow.waiting > 0)
+        assert (await request(proxy.admin_port, get("/readyz"))).status == 503
+        slow.answer()
+        await until(lambda: "team-a/shop" in proxy.routes)
+        assert (await request(proxy.admin_port, get("/readyz"))).status == 200
+
+
+async def test_a_team_cannot_make_the_shared_proxy_hold_more_or_spin_faster_than_the_platform_allows(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    serve_pods(kube, "team-a", upstream)
+    greedy = route_object("team-a", "greedy", ["greedy.example"], limits={"max_held_bytes": 2**40})
+    spinning = route_object("team-a", "spinning", ["spin.example"], probe_interval="1ms")
+    modest = route_object("team-a", "modest", ["modest.example"], limits={"max_held_requests": 2000})
+    for body in (greedy, spinning, modest):
+        kube.put(routes_collection("team-a"), body)
+    async with route_proxy(kube, kube_client, max_limits={"max_held_requests": 5000}) as proxy:
+        await until(lambda: "team-a/modest" in proxy.routes and len(proxy.control.refusals) == 2)
+        refusal = proxy.control.refusals["team-a/greedy"]
+        assert refusal.reason == "LimitNotAllowed"
+        assert "limits.max_held_bytes" in refusal.message
+        assert "proxy.route_objects.max_limits" in refusal.message
+        assert proxy.control.refusals["team-a/spinning"].reason == "InvalidSpec"
+        assert "spec.probe_interval" in proxy.control.refusals["team-a/spinning"].message
