@@ -138,6 +138,10 @@ OPEN_TUNNELS = Gauge(
 UPSTREAM_CONNECTS = Counter(
     "zeroscale_proxy_upstream_connections_total", "Upstream connections opened, by result", ["route", "result"]
 )
+ROUTE_TABLE_FAILURES = Counter(
+    "zeroscale_proxy_route_table_failures_total",
+    "Route tables that could not be built after a change of the route objects (the table in force stayed; see the log)",
+)
 
 
 class FastHistogram:
