@@ -17,8 +17,9 @@ from pydantic import Field, field_validator, model_validator
 from adapter.config.base import Duration, Strict, split_address
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-_LABEL_VALUE_MAX = 63  # a Kubernetes label value
-_HOST_PATTERN = re.compile(r"^(\*|\*\.[a-z0-9.-]+|[a-z0-9.-]+)$")
+LABEL_VALUE_MAX = 63  # a Kubernetes label value
+# A host as a route claims it, after lowering (the CRD checks the same with CEL, scripts/crd/generate.py).
+HOST_PATTERN = re.compile(r"^(\*|\*\.[a-z0-9.-]+|[a-z0-9.-]+)$")
 
 
 class RouteLimits(Strict):
@@ -33,6 +34,8 @@ class RouteLimits(Strict):
     hold_timeout: Duration = 120.0
     """How long a request waits for a ready endpoint (504 beyond)."""
     connect_timeout: Duration = 5.0
+    """How long dialling an endpoint may take; one that does not connect in time is marked unhealthy, probed again,
+    and the request goes to another endpoint or waits in the queue."""
     body_timeout: Duration = Field(default=60.0, gt=0)
     """From the request's head to its body's last byte: the whole body must arrive within this (408 beyond). Raise
     it on a route that takes large uploads from slow clients."""
@@ -44,6 +47,8 @@ class RouteLimits(Strict):
     max_idle_connections: int = Field(default=128, ge=0)
     """Idle keep-alive connections kept per endpoint."""
     retry_after: int = Field(default=5, ge=0)
+    """Seconds the Retry-After header of this route's 503 answers asks clients to wait (a full queue, too many held
+    bytes, a refused wake)."""
     max_response_head_bytes: int = Field(default=64 * 1024, ge=1024)
     """An upstream's response head (interim answers included): larger is a 502 (httptools buffers it until it ends)."""
     max_tunnels: int = Field(default=1000, ge=1)
@@ -56,7 +61,9 @@ class ServiceRef(Strict):
     """A Kubernetes Service by name: its pods' addresses are read from its EndpointSlices."""
 
     service: str = Field(pattern=DNS_LABEL)
+    """The Service's name."""
     namespace: str = Field(pattern=DNS_LABEL)
+    """The Service's namespace."""
 
 
 class ServiceUpstream(ServiceRef):
@@ -91,8 +98,11 @@ class ScaleTarget(Strict):
     """The workload whose scale subresource is patched to wake it (docs/protocols.md#scale-subresource)."""
 
     namespace: str = Field(pattern=DNS_LABEL)
+    """The workload's namespace."""
     kind: Literal["Deployment", "StatefulSet", "ReplicaSet"] = "Deployment"
+    """The workload's kind."""
     name: str = Field(pattern=DNS_LABEL)
+    """The workload's name."""
 
 
 class LocalScaleTarget(Strict):
@@ -120,7 +130,7 @@ class ActivatorRoute(Strict):
     """A `mode: activator` route's Service: clients call it; Zeroscale writes its EndpointSlices (the pods while
     the workload has a ready one, the proxy's pods while it has none). docs/architecture.md#activator."""
 
-    service: str = Field(pattern=DNS_LABEL)
+    service: str = Field(pattern=DNS_LABEL, max_length=63)
     """The selector-less Service clients call, in the upstream's namespace. Its slices are Zeroscale's to write; the
     route's `upstream` is the second Service, the one that selects the workload's pods."""
     port: int = Field(ge=1, le=65535)
@@ -165,7 +175,7 @@ class RouteFields(Strict):
     def _hosts(cls, hosts: list[str]) -> list[str]:
         lowered = [host.lower() for host in hosts]
         for host in lowered:
-            if _HOST_PATTERN.match(host) is None:
+            if HOST_PATTERN.match(host) is None:
                 raise ValueError(f"{host!r} is not a host name, `*.suffix` or `*`")
         return lowered
 
@@ -215,11 +225,11 @@ class RouteConfig(RouteFields):
                 )
             if self.activator is not None and self.activator.service == self.upstream.service:
                 raise ValueError("activator.service is the Service clients call, not the upstream that selects pods")
-            if len(self.name) > _LABEL_VALUE_MAX:
+            if len(self.name) > LABEL_VALUE_MAX:
                 # Refused here, not shortened: a label nobody can read back as the route's name helps no one.
                 raise ValueError(
                     f"route {self.name} is in mode: activator, so its name is the value of the zeroscale.io/route "
-                    f"label on every EndpointSlice it writes, and a label value has at most {_LABEL_VALUE_MAX} "
+                    f"label on every EndpointSlice it writes, and a label value has at most {LABEL_VALUE_MAX} "
                     f"characters (this name has {len(self.name)}): shorten the route's name"
                 )
         return self

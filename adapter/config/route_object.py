@@ -79,6 +79,7 @@ class Condition(Strict):
     type: str
     """Accepted (the route is valid, allowed and wins its hosts) or Ready (its Service, target and readiness known)."""
     status: Literal["True", "False", "Unknown"]
+    """True, False or Unknown (not yet known, e.g. before the first readiness answer)."""
     reason: str
     """One CamelCase word."""
     message: str

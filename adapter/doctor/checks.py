@@ -19,6 +19,7 @@ from adapter.doctor import certificates, scale_to_zero
 from adapter.doctor.activator import check_activator_lease
 from adapter.doctor.findings import Finding
 from adapter.doctor.grpc import check_grpc_authentication
+from adapter.doctor.routes import check_routes
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import list_slices
 from adapter.kube.errors import KubeAPIError, KubeError
@@ -88,6 +89,7 @@ class Doctor:
             self._check_adapter_access,
             self._check_grpc,
             self._check_activator_lease,
+            self._check_routes,
         ):
             findings.extend(await check())
         return findings
@@ -389,6 +391,10 @@ class Doctor:
 
     async def _check_activator_lease(self) -> list[Finding]:
         return await check_activator_lease(self._get, self._where.namespace, self._where.proxy_deployment)
+
+    async def _check_routes(self) -> list[Finding]:
+        now = self._now or datetime.datetime.now(datetime.UTC)
+        return await check_routes(self._get, self._where.namespace, self._where.proxy_deployment, now)
 
     async def _check_adapter_access(self) -> list[Finding]:
         where = self._where

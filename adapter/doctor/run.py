@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--proxy-deployment",
         default=default.proxy_deployment,
-        help="the proxy's Deployment, whose mounted config names the activator Lease (default: %(default)s)",
+        help="the proxy's Deployment, whose mounted config names the activator Lease and says whether route objects "
+        "are served (default: %(default)s)",
     )
     parser.add_argument(
         "--serving-secret",

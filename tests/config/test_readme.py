@@ -33,3 +33,21 @@ def test_readme_delegate_example_loads() -> None:
     # Every other value the block shows is the default.
     shown = delegate.model_dump(exclude={"service", "ca_file"})
     assert shown == DelegateConfig(service=delegate.service).model_dump(exclude={"service", "ca_file"})
+
+
+def test_readme_route_objects_example_loads() -> None:
+    """ "One route per app, in its namespace": its first block is deploy/examples/route-object.yaml (checked by
+    tests/deploy/test_readme_files.py), its second the platform's proxy settings, which load and mean what it says."""
+    section = README.read_text(encoding="utf-8").split("## One route per app, in its namespace", 1)[1]
+    blocks = re.findall(r"```yaml\n(.*?)```", section.split("\n## ", 1)[0], re.DOTALL)
+    assert len(blocks) == 2, "the section shows the example file and the platform's settings"
+    objects = ZeroscaleConfig(**yaml.safe_load(blocks[1])).proxy.route_objects
+    assert objects.enabled
+    assert objects.allowed_namespace("shop")
+    assert not objects.allowed_namespace("bank")
+    (grant,) = objects.hosts
+    assert grant.allows("shop", "api.shop.apps.example.com")
+    assert not grant.allows("shop", "cart.apps.example.com")
+    assert objects.max_limits.hold_timeout == 300
+    assert objects.activator_ports is not None
+    assert 9150 in objects.activator_ports

@@ -1,7 +1,8 @@
 """The manifests: every overlay renders, every object validates against Kubernetes 1.37, and the pieces agree.
 
 Schemas: kubernetes-validate's `1.37.0` (strict: unknown fields are errors). Custom resources (cert-manager,
-Prometheus Operator, KEDA) have no schema there; they are checked for the fields the installation relies on.
+Prometheus Operator, KEDA) have no schema there; they are checked for the fields the installation relies on. Our own
+ZeroscaleRoutes are checked against the CRD's schema (tests/fixtures/route_crd.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from adapter.config import ZeroscaleConfig
 from adapter.config.http import HTTPSource
 from adapter.config.loader import load_config
 from adapter.config.route import ScaleTarget, ServiceUpstream
+from adapter.config.route_object import API_VERSION, KIND
 from tests.fixtures.manifests import DEPLOY, EXAMPLE_CONFIGS, EXAMPLES, OVERLAYS, Objects, find, kustomize
+from tests.fixtures.route_crd import schema_errors
 
 K8S_VERSION = "1.37.0"
 # Custom resources and why each has no 1.37 schema to validate against.
@@ -35,6 +38,9 @@ ADAPTER, PROXY, NAMESPACE = "zeroscale-adapter", "zeroscale-proxy", "zeroscale"
 
 def validate(obj: dict[str, Any]) -> None:
     key = (obj["apiVersion"], obj["kind"])
+    if key == (API_VERSION, KIND):  # our own CRD's schema (deploy/crds/)
+        assert schema_errors(obj) == [], obj["metadata"]
+        return
     if key in CRD_KINDS:
         assert obj["metadata"]["name"], f"{key}: a {CRD_KINDS[key]} needs a name"
         assert obj.get("spec"), f"{key}: a {CRD_KINDS[key]} needs a spec"
@@ -115,7 +121,7 @@ def test_every_example_hpa_metric_is_served_by_its_config() -> None:
         metric["name"] for fragment in EXAMPLE_CONFIGS for metric in yaml.safe_load(fragment.read_text())["metrics"]
     }
     hpas = [obj for path in EXAMPLES for obj in example_objects(path) if obj["kind"] == "HorizontalPodAutoscaler"]
-    assert len(hpas) == 5
+    assert len(hpas) == 6
     for hpa in hpas:
         for metric in hpa["spec"]["metrics"]:
             assert metric["external"]["metric"]["name"] in served

@@ -34,7 +34,7 @@ from adapter.config.proxy import ActivatorConfig
 from adapter.kube.client import KubeClient
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
-from tests.fixtures.manifests import DEPLOY, ROOT, Objects, helm_render
+from tests.fixtures.manifests import DEPLOY, ROOT, Objects, helm_render, helm_template
 from tests.fixtures.proxy import running_proxy, until
 
 ADAPTER_DIR = ROOT / "adapter"
@@ -58,6 +58,7 @@ CALLS: dict[tuple[str, str], set[Call]] = {
     ("adapter/kube/watching.py", "GET"): {
         ("list", "", "services"),
         ("list", "discovery.k8s.io", "endpointslices"),
+        ("list", "zeroscale.io", "zeroscaleroutes"),
         ("list", "apps", "deployments"),
         ("list", "apps", "statefulsets"),
         ("list", "apps", "replicasets"),
@@ -65,6 +66,7 @@ CALLS: dict[tuple[str, str], set[Call]] = {
     ("adapter/kube/watching.py", "watch"): {
         ("watch", "", "services"),
         ("watch", "discovery.k8s.io", "endpointslices"),
+        ("watch", "zeroscale.io", "zeroscaleroutes"),
         ("watch", "apps", "deployments"),
         ("watch", "apps", "statefulsets"),
         ("watch", "apps", "replicasets"),
@@ -93,17 +95,29 @@ PATHS_FROM = {
         "adapter/kube/endpointslices.py",
         "adapter/kube/scale.py",
         "adapter/proxy/activator.py",
+        "adapter/config/route_object.py",  # ZeroscaleRoutes' group and plural, listed by adapter/proxy/route_objects.py
     ),
     "adapter/proxy/activator.py": ("adapter/kube/endpointslices.py",),
 }
 # A generic module calls on behalf of the modules that give it paths: a process makes its calls only when it
 # imports one of those (the adapter imports watching.py for a helper and lists nothing through it).
-CALLERS = {"adapter/kube/watching.py": {"adapter.proxy.readiness", "adapter.proxy.activator"}}
+CALLERS = {
+    "adapter/kube/watching.py": {"adapter.proxy.readiness", "adapter.proxy.activator", "adapter.proxy.route_objects"}
+}
 # Made only when `delegate:` is configured: granted by deploy/overlays/beside-keda alone.
 DELEGATE_SITES = {("adapter/api/delegate.py", "GET")}
 # Made only for routes in mode activator: its own module's and the Lease's, and the list-then-watch of the target
 # workload and of the Service clients call (through watching.py, which the in-path readiness uses too, for slices).
 ACTIVATOR_SITES = {site for site in CALLS if site[0] in ("adapter/proxy/activator.py", "adapter/kube/leases.py")}
+# ZeroscaleRoute objects, served by default (the chart's routeObjects, deploy/base's proxy.route_objects): the proxy
+# lists and watches routes (adapter/proxy/route_objects.py, through watching.py: in CALLS) and writes their status.
+# The status writer is being written: when it lands, its call site joins CALLS and STATUS_CALLS must be what it
+# needs.
+STATUS_CALLS: set[Call] = {(verb, "zeroscale.io", "zeroscaleroutes/status") for verb in ("patch", "update")}
+READ_ROUTES: set[Call] = {(verb, "zeroscale.io", "zeroscaleroutes") for verb in ("list", "watch")}
+ROUTE_OBJECT_CALLS = READ_ROUTES | STATUS_CALLS
+# Route objects elect their status writer on mode activator's Lease, so the default installation grants its calls.
+LEASE_CALLS = {call for (module, _), calls in CALLS.items() if module == "adapter/kube/leases.py" for call in calls}
 WORKLOADS = ("deployments", "statefulsets", "replicasets")
 WATCHED = [("apps", plural) for plural in WORKLOADS] + [("", "services")]
 ACTIVATOR_WATCHED_CALLS = {(verb, group, plural) for verb in ("list", "watch") for group, plural in WATCHED}
@@ -334,12 +348,21 @@ def activator_installation(request: pytest.FixtureRequest, tmp_path: Path) -> Ob
     return chart_with_routes(request.getfixturevalue("helm"), tmp_path, proxy)
 
 
+def default_route_object_grants() -> set[Grant]:
+    """Route objects: read cluster-wide, their status written; the Lease electing the writer, in `zeroscale`."""
+    grants_: set[Grant] = {(call, None, ()) for call in ROUTE_OBJECT_CALLS}
+    return grants_ | {(call, "zeroscale", lease_names(call)) for call in LEASE_CALLS}
+
+
 def test_the_proxy_is_granted_exactly_its_calls(installation: Objects) -> None:
-    """Without an activator route: wake and follow slices, cluster-wide; nothing of mode activator."""
+    """Without an activator route: wake and follow slices, cluster-wide; read route objects and write their status,
+    electing the writer on the Lease; nothing of mode activator's slices."""
     needed = needed_by("zeroscale-proxy")
     assert ("patch", "apps", "deployments/scale") in needed
     assert ("create", "discovery.k8s.io", "endpointslices") not in needed
-    assert grants(installation, "zeroscale-proxy") == {(call, None, ()) for call in needed}
+    assert needed >= READ_ROUTES
+    expected = {(call, None, ()) for call in needed} | default_route_object_grants()
+    assert grants(installation, "zeroscale-proxy") == expected
 
 
 def test_the_default_installation_grants_no_endpointslice_write(
@@ -359,7 +382,7 @@ def test_an_activator_route_is_granted_its_calls_in_its_namespaces_only(activato
     the rest cluster-wide as without it. Nothing of mode activator cluster-wide."""
     in_path = needed_by("zeroscale-proxy")
     activator = needed_by("zeroscale-proxy", activator=True) - in_path
-    expected: set[Grant] = {(call, None, ()) for call in in_path}
+    expected: set[Grant] = {(call, None, ()) for call in in_path | ROUTE_OBJECT_CALLS}
     expected |= {(call, "shop", ()) for call in activator if call[2] == "endpointslices"}
     expected |= {(call, "shop", ("web",)) for call in activator if call[2] in ("services", "deployments")}
     # create cannot be limited by name; get and update only this installation's Lease
@@ -497,7 +520,96 @@ def test_nothing_else_is_bound(rendered: dict[str, Objects], chart_default: Obje
         "zeroscale-proxy",
         "zeroscale-proxy-activator",
         "zeroscale-proxy-leases",
+        "zeroscale-proxy-routes",
     }
+
+
+TENANT_WRITES = ("create", "update", "patch", "delete", "get", "list", "watch")
+
+
+def zeroscale_io_rules(obj: dict[str, Any]) -> set[Call]:
+    return {
+        (verb, group, resource)
+        for rule in obj.get("rules") or []
+        for group in rule["apiGroups"]
+        if group in ("zeroscale.io", "*")
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_tenants_with_edit_or_admin_write_routes_and_view_reads_them(installation: Objects) -> None:
+    """Aggregated into the built-in roles: edit and admin write ZeroscaleRoutes in the namespaces they are bound in,
+    view reads them. No tenant's role touches their status: only the proxy's ClusterRole may write it."""
+    aggregated: dict[str, set[Call]] = {}
+    for obj in installation:
+        labels = obj["metadata"].get("labels") or {}
+        for role in ("edit", "admin", "view"):
+            if labels.get(f"rbac.authorization.k8s.io/aggregate-to-{role}") == "true":
+                aggregated.setdefault(role, set()).update(zeroscale_io_rules(obj))
+    assert aggregated["edit"] == aggregated["admin"] == {(v, "zeroscale.io", "zeroscaleroutes") for v in TENANT_WRITES}
+    assert aggregated["view"] == {(verb, "zeroscale.io", "zeroscaleroutes") for verb in ("get", "list", "watch")}
+    status = [
+        (obj["kind"], obj["metadata"]["name"])
+        for obj in installation
+        if any(resource.startswith("zeroscaleroutes/") or "*" in resource for _, _, resource in zeroscale_io_rules(obj))
+    ]
+    assert status == [("ClusterRole", "zeroscale-proxy-routes")]
+
+
+def test_the_chart_lets_the_proxy_read_routes_in_the_served_namespaces_only(helm: Path, tmp_path: Path) -> None:
+    """config.proxy.route_objects.namespaces: the routes' ClusterRole is bound in those namespaces, not cluster-wide."""
+    objects = chart_with_routes(helm, tmp_path, {"route_objects": {"namespaces": ["shop", "cart"]}})
+    routes = {(call, where) for call, where, _ in grants(objects, "zeroscale-proxy") if call[1] == "zeroscale.io"}
+    assert routes == {(call, namespace) for call in ROUTE_OBJECT_CALLS for namespace in ("shop", "cart")}
+
+
+def test_the_chart_grants_route_objects_in_mode_activator_in_the_served_namespaces_only(
+    helm: Path, tmp_path: Path
+) -> None:
+    """With config.proxy.route_objects.activator_ports a team's route may be in mode activator, naming a Service and a
+    workload of its choice: mode activator's calls are granted on any name, in each namespace served and nowhere
+    else (never cluster-wide), and the proxy's NetworkPolicy admits the ports."""
+    ports = {"first": 9100, "last": 9199}
+    objects = chart_with_routes(
+        helm, tmp_path, {"route_objects": {"namespaces": ["shop", "cart"], "activator_ports": ports}}
+    )
+    activator = needed_by("zeroscale-proxy", activator=True) - needed_by("zeroscale-proxy")
+    served = {
+        (call, where, names) for call, where, names in grants(objects, "zeroscale-proxy") if where in ("shop", "cart")
+    }
+    assert served == {
+        (call, namespace, ())
+        for namespace in ("shop", "cart")
+        for call in (activator | ROUTE_OBJECT_CALLS)
+        if call[2] != "leases"
+    }
+    assert sorted(endpointslice_writes(objects)) == [
+        ("Role", "cart", "zeroscale-proxy-activator"),
+        ("Role", "shop", "zeroscale-proxy-activator"),
+    ]
+    (policy,) = [
+        obj for obj in objects if obj["kind"] == "NetworkPolicy" and obj["metadata"]["name"] == "zeroscale-proxy"
+    ]
+    assert {"port": 9100, "endPort": 9199, "protocol": "TCP"} in policy["spec"]["ingress"][0]["ports"]
+
+
+def test_the_chart_refuses_route_objects_in_mode_activator_in_every_namespace(helm: Path) -> None:
+    """activator_ports without route_objects.namespaces would need EndpointSlice writes cluster-wide: refused, saying
+    what to list."""
+    ports = "config.proxy.route_objects.activator_ports.first=9100,config.proxy.route_objects.activator_ports.last=9199"
+    done = helm_template(helm, "--set", ports)
+    assert done.returncode != 0
+    assert "grants it only in the namespaces listed in config.proxy.route_objects.namespaces" in done.stderr
+
+
+def test_the_chart_without_route_objects_grants_nothing_of_them(helm: Path) -> None:
+    """routeObjects.enabled=false: the file's routes only; neither the proxy nor a tenant gets anything of routes,
+    and no Lease is granted without an activator route."""
+    objects = helm_render(helm, "--set", "routeObjects.enabled=false")
+    expected = {(call, None, ()) for call in needed_by("zeroscale-proxy") - READ_ROUTES}
+    assert grants(objects, "zeroscale-proxy") == expected
+    assert [obj["metadata"]["name"] for obj in objects if zeroscale_io_rules(obj)] == []
 
 
 Request = tuple[str, str, str, str | None, str]  # verb, group, resource, namespace (None: cluster), name ("": none)
@@ -637,7 +749,9 @@ async def test_an_activator_route_works_with_exactly_the_grants_rendered_for_it(
     assert ("create", "discovery.k8s.io", "endpointslices", "shop", "") in made
     assert ("watch", "apps", "deployments", "shop", "web") in made
     default = grants(chart_default, "zeroscale-proxy")
-    assert [request for request in made if request[0] in WRITES and allowed(default, request)] == []
+    # The Lease is the default installation's too (route objects elect their status writer on it); nothing else.
+    writes = [request for request in made if request[0] in WRITES and allowed(default, request)]
+    assert {request[2] for request in writes} <= {"leases"}
 
 
 @pytest.mark.parametrize(

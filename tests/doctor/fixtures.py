@@ -14,6 +14,10 @@ from typing import Any
 
 import yaml
 
+from adapter.config.kube import KubeAPIConfig
+from adapter.doctor.checks import Installation
+from adapter.doctor.findings import Finding
+from adapter.doctor.run import diagnose
 from tests.fixtures.kube_standin import KubeStandIn, Reply, status_body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,3 +89,8 @@ def write_kubeconfig(kube: KubeStandIn, path: Path) -> None:
 
 def unavailable(reason: str, message: str) -> Reply:
     return Reply(503, status_body(503, "ServiceUnavailable", f"{reason}: {message}"))
+
+
+async def run_doctor(cluster: Cluster) -> list[Finding]:
+    """`zeroscale doctor`'s checks against the stand-in, with the default installation's names."""
+    return await diagnose(KubeAPIConfig(kubeconfig=cluster.kubeconfig), Installation())

@@ -24,7 +24,6 @@ from adapter.config.kube import KubeAPIConfig
 from adapter.config.proxy import ProxyConfig
 from adapter.doctor.checks import HPA_USER, Doctor, Installation
 from adapter.doctor.findings import Finding
-from adapter.doctor.run import diagnose
 from adapter.kube.client import KubeClient
 from adapter.kube.leases import micro_time
 from tests.doctor.fixtures import (
@@ -40,12 +39,9 @@ from tests.doctor.fixtures import (
     Cluster,
     _one,
     rendered_base,
+    run_doctor,
     unavailable,
 )
-
-
-async def run_doctor(cluster: Cluster) -> list[Finding]:
-    return await diagnose(KubeAPIConfig(kubeconfig=cluster.kubeconfig), Installation())
 
 
 def failures(findings: list[Finding]) -> dict[str, str]:

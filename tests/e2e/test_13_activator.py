@@ -4,12 +4,12 @@ Service's ClusterIP through kube-proxy, over warm -> zero -> warm cycles, loses 
 Clients in the data plane's namespace call the selector-less Service `web` without ever changing anything; two
 `zeroscale proxy` processes (each on an address of its own, as two proxy pods) write its EndpointSlices, one at a
 time by the Lease, with the grants of deploy/overlays/activator (deploy/base grants no EndpointSlice write) moved
-into this test's namespace, as a user adapts them to theirs. Warm, kube-proxy sends every new connection straight
-to the pod and the proxies see none; when the test scales the Deployment to 0 the leader lists the proxies before
-the pod goes (the pod's preStop keeps it listening meanwhile); the proxies hold what arrives, wake the Deployment
-(spec.replicas 0 -> 1), the kubelet stand-in starts a pod, the held requests go to it, and the leader lists the pod
-again. Last, the leader is killed and the other takes over within the Lease's timings, and one more cycle loses
-nothing.
+into this test's namespace, as a user adapts them to theirs, and deploy/base's Lease Role naming this test's Lease.
+Warm, kube-proxy sends every new connection straight to the pod and the proxies see none; when the test scales the
+Deployment to 0 the leader lists the proxies before the pod goes (the pod's preStop keeps it listening meanwhile);
+the proxies hold what arrives, wake the Deployment (spec.replicas 0 -> 1), the kubelet stand-in starts a pod, the
+held requests go to it, and the leader lists the pod again. Last, the leader is killed and the other takes over
+within the Lease's timings, and one more cycle loses nothing.
 
 The pods say who answered and whether the proxy carried the request (tests/e2e/pods.py); every request is
 counted by its id, as the client saw it and as the pods saw it.
@@ -63,17 +63,19 @@ def _service(name: str, namespace: str, selector: dict[str, str] | None) -> dict
 
 def _activator_rbac() -> list[dict[str, Any]]:
     """deploy/overlays/activator as shipped, adapted as a user would: its grants in the example's namespace moved to
-    this test's, and the Lease it names (the example's default) renamed to this test's."""
+    this test's; and deploy/base's Lease Role (every installation's: route objects elect their status writer on it)
+    with the Lease it names (the default) renamed to this test's."""
     objects = kustomize(ACTIVATOR_OVERLAY)
-    namespaces = {obj["metadata"]["namespace"] for obj in objects}
-    assert namespaces == {EXAMPLE_NAMESPACE, PROXY_NAMESPACE}, namespaces
+    assert {obj["metadata"]["namespace"] for obj in objects} == {EXAMPLE_NAMESPACE}
     for obj in objects:
-        if obj["metadata"]["namespace"] == EXAMPLE_NAMESPACE:
-            obj["metadata"]["namespace"] = NAMESPACE
+        obj["metadata"]["namespace"] = NAMESPACE
+    leases = [obj for obj in install.shipped("proxy-rbac.yaml") if obj["metadata"]["name"] == "zeroscale-proxy-leases"]
+    assert {obj["metadata"]["namespace"] for obj in leases} == {PROXY_NAMESPACE}
+    for obj in leases:
         for rule in obj.get("rules", []):
             if rule["resources"] == ["leases"] and "resourceNames" in rule:
                 rule["resourceNames"] = [LEASE]
-    return objects
+    return objects + leases
 
 
 @dataclass

@@ -146,10 +146,22 @@ another CA, or expires within certificates.generate.renewDays. Returns JSON: {ca
 {{/*
 Mode activator, per namespace of an activator route's Service (config.proxy.routes): the Services clients call and
 the target workloads there by plural, each sorted. JSON: {namespace: {services: [...], workloads: {plural: [...]}}};
-{} when no route is in mode activator. The proxy's Roles (rbac.yaml) and NOTES.txt read it.
+{} when no route is in mode activator. With route objects and config.proxy.route_objects.activator_ports, every
+namespace of config.proxy.route_objects.namespaces too, with "any": true (a team names its Services and workloads
+as it likes, so the Role cannot name them). The proxy's Roles (rbac.yaml) and NOTES.txt read it.
 */}}
 {{- define "zeroscale.activatorGrants" -}}
+{{- include "zeroscale.fillConfig" . -}}
 {{- $activator := dict -}}
+{{- $objects := dig "proxy" "route_objects" dict .Values.config -}}
+{{- if and (include "zeroscale.routeObjects" .) $objects.activator_ports -}}
+{{- if not $objects.namespaces -}}
+{{- fail "config.proxy.route_objects.activator_ports: route objects in mode activator write their Services' EndpointSlices, which redirects Services, so the chart grants it only in the namespaces listed in config.proxy.route_objects.namespaces (none listed: list them, or remove activator_ports)" -}}
+{{- end -}}
+{{- range $namespace := $objects.namespaces -}}
+{{- $_ := set $activator $namespace (dict "services" (list) "workloads" (dict) "any" true) -}}
+{{- end -}}
+{{- end -}}
 {{- range (dig "proxy" "routes" (list) .Values.config) -}}
 {{- if .activator -}}
 {{- $namespace := required "a route in mode activator needs a Service upstream (service, namespace)" .upstream.namespace -}}
@@ -170,9 +182,44 @@ prefixed with `<proxy_service.namespace>.` when that is not lease_namespace. The
 alone.
 */}}
 {{- define "zeroscale.activatorLease" -}}
+{{- include "zeroscale.fillConfig" . -}}
 {{- $settings := dig "proxy" "activator" dict .Values.config -}}
 {{- $service := $settings.proxy_service | default dict -}}
 {{- $namespace := $settings.lease_namespace | default .Release.Namespace -}}
 {{- $prefix := ternary "" (printf "%s." $service.namespace) (eq ($service.namespace | default "") $namespace) -}}
 {{- $settings.lease_name | default (printf "%s%s-activator" $prefix (required "config.proxy.activator.proxy_service.service: a route in mode activator needs the proxy's Service" $service.service)) -}}
+{{- end -}}
+
+{{/*
+What the release fills into values `config` (in place, once per render; include it before reading .Values.config):
+with routeObjects.enabled and the proxy enabled in cluster mode, config.proxy.route_objects.enabled (unless the config
+sets it) and, when route objects are on, config.proxy.activator's proxy_service (this release's proxy Service) and
+lease_namespace (the release namespace) when unset: route_objects needs them for the Lease that elects the replica
+writing the routes' status (adapter/config/proxy.py ProxyConfig). Renders nothing.
+*/}}
+{{- define "zeroscale.fillConfig" -}}
+{{- if not (hasKey .Values "_configFilled") -}}
+{{- $_ := set .Values "_configFilled" true -}}
+{{- $proxy := .Values.config.proxy | default dict -}}
+{{- if and .Values.proxy.enabled .Values.routeObjects.enabled (not $proxy.sidecar) -}}
+{{- $objects := $proxy.route_objects | default dict -}}
+{{- if not (hasKey $objects "enabled") }}{{ $_ := set $objects "enabled" true }}{{ end -}}
+{{- if $objects.enabled -}}
+{{- $activator := $proxy.activator | default dict -}}
+{{- if not $activator.proxy_service -}}
+{{- $_ := set $activator "proxy_service" (dict "service" (printf "%s-proxy" (include "zeroscale.fullname" .)) "namespace" .Release.Namespace) -}}
+{{- end -}}
+{{- if not $activator.lease_namespace }}{{ $_ := set $activator "lease_namespace" .Release.Namespace }}{{ end -}}
+{{- $_ := set $proxy "activator" $activator -}}
+{{- end -}}
+{{- $_ := set $proxy "route_objects" $objects -}}
+{{- $_ := set .Values.config "proxy" $proxy -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the proxy serves ZeroscaleRoute objects ("true" or ""), after zeroscale.fillConfig. */}}
+{{- define "zeroscale.routeObjects" -}}
+{{- include "zeroscale.fillConfig" . -}}
+{{- if and .Values.proxy.enabled (dig "proxy" "route_objects" "enabled" false .Values.config) }}true{{ end -}}
 {{- end -}}
