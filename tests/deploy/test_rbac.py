@@ -86,6 +86,13 @@ CALLS: dict[tuple[str, str], set[Call]] = {
         ("patch", "apps", "deployments/scale"),
         ("patch", "apps", "statefulsets/scale"),
     },
+    # The route objects' status: written (the Lease holder), and whether each route's Service and target exist.
+    ("adapter/proxy/route_status.py", "PATCH"): {("patch", "zeroscale.io", "zeroscaleroutes/status")},
+    ("adapter/proxy/route_status.py", "GET"): {
+        ("get", "", "services"),
+        ("get", "apps", "deployments/scale"),
+        ("get", "apps", "statefulsets/scale"),
+    },
     # To the external metrics delegate (KEDA's metrics server), as Zeroscale: it authorizes a list of the metric.
     ("adapter/api/delegate.py", "GET"): {("list", "external.metrics.k8s.io", "*")},
 }
@@ -98,6 +105,7 @@ PATHS_FROM = {
         "adapter/config/route_object.py",  # ZeroscaleRoutes' group and plural, listed by adapter/proxy/route_objects.py
     ),
     "adapter/proxy/activator.py": ("adapter/kube/endpointslices.py",),
+    "adapter/proxy/route_status.py": ("adapter/config/route_object.py",),
 }
 # A generic module calls on behalf of the modules that give it paths: a process makes its calls only when it
 # imports one of those (the adapter imports watching.py for a helper and lists nothing through it).
@@ -111,9 +119,8 @@ DELEGATE_SITES = {("adapter/api/delegate.py", "GET")}
 ACTIVATOR_SITES = {site for site in CALLS if site[0] in ("adapter/proxy/activator.py", "adapter/kube/leases.py")}
 # ZeroscaleRoute objects, served by default (the chart's routeObjects, deploy/base's proxy.route_objects): the proxy
 # lists and watches routes (adapter/proxy/route_objects.py, through watching.py: in CALLS) and writes their status.
-# The status writer is being written: when it lands, its call site joins CALLS and STATUS_CALLS must be what it
-# needs.
-STATUS_CALLS: set[Call] = {(verb, "zeroscale.io", "zeroscaleroutes/status") for verb in ("patch", "update")}
+# The status writer's calls (adapter/proxy/route_status.py) beyond what in-path routes are granted (the scale GETs).
+STATUS_CALLS: set[Call] = {("patch", "zeroscale.io", "zeroscaleroutes/status"), ("get", "", "services")}
 READ_ROUTES: set[Call] = {(verb, "zeroscale.io", "zeroscaleroutes") for verb in ("list", "watch")}
 ROUTE_OBJECT_CALLS = READ_ROUTES | STATUS_CALLS
 # Route objects elect their status writer on mode activator's Lease, so the default installation grants its calls.
