@@ -162,6 +162,9 @@ class ListWatch(WatchTask):
         self._doubted = asyncio.Event()  # relist() was called since the latest list began
         self._waiters: list[asyncio.Future[None]] = []  # relist() callers waiting for the next list
         self._following: asyncio.Timeout | None = None  # the watch being followed, cut short by relist()
+        # While on_change runs: the key of the one object the event changed, or None after a list (any may have).
+        # A reader of a large collection updates just that object instead of going over all of them.
+        self.changed_key: str | None = None
 
     async def relist(self) -> None:
         """List the collection again now (and watch from there): a reader that cannot tell a quiet watch from a
@@ -190,6 +193,7 @@ class ListWatch(WatchTask):
             try:
                 try:
                     path, objects, version = await self._lister()
+                    self.changed_key = None
                     self._on_change(objects)
                 finally:
                     _wake(waiting)
@@ -221,6 +225,7 @@ class ListWatch(WatchTask):
                 self._following = cut
                 async for event in self._kube.watch(path, version or None):
                     if apply_event(objects, event, self._key):
+                        self.changed_key = self._key(event.get("object"))
                         self._on_change(objects)
         except TimeoutError:
             if not cut.expired():

@@ -48,17 +48,21 @@ def collection_paths(config: RouteObjectsConfig) -> list[str]:
 
 
 class RouteObjects:
-    """The route objects of every namespace served; `on_change()` after each list and each event that changed one."""
+    """The route objects of every namespace served, parsed, kept up to date one event at a time: `on_change()` after
+    each list and each event that changed one, and `take_changes()` says which (so 10,000 routes cost one object per
+    event, not 10,000: most events are the status writer's own writes)."""
 
     def __init__(self, kube: KubeClient, config: RouteObjectsConfig, on_change: Callable[[], None]) -> None:
         self._on_change = on_change
-        self._seen: dict[str, dict[str, dict[str, Any]]] = {}  # per collection path: the objects by key
+        self._keys: dict[str, set[str]] = {}  # per collection path: the keys of its objects
         self._parsed: dict[str, RouteObject] = {}
+        self._changed_keys: set[str] = set()  # since the last take_changes()
+        self._specs_changed = False  # an object added, deleted, or of a new generation since then
         self._failure_logged_at = -_FAILURE_LOG_INTERVAL
         self.listed = False  # every collection listed at least once
         self.absent = False  # the API server answered 404: the CRD is not installed (until a list succeeds)
-        self.watches = [
-            ListWatch(
+        self._watches = {
+            path: ListWatch(
                 kube,
                 collection_lister(kube, path, namespaced_name_of),
                 f"ZeroscaleRoute watch {path}",
@@ -67,25 +71,29 @@ class RouteObjects:
                 key=namespaced_name_of,
             )
             for path in collection_paths(config)
-        ]
-        self._paths = len(self.watches)
+        }
 
     def start(self) -> None:
-        for watch in self.watches:
+        for watch in self._watches.values():
             watch.start()
 
     async def close(self) -> None:
-        for watch in self.watches:
+        for watch in self._watches.values():
             await watch.close()
 
     def objects(self) -> list[RouteObject]:
         """Every route object seen, parsed (once per generation: a status write does not parse it again)."""
-        parsed: dict[str, RouteObject] = {}
-        for objects in self._seen.values():
-            for key, obj in objects.items():
-                parsed[key] = self._parse(key, obj)
-        self._parsed = parsed
-        return list(parsed.values())
+        return list(self._parsed.values())
+
+    def get(self, key: str) -> RouteObject | None:
+        return self._parsed.get(key)
+
+    def take_changes(self) -> tuple[set[str], bool]:
+        """The keys changed since the last call, and whether any spec changed (an object added, deleted or of a new
+        generation) rather than only statuses."""
+        changed, specs = self._changed_keys, self._specs_changed
+        self._changed_keys, self._specs_changed = set(), False
+        return changed, specs
 
     def _parse(self, key: str, obj: dict[str, Any]) -> RouteObject:
         metadata = field(obj, "metadata")
@@ -104,12 +112,40 @@ class RouteObjects:
 
     def _changed(self, path: str, objects: dict[str, dict[str, Any]]) -> None:
         self.absent = False
-        self._seen[path] = objects
-        self.listed = len(self._seen) == self._paths
+        key = self._watches[path].changed_key
+        keys = self._keys.setdefault(path, set())
+        if key is None:  # a list: any object may have changed, and some may be gone
+            for gone in keys - objects.keys():
+                self._update(gone, None)
+            keys.clear()
+            keys.update(objects)
+            for each, obj in objects.items():
+                self._update(each, obj)
+        else:
+            changed = objects.get(key)
+            if changed is None:
+                keys.discard(key)
+            else:
+                keys.add(key)
+            self._update(key, changed)
+        self.listed = len(self._keys) == len(self._watches)
         self._on_change()
 
+    def _update(self, key: str, obj: dict[str, Any] | None) -> None:
+        before = self._parsed.get(key)
+        after = None if obj is None else self._parse(key, obj)
+        if after is before:
+            return
+        if after is None:
+            del self._parsed[key]
+        else:
+            self._parsed[key] = after
+        self._changed_keys.add(key)
+        if before is None or after is None or before.generation != after.generation or before.created != after.created:
+            self._specs_changed = True
+
     def _failed(self, err: KubeError) -> bool:
-        self.absent = self.absent or (isinstance(err, KubeAPIError) and err.status == 404 and not self._seen)
+        self.absent = self.absent or (isinstance(err, KubeAPIError) and err.status == 404 and not self._keys)
         now = time.monotonic()
         if now >= self._failure_logged_at + _FAILURE_LOG_INTERVAL:
             self._failure_logged_at = now

@@ -110,32 +110,41 @@ class StatusWriter(WatchTask):
     ) -> None:
         """After each table rebuild: every route object seen, why the unserved ones are not, the served versions.
         Marks dirty what changed; forgets the deleted."""
-        entries: dict[str, _Entry] = {}
-        for obj in objects:
-            key = obj.key
-            version = versions.get(key)
-            refusal = refusals.get(key)
-            entry = self._entries.get(key)
-            if entry is None:
-                entry = _Entry(obj, None, refusal, obj.status)
-                self._dirty.add(key)
-            elif entry.obj is not obj or entry.version is not version or entry.refusal != refusal:
-                # (Identity first: on 10,000 routes this runs after every event, most of them changing nothing here.)
-                if obj.status is not entry.obj.status:
-                    entry.known = obj.status
-                self._dirty.add(key)
-                entry.obj, entry.refusal = obj, refusal
-            if version is not None and version is not entry.version:
-                version.route.on_warmth = lambda key=key: self._poke(key)
-                entry.started = asyncio.get_running_loop().time()
-            entry.version = version
-            entries[key] = entry
+        entries = {obj.key: self._entry(obj, refusals.get(obj.key), versions.get(obj.key)) for obj in objects}
         self._dirty.intersection_update(entries)
         self._entries = entries
         served = sum(1 for entry in entries.values() if entry.version is not None)
         telemetry.ROUTE_OBJECTS.labels("accepted").set(served)
         telemetry.ROUTE_OBJECTS.labels("refused").set(len(entries) - served)
         self._wake.set()
+
+    def statuses_changed(self, objects: list[RouteObject]) -> None:
+        """Only these objects' statuses changed (most often by this writer): nothing was placed again, so each keeps
+        its refusal and version; costs these objects, not every route."""
+        for obj in objects:
+            entry = self._entries.get(obj.key)
+            if entry is not None:
+                self._entry(obj, entry.refusal, entry.version)
+        self._wake.set()
+
+    def _entry(self, obj: RouteObject, refusal: Refusal | None, version: ServedRoute | None) -> _Entry:
+        """The entry of `obj`, made or brought up to date; dirty when anything it shows may have changed."""
+        key = obj.key
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry(obj, None, refusal, obj.status)
+            self._dirty.add(key)
+        elif entry.obj is not obj or entry.version is not version or entry.refusal != refusal:
+            # (Identity first: on 10,000 routes a rebuild runs this for each, most of them changing nothing here.)
+            if obj.status is not entry.obj.status:
+                entry.known = obj.status
+            self._dirty.add(key)
+            entry.obj, entry.refusal = obj, refusal
+        if version is not None and version is not entry.version:
+            version.route.on_warmth = lambda key=key: self._poke(key)
+            entry.started = asyncio.get_running_loop().time()
+        entry.version = version
+        return entry
 
     def _poke(self, key: str) -> None:
         if key in self._entries:

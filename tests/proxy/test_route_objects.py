@@ -429,3 +429,39 @@ async def test_a_table_that_cannot_be_built_leaves_the_one_in_force_and_the_next
         kube.put(routes_collection("team-a"), route_object("team-a", "news", ["news.example"]))
         await routed(proxy.port, "news.example")
         assert await status_of(proxy.port, "blog.example") == 200
+
+
+async def test_an_event_costs_the_object_it_changed_not_every_route(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    """10,000 routes, one status written: the proxy looks at that one object (most events are its own status writes)."""
+    serve_pods(kube, "team-a", upstream)
+    for index in range(50):
+        kube.put(routes_collection("team-a"), route_object("team-a", f"r{index}", [f"r{index}.example"]))
+    async with route_proxy(kube, kube_client) as proxy:
+        objects = proxy.control.route_objects
+        assert objects is not None
+        await until(lambda: len(proxy.routes) == 50)
+        seen: list[set[str]] = []
+        take = objects.take_changes
+
+        def recording() -> tuple[set[str], bool]:
+            changed, specs = take()
+            seen.append(changed)
+            return changed, specs
+
+        objects.take_changes = recording  # type: ignore[method-assign]
+        before = {key: objects.get(key) for key in proxy.routes}
+        table = proxy.control.table
+        body = route_object("team-a", "r7", ["r7.example"])
+        body["status"] = {"observedGeneration": 1, "held": 3}
+        kube.put(routes_collection("team-a"), body)
+        await until(lambda: any("team-a/r7" in changed for changed in seen))
+        # Each batch of changes names the objects changed, not all 50; none was parsed again (a status is no spec).
+        assert all(len(changed) < 50 for changed in seen)
+        after = {key: objects.get(key) for key in before}
+        assert all(
+            new is not None and old is not None and new.config is old.config
+            for key, (old, new) in ((key, (before[key], after[key])) for key in before)
+        )
+        assert proxy.control.table is table
