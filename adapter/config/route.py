@@ -9,6 +9,7 @@ The field docstrings are the descriptions `kubectl explain zeroscaleroute.spec` 
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -234,7 +235,7 @@ class RouteConfig(RouteFields):
                 )
         return self
 
-    @property
+    @cached_property
     def home(self) -> str:
         """The namespace the route belongs to (`namespace`, or where its upstream or target is)."""
         if self.namespace:
@@ -245,7 +246,7 @@ class RouteConfig(RouteFields):
                 return str(found)
         return "default"
 
-    @property
+    @cached_property
     def key(self) -> str:
         """The route's identity everywhere (counts, metric labels, logs): `<namespace>/<name>`."""
         return f"{self.home}/{self.name}"

@@ -92,15 +92,16 @@ def _policy_refusal(route: RouteConfig, policy: RouteObjectsConfig, served_objec
                 f"host {host} is not one this namespace may claim (proxy.route_objects.hosts): use a host the "
                 "platform granted, or ask for this one",
             )
-    asked, ceiling = route.limits.model_dump(), policy.max_limits.model_dump()
-    above = [key for key, value in asked.items() if value > ceiling[key]]
-    if above:
-        key = above[0]
-        return Refusal(
-            "LimitNotAllowed",
-            f"limits.{key} is {asked[key]:g}, above the {ceiling[key]:g} the platform allows route objects "
-            "(proxy.route_objects.max_limits): lower it, or ask the platform team to raise the ceiling",
-        )
+    limits, ceilings = route.limits, policy.max_limits
+    if limits is not ceilings and limits != ceilings:  # most routes ask the defaults: the ceiling's own values
+        for key in type(limits).model_fields:
+            asked, ceiling = getattr(limits, key), getattr(ceilings, key)
+            if asked > ceiling:
+                return Refusal(
+                    "LimitNotAllowed",
+                    f"limits.{key} is {asked:g}, above the {ceiling:g} the platform allows route objects "
+                    "(proxy.route_objects.max_limits): lower it, or ask the platform team to raise the ceiling",
+                )
     if served_objects >= policy.max_routes:
         return Refusal(
             "TooManyRoutes",

@@ -253,7 +253,7 @@ class ControlPlane:
         for config in served:
             key = config.key
             version = before.get(key)
-            if version is None or version.route.config != config:
+            if version is None or (version.route.config is not config and version.route.config != config):
                 version = self._start_version(config)
             after[key] = version
         if list(after) == list(before) and all(after[key] is before[key] for key in after):
