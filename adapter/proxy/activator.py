@@ -62,6 +62,7 @@ from adapter.proxy.leader import LeaderElector
 from adapter.proxy.readiness import slice_lister
 from adapter.proxy.refused import RefusedEndpoints
 from adapter.proxy.route import Route
+from adapter.proxy.slices import SliceSubscription
 from adapter.telemetry import proxy as telemetry
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ class Activator:
         name = f"{self._target.kind} watch of route {route.name}"
         self._workload = ListWatch(kube, lister, name, self._workload_changed, self._workload_failed)
         # The upstream Service's slices are watched for the route (readiness.py): the server hands that watch over.
-        self.pods_watch: ListWatch | None = None
+        self.pods_watch: SliceSubscription | None = None
         # Our outputs, watched: what someone else did to them is repaired at once.
         where = f"route {route.name}'s Service {self.namespace}/{self.service}"
         owned = collection_lister(kube, owned_slices_path(self.namespace, self.service))

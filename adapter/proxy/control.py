@@ -348,10 +348,12 @@ class ControlPlane:
     async def _close_when_idle(self, version: Version) -> None:
         route = version.route
         idle = asyncio.Event()
+        loop = asyncio.get_running_loop()
 
         def check(_route: str, _held: int, _inflight: int) -> None:
-            if route.idle:  # every request leaving this version changes the route's counts
-                idle.set()
+            # Every request leaving this version changes the route's counts; looked at once the change is complete
+            # (a request is counted before it is assigned its endpoint).
+            loop.call_soon(lambda: idle.set() if route.idle else None)
 
         unsubscribe = route.counts.subscribe(check)
         try:

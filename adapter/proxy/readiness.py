@@ -15,9 +15,10 @@ from adapter.config.route import AddressUpstream, ServiceRef, ServiceUpstream
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import list_slices, ready_addresses, refused_addresses
 from adapter.kube.errors import KubeAPIError, KubeError
-from adapter.kube.watching import Lister, ListWatch
+from adapter.kube.watching import Lister
 from adapter.proxy.refused import RefusedEndpoints
 from adapter.proxy.route import Route
+from adapter.proxy.slices import SliceSubscription, SliceWatches
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +36,14 @@ def probe_address(upstream: ServiceUpstream | AddressUpstream) -> str:
     )
 
 
-def endpoint_slice_watcher(
-    kube: KubeClient,
+def read_endpoint_slices(
+    slices: SliceWatches,
     route: Route,
     upstream: ServiceUpstream,
     *,
     fallback: bool,
     also: Callable[[dict[str, dict[str, Any]]], None] | None = None,
-) -> ListWatch:
+) -> SliceSubscription:
     """Keeps `route`'s endpoints to what the upstream Service's slices say may take traffic; `also` is given the
     slices after each change too (an activator route copies them into its Service's slices)."""
 
@@ -50,11 +51,11 @@ def endpoint_slice_watcher(
         route.name, "endpointslice", f"route {route.name}: the EndpointSlices of Service {upstream.service}"
     )
 
-    def changed(slices: dict[str, dict[str, Any]]) -> None:
-        refused.report(refused_addresses(slices.values(), loopback=route.allow_loopback))
-        route.set_endpoints(ready_addresses(slices.values(), upstream.port, loopback=route.allow_loopback))
+    def changed(service_slices: dict[str, dict[str, Any]]) -> None:
+        refused.report(refused_addresses(service_slices.values(), loopback=route.allow_loopback))
+        route.set_endpoints(ready_addresses(service_slices.values(), upstream.port, loopback=route.allow_loopback))
         if also is not None:
-            also(slices)
+            also(service_slices)
 
     def failed(err: KubeError) -> bool:
         if isinstance(err, KubeAPIError) and err.status in (401, 403) and fallback:
@@ -63,7 +64,7 @@ def endpoint_slice_watcher(
         log.warning("route %s: EndpointSlice watch failed: %s", route.name, err)
         return False
 
-    return ListWatch(kube, slice_lister(kube, upstream), f"EndpointSlice watch of route {route.name}", changed, failed)
+    return slices.read(upstream.namespace, upstream.service, changed, failed)
 
 
 def slice_lister(kube: KubeClient, upstream: ServiceRef) -> Lister:

@@ -62,6 +62,8 @@ class Route:
         self._endpoints: list[Endpoint] = []
         self._rr = 0
         self._cap = config.limits.endpoint_concurrency
+        # Requests of this version sent to an endpoint and not yet answered (the counts are the route's, all versions).
+        self.assigned = 0
         # Upgraded connections open through this route (not requests: they hold no endpoint slot).
         self.tunnels = 0
         telemetry.OPEN_TUNNELS.labels(self.name).set_function(lambda: self.tunnels)
@@ -174,6 +176,7 @@ class Route:
             endpoint = exchange.endpoint
             if endpoint is not None:
                 endpoint.inflight -= 1
+            self.assigned -= 1
             self.counts.add(0, -1)
             if self.queue:
                 self.pump()
@@ -192,6 +195,7 @@ class Route:
         left = exchange.to_queue(cold=not usable)
         if left is not None:
             left.inflight -= 1
+            self.assigned -= 1
         if front:
             self.queue.appendleft(exchange)
         else:
@@ -207,6 +211,7 @@ class Route:
             exchange.check_held_body()
 
     def _assign(self, exchange: Exchange, endpoint: Endpoint) -> None:
+        self.assigned += 1
         self.counts.add(-1 if exchange.state == QUEUED else 0, 1)
         endpoint.inflight += 1
         if not exchange.attempts:
@@ -258,7 +263,7 @@ class Route:
     def idle(self) -> bool:
         """Nothing held or forwarded by this version: a retired one may be closed. (An open tunnel is a byte relay of
         its own connections, which closing the route leaves alone.)"""
-        return not self.queue and not any(ep.inflight for ep in self._endpoints)
+        return not self.queue and not self.assigned
 
     @property
     def cold(self) -> bool:

@@ -13,8 +13,9 @@ from adapter.kube.client import KubeClient
 from adapter.proxy.activator import Activator, ProxyPods
 from adapter.proxy.intent import NamespaceHPAs, read_refusal
 from adapter.proxy.leader import LeaderElector
-from adapter.proxy.readiness import endpoint_slice_watcher, probe_address
+from adapter.proxy.readiness import probe_address, read_endpoint_slices
 from adapter.proxy.route import Route
+from adapter.proxy.slices import SliceWatches
 from adapter.proxy.wake import Waker
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class RouteServices:
         self.leader = leader
         self.proxy_pods = proxy_pods
         self.hpas: dict[str, NamespaceHPAs] = {}  # the HPA lists wake: scale routes share, by namespace
+        self.slices = SliceWatches(kube) if kube is not None else None  # one watch per namespace, shared
 
     def start(self, route: Route) -> tuple[Activator | None, list[Callable[[], Awaitable[None]]]]:
         """Start what `route` needs, and return what closes it, in order, with its activator (mode activator), made
@@ -66,7 +68,7 @@ class RouteServices:
         if not isinstance(upstream, ServiceUpstream) or config.readiness == "probe":
             route.set_static_endpoint(probe_address(upstream))
             return
-        if self.kube is None:
+        if self.slices is None:
             if config.readiness == "endpointslice":
                 raise RouteUnservable(f"route {route.name}: readiness endpointslice needs Kubernetes API access")
             log.warning("route %s: no API access, readiness falls back to connect probes", route.name)
@@ -75,11 +77,10 @@ class RouteServices:
         also = activator.pods_changed if activator is not None else None
         # An activator route copies the slices it reads: connect probes are no fallback for it.
         fallback = config.readiness == "auto" and activator is None
-        watcher = endpoint_slice_watcher(self.kube, route, upstream, fallback=fallback, also=also)
+        reading = read_endpoint_slices(self.slices, route, upstream, fallback=fallback, also=also)
         if activator is not None:
-            activator.pods_watch = watcher  # re-read at each resync
-        watcher.start()
-        closers.append(watcher.close)
+            activator.pods_watch = reading  # re-read at each resync
+        closers.append(reading.close)
 
     def _wake(self, route: Route, closers: list[Callable[[], Awaitable[None]]]) -> None:
         config = route.config
@@ -108,3 +109,5 @@ class RouteServices:
     async def close(self) -> None:
         for hpas in self.hpas.values():
             await hpas.close()
+        if self.slices is not None:
+            await self.slices.close()

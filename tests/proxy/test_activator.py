@@ -223,7 +223,8 @@ def block(kube: KubeStandIn, what: str) -> Any:
         selector = request.param("labelSelector") or ""
         hit = {
             "target": request.path.startswith("/apis/apps/v1/namespaces/default/deployments"),
-            "pods": request.path.startswith(SLICES) and selector == "kubernetes.io/service-name=web-pods",
+            # The upstream's slices come from the namespace's one watch of every slice (no selector).
+            "pods": request.path.startswith(SLICES) and not selector,
             "proxies": request.path.startswith(PROXY_SLICES),
         }[what]
         return Reply(500, status_body(500, "InternalError", "etcd is unwell")) if hit else None

@@ -463,3 +463,31 @@ async def test_an_event_costs_the_object_it_changed_not_every_route(
         assert all(getattr(objects.get(key), "config", None) is config for key, config in configs.items())
         assert len(configs) == 50
         assert proxy.control.table is table
+
+
+async def test_the_routes_of_a_namespace_share_one_watch_of_its_slices(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    """10,000 routes must not be 10,000 watches of the API server: one per namespace, each change to its readers."""
+    for index in range(20):
+        body = endpoint_slice(f"svc{index}-1", f"svc{index}", [("127.0.0.1", {"ready": True})], upstream.port)
+        kube.put(slices_collection("team-a"), body)
+        route = route_object("team-a", f"r{index}", [f"r{index}.example"])
+        route["spec"]["upstream"]["service"] = f"svc{index}"
+        kube.put(routes_collection("team-a"), route)
+    async with route_proxy(kube, kube_client) as proxy:
+        await until(lambda: len(proxy.routes) == 20 and all(r.endpoints for r in proxy.routes.values()))
+        reads = [path for _, path, _ in kube.requests if "/namespaces/team-a/endpointslices" in path]
+        assert len([path for path in reads if "watch" not in path]) == 1, reads
+        # A change of one Service's slice reaches its route, and only its route.
+        r3, r4 = proxy.routes["team-a/r3"], proxy.routes["team-a/r4"]
+        kube.put(slices_collection("team-a"), endpoint_slice("svc3-1", "svc3", [], upstream.port))
+        await until(lambda: not r3.endpoints)
+        assert r4.endpoints
+        # The last route reading the namespace gone, its watch stops.
+        for index in range(20):
+            kube.delete(routes_collection("team-a"), f"r{index}")
+        await until(lambda: not proxy.routes)
+        services = proxy.control.services.slices
+        assert services is not None
+        await until(lambda: not services.namespaces)
