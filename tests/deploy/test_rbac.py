@@ -105,7 +105,10 @@ PATHS_FROM = {
         "adapter/config/route_object.py",  # ZeroscaleRoutes' group and plural, listed by adapter/proxy/route_objects.py
     ),
     "adapter/proxy/activator.py": ("adapter/kube/endpointslices.py",),
-    "adapter/proxy/route_status.py": ("adapter/config/route_object.py",),
+    "adapter/proxy/route_status.py": (
+        "adapter/config/route_object.py",  # the status subresource's path
+        "adapter/kube/scale.py",  # the target's scale subresource (scale_path), read to say whether it exists
+    ),
 }
 # A generic module calls on behalf of the modules that give it paths: a process makes its calls only when it
 # imports one of those (the adapter imports watching.py for a helper and lists nothing through it).
@@ -119,8 +122,12 @@ DELEGATE_SITES = {("adapter/api/delegate.py", "GET")}
 ACTIVATOR_SITES = {site for site in CALLS if site[0] in ("adapter/proxy/activator.py", "adapter/kube/leases.py")}
 # ZeroscaleRoute objects, served by default (the chart's routeObjects, deploy/base's proxy.route_objects): the proxy
 # lists and watches routes (adapter/proxy/route_objects.py, through watching.py: in CALLS) and writes their status.
-# The status writer's calls (adapter/proxy/route_status.py) beyond what in-path routes are granted (the scale GETs).
-STATUS_CALLS: set[Call] = {("patch", "zeroscale.io", "zeroscaleroutes/status"), ("get", "", "services")}
+# The status writer (adapter/proxy/route_status.py, run only with route objects) patches the status and reads whether
+# each route's Service and target exist: the routes' ClusterRole grants its calls but the target's scale GET, which the
+# proxy's own ClusterRole grants cluster-wide already (the wake reads it too).
+STATUS_CALLS: set[Call] = {
+    call for (module, _), calls in CALLS.items() if module == "adapter/proxy/route_status.py" for call in calls
+} - CALLS[("adapter/kube/scale.py", "GET")]
 READ_ROUTES: set[Call] = {(verb, "zeroscale.io", "zeroscaleroutes") for verb in ("list", "watch")}
 ROUTE_OBJECT_CALLS = READ_ROUTES | STATUS_CALLS
 # Route objects elect their status writer on mode activator's Lease, so the default installation grants its calls.
@@ -388,10 +395,13 @@ def test_an_activator_route_is_granted_its_calls_in_its_namespaces_only(activato
     """Its Service's slices, the Service and the target by name, in the route's namespace; the Lease in the proxy's;
     the rest cluster-wide as without it. Nothing of mode activator cluster-wide."""
     in_path = needed_by("zeroscale-proxy")
-    activator = needed_by("zeroscale-proxy", activator=True) - in_path
+    with_activator = needed_by("zeroscale-proxy", activator=True)
+    activator = with_activator - in_path
     expected: set[Grant] = {(call, None, ()) for call in in_path | ROUTE_OBJECT_CALLS}
     expected |= {(call, "shop", ()) for call in activator if call[2] == "endpointslices"}
-    expected |= {(call, "shop", ("web",)) for call in activator if call[2] in ("services", "deployments")}
+    # Its Service and target by name: get services too, which the status writer's cluster-wide grant (route objects)
+    # also covers here, but not without route objects or where they are not served.
+    expected |= {(call, "shop", ("web",)) for call in with_activator if call[2] in ("services", "deployments")}
     # create cannot be limited by name; get and update only this installation's Lease
     expected |= {(call, "zeroscale", lease_names(call)) for call in activator if call[2] == "leases"}
     # Every call the activator's code makes is granted, but the other kinds' watches (the route's target is a
@@ -567,7 +577,7 @@ def test_tenants_with_edit_or_admin_write_routes_and_view_reads_them(installatio
 def test_the_chart_lets_the_proxy_read_routes_in_the_served_namespaces_only(helm: Path, tmp_path: Path) -> None:
     """config.proxy.route_objects.namespaces: the routes' ClusterRole is bound in those namespaces, not cluster-wide."""
     objects = chart_with_routes(helm, tmp_path, {"route_objects": {"namespaces": ["shop", "cart"]}})
-    routes = {(call, where) for call, where, _ in grants(objects, "zeroscale-proxy") if call[1] == "zeroscale.io"}
+    routes = {(call, where) for call, where, _ in grants(objects, "zeroscale-proxy") if call in ROUTE_OBJECT_CALLS}
     assert routes == {(call, namespace) for call in ROUTE_OBJECT_CALLS for namespace in ("shop", "cart")}
 
 
@@ -614,7 +624,7 @@ def test_the_chart_without_route_objects_grants_nothing_of_them(helm: Path) -> N
     """routeObjects.enabled=false: the file's routes only; neither the proxy nor a tenant gets anything of routes,
     and no Lease is granted without an activator route."""
     objects = helm_render(helm, "--set", "routeObjects.enabled=false")
-    expected = {(call, None, ()) for call in needed_by("zeroscale-proxy") - READ_ROUTES}
+    expected = {(call, None, ()) for call in needed_by("zeroscale-proxy") - ROUTE_OBJECT_CALLS}
     assert grants(objects, "zeroscale-proxy") == expected
     assert [obj["metadata"]["name"] for obj in objects if zeroscale_io_rules(obj)] == []
 
