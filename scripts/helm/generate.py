@@ -78,10 +78,10 @@ HPAs cluster-wide, and writes no EndpointSlice unless a route is in `mode: activ
 namespace where such a route's Service lives, a Role lets it write that namespace's EndpointSlices and read its
 routes' Services and target workloads by name; a Role in `config.proxy.activator.lease_namespace` lets it take the
 Lease. With route objects, the proxy may read ZeroscaleRoutes (cluster-wide, or in
-`config.proxy.route_objects.namespaces` when set) and write their status, and take that Lease (its holder writes
-the routes' status); the built-in `edit` and `admin` roles may write routes in their namespaces and `view` read
-them (aggregated ClusterRoles, `routeObjects.tenantRoles`), none their status. `helm install` prints those
-namespaces (the project README's "Security model" lists the RBAC of each mode).
+`config.proxy.route_objects.namespaces` when set), write their status and read whether their Services exist, and
+take that Lease (its holder writes the routes' status); the built-in `edit` and `admin` roles may write routes in
+their namespaces and `view` read them (aggregated ClusterRoles, `routeObjects.tenantRoles`), none their status.
+`helm install` prints those namespaces (the project README's "Security model" lists the RBAC of each mode).
 
 The chart requires Kubernetes 1.33 or newer (`kubeVersion`): `helm template` without a cluster needs
 `--kube-version 1.37.2` (or your cluster's), as Argo CD and Flux pass it.

@@ -10,7 +10,8 @@ A route in mode activator writes its Service's EndpointSlices, which redirects t
 calls are granted only when such a route is configured (the chart renders them from its routes, deploy/ in
 overlays/activator), by Roles in the route's namespace and the Lease's, never cluster-wide. Those Roles name the
 Service and the target they read (resourceNames): a proxy run against the API stand-in shows every request it made
-is one the Roles allow, as the API server's authorizer would see it.
+is one the Roles allow, as the API server's authorizer would see it; so does one serving a route object, whose
+status writer reads the route's Service and target and patches its status.
 
 Not counted: `zeroscale explain` (adapter/hpa/) and `zeroscale doctor` (adapter/doctor/) run on a workstation
 with the user's own kubeconfig, never under a deployed ServiceAccount, so no manifest grants their calls.
@@ -31,8 +32,9 @@ import yaml
 
 from adapter.children import port_outside_ephemeral
 from adapter.config.proxy import ActivatorConfig
+from adapter.config.route_object import API_VERSION, KIND
 from adapter.kube.client import KubeClient
-from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
+from tests.fixtures.kube_routes import SLICES_V1, ScaleStandIn, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
 from tests.fixtures.manifests import DEPLOY, ROOT, Objects, helm_render, helm_template
 from tests.fixtures.proxy import running_proxy, until
@@ -105,7 +107,10 @@ PATHS_FROM = {
         "adapter/config/route_object.py",  # ZeroscaleRoutes' group and plural, listed by adapter/proxy/route_objects.py
     ),
     "adapter/proxy/activator.py": ("adapter/kube/endpointslices.py",),
-    "adapter/proxy/route_status.py": ("adapter/config/route_object.py",),
+    "adapter/proxy/route_status.py": (
+        "adapter/config/route_object.py",  # the status subresource's path
+        "adapter/kube/scale.py",  # the target's scale subresource (scale_path), read to say whether it exists
+    ),
 }
 # A generic module calls on behalf of the modules that give it paths: a process makes its calls only when it
 # imports one of those (the adapter imports watching.py for a helper and lists nothing through it).
@@ -119,8 +124,12 @@ DELEGATE_SITES = {("adapter/api/delegate.py", "GET")}
 ACTIVATOR_SITES = {site for site in CALLS if site[0] in ("adapter/proxy/activator.py", "adapter/kube/leases.py")}
 # ZeroscaleRoute objects, served by default (the chart's routeObjects, deploy/base's proxy.route_objects): the proxy
 # lists and watches routes (adapter/proxy/route_objects.py, through watching.py: in CALLS) and writes their status.
-# The status writer's calls (adapter/proxy/route_status.py) beyond what in-path routes are granted (the scale GETs).
-STATUS_CALLS: set[Call] = {("patch", "zeroscale.io", "zeroscaleroutes/status"), ("get", "", "services")}
+# The status writer (adapter/proxy/route_status.py, run only with route objects) patches the status and reads whether
+# each route's Service and target exist: the routes' ClusterRole grants its calls but the target's scale GET, which the
+# proxy's own ClusterRole grants cluster-wide already (the wake reads it too).
+STATUS_CALLS: set[Call] = {
+    call for (module, _), calls in CALLS.items() if module == "adapter/proxy/route_status.py" for call in calls
+} - CALLS[("adapter/kube/scale.py", "GET")]
 READ_ROUTES: set[Call] = {(verb, "zeroscale.io", "zeroscaleroutes") for verb in ("list", "watch")}
 ROUTE_OBJECT_CALLS = READ_ROUTES | STATUS_CALLS
 # Route objects elect their status writer on mode activator's Lease, so the default installation grants its calls.
@@ -388,10 +397,13 @@ def test_an_activator_route_is_granted_its_calls_in_its_namespaces_only(activato
     """Its Service's slices, the Service and the target by name, in the route's namespace; the Lease in the proxy's;
     the rest cluster-wide as without it. Nothing of mode activator cluster-wide."""
     in_path = needed_by("zeroscale-proxy")
-    activator = needed_by("zeroscale-proxy", activator=True) - in_path
+    with_activator = needed_by("zeroscale-proxy", activator=True)
+    activator = with_activator - in_path
     expected: set[Grant] = {(call, None, ()) for call in in_path | ROUTE_OBJECT_CALLS}
     expected |= {(call, "shop", ()) for call in activator if call[2] == "endpointslices"}
-    expected |= {(call, "shop", ("web",)) for call in activator if call[2] in ("services", "deployments")}
+    # Its Service and target by name: get services too, which the status writer's cluster-wide grant (route objects)
+    # also covers here, but not without route objects or where they are not served.
+    expected |= {(call, "shop", ("web",)) for call in with_activator if call[2] in ("services", "deployments")}
     # create cannot be limited by name; get and update only this installation's Lease
     expected |= {(call, "zeroscale", lease_names(call)) for call in activator if call[2] == "leases"}
     # Every call the activator's code makes is granted, but the other kinds' watches (the route's target is a
@@ -567,7 +579,7 @@ def test_tenants_with_edit_or_admin_write_routes_and_view_reads_them(installatio
 def test_the_chart_lets_the_proxy_read_routes_in_the_served_namespaces_only(helm: Path, tmp_path: Path) -> None:
     """config.proxy.route_objects.namespaces: the routes' ClusterRole is bound in those namespaces, not cluster-wide."""
     objects = chart_with_routes(helm, tmp_path, {"route_objects": {"namespaces": ["shop", "cart"]}})
-    routes = {(call, where) for call, where, _ in grants(objects, "zeroscale-proxy") if call[1] == "zeroscale.io"}
+    routes = {(call, where) for call, where, _ in grants(objects, "zeroscale-proxy") if call in ROUTE_OBJECT_CALLS}
     assert routes == {(call, namespace) for call in ROUTE_OBJECT_CALLS for namespace in ("shop", "cart")}
 
 
@@ -614,13 +626,15 @@ def test_the_chart_without_route_objects_grants_nothing_of_them(helm: Path) -> N
     """routeObjects.enabled=false: the file's routes only; neither the proxy nor a tenant gets anything of routes,
     and no Lease is granted without an activator route."""
     objects = helm_render(helm, "--set", "routeObjects.enabled=false")
-    expected = {(call, None, ()) for call in needed_by("zeroscale-proxy") - READ_ROUTES}
+    expected = {(call, None, ()) for call in needed_by("zeroscale-proxy") - ROUTE_OBJECT_CALLS}
     assert grants(objects, "zeroscale-proxy") == expected
     assert [obj["metadata"]["name"] for obj in objects if zeroscale_io_rules(obj)] == []
 
 
 Request = tuple[str, str, str, str | None, str]  # verb, group, resource, namespace (None: cluster), name ("": none)
 DEPLOYMENTS, SERVICES = "/apis/apps/v1/namespaces/shop/deployments", "/api/v1/namespaces/shop/services"
+ROUTE_OBJECTS = r"/apis/zeroscale\.io/v1alpha1/namespaces/[^/]+/zeroscaleroutes"
+SHOP_ROUTES = "/apis/zeroscale.io/v1alpha1/namespaces/shop/zeroscaleroutes"
 # Route `web` in `shop`, its Lease in `zeroscale`, run in-process against the API stand-in.
 SETTINGS = {
     "proxy_service": {"service": "zeroscale-proxy", "namespace": "zeroscale"},
@@ -669,8 +683,11 @@ def requests_made(kube: KubeStandIn) -> set[Request]:
 
 
 def standin_with_route_web(kube: KubeStandIn) -> None:
-    """The API of route `web`: its Deployment at 1, its selector-less Service, its pod's and the proxy's slices."""
+    """The API of route `web`: its Deployment at 1 (and its scale subresource), its selector-less Service, its pod's
+    and the proxy's slices; ZeroscaleRoutes (none yet)."""
     kube.serve_collection(SLICES_V1, "EndpointSliceList", writable=True)
+    kube.serve_collection(ROUTE_OBJECTS, f"{KIND}List", writable=True, status_subresource=True)
+    ScaleStandIn(kube, "shop", "web", replicas=1)
     kube.serve_collection(r"/apis/apps/v1/namespaces/[^/]+/deployments", "DeploymentList")
     kube.serve_collection(r"/api/v1/namespaces/[^/]+/services", "ServiceList")
     kube.serve_collection(r"/apis/coordination\.k8s\.io/v1/namespaces/[^/]+/leases", "LeaseList", writable=True)
@@ -719,15 +736,17 @@ def enforce(kube: KubeStandIn, granted: set[Grant]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def proxy_under_rbac(route: dict[str, Any], granted: set[Grant]) -> AsyncIterator[KubeStandIn]:
-    """A proxy with `route` running against the stand-in serving route `web`, which allows only `granted`; the stand-in
-    keeps what it was asked and holds once both have stopped."""
+async def proxy_under_rbac(
+    routes: list[dict[str, Any]], granted: set[Grant], **settings: Any
+) -> AsyncIterator[KubeStandIn]:
+    """A proxy with `routes` (and proxy `settings`) running against the stand-in serving route `web`, which allows
+    only `granted`; the stand-in keeps what it was asked and holds once both have stopped."""
     with KubeStandIn(tls=False, token="proxy-token") as kube:
         standin_with_route_web(kube)
         enforce(kube, granted)
         client = KubeClient.from_config(kube.client_config())
         try:
-            async with running_proxy([route], kube=client, activator=SETTINGS):
+            async with running_proxy(routes, kube=client, activator=SETTINGS, **settings):
                 yield kube
         finally:
             await client.close()
@@ -744,7 +763,7 @@ async def test_an_activator_route_works_with_exactly_the_grants_rendered_for_it(
     (route,) = proxy["routes"]
     route = {**route, "activator": {**route["activator"], "port": port_outside_ephemeral()}, "wake": "none"}
     granted = grants(activator_installation, "zeroscale-proxy")
-    async with proxy_under_rbac(route, granted) as kube:
+    async with proxy_under_rbac([route], granted) as kube:
         with contextlib.suppress(TimeoutError):  # a refused request is named below
             await until(lambda: listed(kube) == {POD})  # warm: the pod
             kube.put(DEPLOYMENTS, web_deployment(0))
@@ -786,10 +805,45 @@ async def test_an_activator_route_without_its_role_writes_nothing_and_the_log_sa
         ((verb, "apps", "deployments"), "shop", ("web",)) for verb in ("list", "watch") if "deployments" in also_granted
     }
     hint = "needs mode activator's Role in namespace shop"
-    async with proxy_under_rbac(route, granted) as kube:
+    async with proxy_under_rbac([route], granted) as kube:
         await until(lambda: any(refused in r.getMessage() and hint in r.getMessage() for r in caplog.records))
     assert listed(kube) == set()
     (message,) = {r.getMessage() for r in caplog.records if refused in r.getMessage()}
     assert "403" in message
     assert "deploy/overlays/activator" in message
     assert "Service web and Deployment web" in message
+
+
+def route_object_web() -> dict[str, Any]:
+    """ZeroscaleRoute `web` in `shop`: in the path to Service `web`, waking Deployment `web`."""
+    spec = {"hosts": ["web.example"], "upstream": {"service": "web"}, "target": {"name": "web"}, "wake": "none"}
+    metadata = {"name": "web", "namespace": "shop", "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z"}
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
+
+
+async def test_route_objects_work_with_exactly_the_grants_the_chart_renders_for_their_namespaces(
+    helm: Path, tmp_path: Path
+) -> None:
+    """The chart given route_objects.namespaces [shop], its RBAC enforced by the API stand-in: the proxy serves route
+    object `web` there and its status writer reads the route's Service and target's scale subresource and patches the
+    status to Ready, every request allowed (without get on services the status stays Unknown, CannotCheck)."""
+    route_objects = {"enabled": True, "namespaces": ["shop"], "status_interval": 0.3}
+    granted = grants(chart_with_routes(helm, tmp_path, {"route_objects": route_objects}), "zeroscale-proxy")
+    async with proxy_under_rbac([], granted, route_objects=route_objects) as kube:
+        kube.put(SHOP_ROUTES, route_object_web())
+
+        def ready() -> tuple[str, str]:
+            obj = kube.get(SHOP_ROUTES, "web") or {}
+            found = [c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == "Ready"]
+            return (found[0]["status"], found[0]["reason"]) if found else ("", "")
+
+        with contextlib.suppress(TimeoutError):  # a refused request is named below
+            await until(lambda: ready() == ("True", "Ready"))
+    made = requests_made(kube)
+    assert [request for request in sorted(made, key=str) if not allowed(granted, request)] == []
+    assert ready() == ("True", "Ready")
+    assert {
+        ("get", "", "services", "shop", "web"),
+        ("get", "apps", "deployments/scale", "shop", "web"),
+        ("patch", "zeroscale.io", "zeroscaleroutes/status", "shop", "web"),
+    } <= made
