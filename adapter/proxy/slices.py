@@ -88,7 +88,8 @@ class NamespaceSlices:
             self._by_service, self._service_of = {}, {}
             for each, body in slices.items():
                 self._file(each, body)
-            touched = before | set(self._by_service)
+            # Every reader hears a list, a Service without a slice too: "none ready" is then known, not unknown.
+            touched = before | set(self._by_service) | set(self._readers)
         else:
             touched = {service for service in (self._service_of.pop(name, None),) if service is not None}
             self._unfile(name, touched)

@@ -52,6 +52,8 @@ CALLS: dict[tuple[str, str], set[Call]] = {
     ("adapter/api/trust.py", "GET"): {("get", "", "configmaps")},
     ("adapter/api/trust.py", "watch"): {("watch", "", "configmaps")},
     ("adapter/kube/endpointslices.py", "GET"): {("list", "discovery.k8s.io", "endpointslices")},
+    # A namespace's slices, read by every route there through one watch (its list here, its watch in watching.py).
+    ("adapter/proxy/slices.py", "GET"): {("list", "discovery.k8s.io", "endpointslices")},
     # wake: scale reads the HPAs of its target's namespace before each patch (a list, never a watch).
     ("adapter/kube/hpas.py", "GET"): {("list", "autoscaling", "horizontalpodautoscalers")},
     # Every list-then-watch loop (ListWatch) and the collections it lists by path (collection_lister): an
@@ -115,7 +117,12 @@ PATHS_FROM = {
 # A generic module calls on behalf of the modules that give it paths: a process makes its calls only when it
 # imports one of those (the adapter imports watching.py for a helper and lists nothing through it).
 CALLERS = {
-    "adapter/kube/watching.py": {"adapter.proxy.readiness", "adapter.proxy.activator", "adapter.proxy.route_objects"}
+    "adapter/kube/watching.py": {
+        "adapter.proxy.readiness",
+        "adapter.proxy.slices",
+        "adapter.proxy.activator",
+        "adapter.proxy.route_objects",
+    }
 }
 # Made only when `delegate:` is configured: granted by deploy/overlays/beside-keda alone.
 DELEGATE_SITES = {("adapter/api/delegate.py", "GET")}

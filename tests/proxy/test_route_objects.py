@@ -491,3 +491,18 @@ async def test_the_routes_of_a_namespace_share_one_watch_of_its_slices(
         services = proxy.control.services.slices
         assert services is not None
         await until(lambda: not services.namespaces)
+
+
+async def test_a_service_without_any_slice_is_known_to_have_no_endpoint(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    """The namespace's list names no slice of the route's Service: its readiness is known (none ready: requests are
+    held and wake the target), not left unknown for want of an event about that Service."""
+    serve_pods(kube, "team-a", upstream)  # slices of Service web only
+    lonely = route_object("team-a", "lonely", ["lonely.example"])
+    lonely["spec"]["upstream"]["service"] = "nothing"
+    kube.put(routes_collection("team-a"), lonely)
+    kube.put(routes_collection("team-a"), route_object("team-a", "shop", ["shop.example"]))
+    async with route_proxy(kube, kube_client) as proxy:
+        await until(lambda: "team-a/lonely" in proxy.routes and proxy.routes["team-a/lonely"].readiness_known)
+        assert proxy.routes["team-a/lonely"].endpoints == []
