@@ -120,7 +120,9 @@ def test_the_sidecar_counts_port_requires_client_certificates(monkeypatch: pytes
     (sidecar,) = gateway["spec"]["template"]["spec"]["initContainers"]
     monkeypatch.delenv("ZEROSCALE_CONFIG", raising=False)
     for variable in sidecar["env"]:
-        monkeypatch.setenv(variable["name"], variable["value"])
+        # The downward API's values (the pod's namespace) are the kubelet's to fill: the Deployment's namespace here.
+        value = variable.get("value", gateway["metadata"].get("namespace", "default"))
+        monkeypatch.setenv(variable["name"], value)
     counts = load_config(None).grpc.counts
     assert counts.bind == "0.0.0.0"
     assert counts.verifies_clients
