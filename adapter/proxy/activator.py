@@ -466,6 +466,12 @@ class Activator:
             f"Service {self.service} and {self._target.kind} {self._target.name})"
         )
 
+    @property
+    def problem(self) -> str | None:
+        """Why the Service's slices could not be written as they should be (None: the latest write went through);
+        the route's status says it (Ready=False)."""
+        return self._last_problem
+
     def _problem(self, message: str) -> None:
         if message != self._last_problem:  # once per distinct problem, not every retry
             self._last_problem = message

@@ -51,6 +51,11 @@ class Route:
         self.wake_failure = ""
         # Called after the endpoints were replaced (the waker reads the target's replicas again).
         self.on_endpoints: Callable[[], None] | None = None
+        # Whether the endpoints were ever set (its slices read once): until then nothing is known of its readiness.
+        self.readiness_known = False
+        # Called when the route turns warm or cold, or its readiness is first known (the status writer's cue).
+        self.on_warmth: Callable[[], None] | None = None
+        self._warm = False
         self.stats = telemetry.HOT_PATH.stats(self.name)
         self._hold_seconds = telemetry.HOLD_SECONDS.labels(self.name)
         self._connects = {result: telemetry.UPSTREAM_CONNECTS.labels(self.name, result) for result in ("ok", "error")}
@@ -92,7 +97,9 @@ class Route:
             gone.close_idle()
         self._endpoints = endpoints
         self._track_zero(bool(endpoints))
-        self._readiness_changed()
+        first = not self.readiness_known
+        self.readiness_known = True
+        self._readiness_changed(first)
         if self.on_endpoints is not None:
             self.on_endpoints()
 
@@ -224,8 +231,12 @@ class Route:
 
     # --- cold starts ---
 
-    def _readiness_changed(self) -> None:
-        if self.has_usable():
+    def _readiness_changed(self, first: bool = False) -> None:
+        warm = self.has_usable()
+        if (warm != self._warm or first) and self.on_warmth is not None:
+            self.on_warmth()
+        self._warm = warm
+        if warm:
             if self._cold_since:
                 now = time.monotonic()
                 began = self._wake_sent_at if self._wake_sent_at >= self._cold_since else self._cold_since

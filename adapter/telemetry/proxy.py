@@ -138,6 +138,22 @@ OPEN_TUNNELS = Gauge(
 UPSTREAM_CONNECTS = Counter(
     "zeroscale_proxy_upstream_connections_total", "Upstream connections opened, by result", ["route", "result"]
 )
+ROUTE_TABLE_FAILURES = Counter(
+    "zeroscale_proxy_route_table_failures_total",
+    "Route tables that could not be built after a change of the route objects (the table in force stayed; see the log)",
+)
+ROUTE_STATUS_WRITES = Counter(
+    "zeroscale_proxy_route_status_writes_total",
+    "Writes of ZeroscaleRoute status by the Lease holder, by result (written; gone: the route was deleted meanwhile; "
+    "error: retried after proxy.route_objects.status_interval); docs/architecture.md#route-status",
+    ["result"],
+)
+ROUTE_OBJECTS = Gauge(
+    "zeroscale_proxy_route_objects",
+    "ZeroscaleRoute objects this replica sees, by state: accepted (served) or refused (its Accepted condition says "
+    "why)",
+    ["state"],
+)
 
 
 class FastHistogram:

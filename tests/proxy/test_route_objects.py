@@ -117,6 +117,14 @@ async def test_an_edit_routes_new_requests_at_once_and_leaves_unchanged_routes_a
         await routed(proxy.port, "blog.example")
         blog, shop = proxy.routes["team-b/blog"], proxy.routes["team-a/shop"]
         blog_requests = blog.stats.requests
+        # A change of the status alone (the proxy's own writes) is no change of the routes: the table stands.
+        table = proxy.control.table
+        status_only = route_object("team-b", "blog", ["blog.example"])
+        status_only["status"] = {"observedGeneration": 1}
+        kube.put(routes_collection("team-b"), status_only)
+        await until(lambda: any(o.status for o in proxy.control.route_objects.objects()))  # type: ignore[union-attr]
+        await asyncio.sleep(0.05)
+        assert proxy.control.table is table
         edited = route_object("team-a", "shop", ["shop.example", "store.example"], generation=2)
         kube.put(routes_collection("team-a"), edited)
         await routed(proxy.port, "store.example")
@@ -395,3 +403,29 @@ async def test_a_team_cannot_make_the_shared_proxy_hold_more_or_spin_faster_than
         assert "proxy.route_objects.max_limits" in refusal.message
         assert proxy.control.refusals["team-a/spinning"].reason == "InvalidSpec"
         assert "spec.probe_interval" in proxy.control.refusals["team-a/spinning"].message
+
+
+async def test_a_table_that_cannot_be_built_leaves_the_one_in_force_and_the_next_change_is_applied(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault injected where no check foresaw one: the proxy keeps serving, counts it, and recovers."""
+    import adapter.proxy.control as control
+
+    serve_pods(kube, "team-a", upstream)
+    kube.put(routes_collection("team-a"), route_object("team-a", "shop", ["shop.example"]))
+    async with route_proxy(kube, kube_client) as proxy:
+        await routed(proxy.port, "shop.example")
+        failures = REGISTRY.get_sample_value("zeroscale_proxy_route_table_failures_total") or 0.0
+        place = control.place  # type: ignore[attr-defined]
+
+        def broken(*args: Any) -> Any:
+            monkeypatch.setattr(control, "place", place)  # once
+            raise RuntimeError("injected")
+
+        monkeypatch.setattr(control, "place", broken)
+        kube.put(routes_collection("team-a"), route_object("team-a", "blog", ["blog.example"]))
+        await until(lambda: REGISTRY.get_sample_value("zeroscale_proxy_route_table_failures_total") == failures + 1)
+        assert await status_of(proxy.port, "shop.example") == 200
+        kube.put(routes_collection("team-a"), route_object("team-a", "news", ["news.example"]))
+        await routed(proxy.port, "news.example")
+        assert await status_of(proxy.port, "blog.example") == 200
