@@ -8,7 +8,7 @@ prunes unknown fields, and refuses them under kubectl's strict field validation)
 cannot say is said by CEL rules (RULES, mirroring RouteConfig's validators in adapter/config/route.py), checked at
 admission: no webhook.
 
-Defaults: those of choices (strings, booleans, lists: mode, wake, hosts...) are in the schema, so `kubectl get`
+Defaults: those of choices (strings, booleans, lists: mode, wake, path prefix...) are in the schema, so `kubectl get`
 shows a route's mode; numeric ones (limits, intervals, replicas) are not: the proxy applies them when it reads a
 route, so a newer proxy's defaults reach routes already stored. Each description says its default.
 
@@ -201,11 +201,6 @@ def structural(node: Schema, defs: dict[str, Schema], where: str) -> Schema:
 
 def _model_schema(model: type[RouteSpec] | type[RouteStatus], where: str) -> Schema:
     schema = model.model_json_schema()
-    # pydantic leaves a default_factory's value out of the schema: a list of scalars (hosts: ["*"]) is a choice too.
-    for name, info in model.model_fields.items():
-        value = info.get_default(call_default_factory=True) if info.default_factory is not None else None
-        if value and isinstance(value, list) and all(isinstance(item, str | int | bool) for item in value):
-            schema["properties"][name]["default"] = value
     return structural(schema, schema.pop("$defs", {}), where)
 
 

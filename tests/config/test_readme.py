@@ -48,3 +48,6 @@ def test_readme_route_objects_example_loads() -> None:
     (grant,) = objects.hosts
     assert grant.allows("shop", "api.shop.apps.example.com")
     assert not grant.allows("shop", "cart.apps.example.com")
+    assert objects.max_limits.hold_timeout == 300
+    assert objects.activator_ports is not None
+    assert 9150 in objects.activator_ports

@@ -34,7 +34,7 @@ from adapter.config.proxy import ActivatorConfig
 from adapter.kube.client import KubeClient
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
-from tests.fixtures.manifests import DEPLOY, ROOT, Objects, helm_render
+from tests.fixtures.manifests import DEPLOY, ROOT, Objects, helm_render, helm_template
 from tests.fixtures.proxy import running_proxy, until
 
 ADAPTER_DIR = ROOT / "adapter"
@@ -58,6 +58,7 @@ CALLS: dict[tuple[str, str], set[Call]] = {
     ("adapter/kube/watching.py", "GET"): {
         ("list", "", "services"),
         ("list", "discovery.k8s.io", "endpointslices"),
+        ("list", "zeroscale.io", "zeroscaleroutes"),
         ("list", "apps", "deployments"),
         ("list", "apps", "statefulsets"),
         ("list", "apps", "replicasets"),
@@ -65,6 +66,7 @@ CALLS: dict[tuple[str, str], set[Call]] = {
     ("adapter/kube/watching.py", "watch"): {
         ("watch", "", "services"),
         ("watch", "discovery.k8s.io", "endpointslices"),
+        ("watch", "zeroscale.io", "zeroscaleroutes"),
         ("watch", "apps", "deployments"),
         ("watch", "apps", "statefulsets"),
         ("watch", "apps", "replicasets"),
@@ -93,24 +95,27 @@ PATHS_FROM = {
         "adapter/kube/endpointslices.py",
         "adapter/kube/scale.py",
         "adapter/proxy/activator.py",
+        "adapter/config/route_object.py",  # ZeroscaleRoutes' group and plural, listed by adapter/proxy/route_objects.py
     ),
     "adapter/proxy/activator.py": ("adapter/kube/endpointslices.py",),
 }
 # A generic module calls on behalf of the modules that give it paths: a process makes its calls only when it
 # imports one of those (the adapter imports watching.py for a helper and lists nothing through it).
-CALLERS = {"adapter/kube/watching.py": {"adapter.proxy.readiness", "adapter.proxy.activator"}}
+CALLERS = {
+    "adapter/kube/watching.py": {"adapter.proxy.readiness", "adapter.proxy.activator", "adapter.proxy.route_objects"}
+}
 # Made only when `delegate:` is configured: granted by deploy/overlays/beside-keda alone.
 DELEGATE_SITES = {("adapter/api/delegate.py", "GET")}
 # Made only for routes in mode activator: its own module's and the Lease's, and the list-then-watch of the target
 # workload and of the Service clients call (through watching.py, which the in-path readiness uses too, for slices).
 ACTIVATOR_SITES = {site for site in CALLS if site[0] in ("adapter/proxy/activator.py", "adapter/kube/leases.py")}
 # ZeroscaleRoute objects, served by default (the chart's routeObjects, deploy/base's proxy.route_objects): the proxy
-# lists and watches routes and writes their status. The controller making these calls is being written
-# (adapter/proxy/): when it lands, its call sites join CALLS and this set must equal what they need.
-ROUTE_OBJECT_CALLS: set[Call] = {
-    *{(verb, "zeroscale.io", "zeroscaleroutes") for verb in ("get", "list", "watch")},
-    *{(verb, "zeroscale.io", "zeroscaleroutes/status") for verb in ("patch", "update")},
-}
+# lists and watches routes (adapter/proxy/route_objects.py, through watching.py: in CALLS) and writes their status.
+# The status writer is being written: when it lands, its call site joins CALLS and STATUS_CALLS must be what it
+# needs.
+STATUS_CALLS: set[Call] = {(verb, "zeroscale.io", "zeroscaleroutes/status") for verb in ("patch", "update")}
+READ_ROUTES: set[Call] = {(verb, "zeroscale.io", "zeroscaleroutes") for verb in ("list", "watch")}
+ROUTE_OBJECT_CALLS = READ_ROUTES | STATUS_CALLS
 # Route objects elect their status writer on mode activator's Lease, so the default installation grants its calls.
 LEASE_CALLS = {call for (module, _), calls in CALLS.items() if module == "adapter/kube/leases.py" for call in calls}
 WORKLOADS = ("deployments", "statefulsets", "replicasets")
@@ -355,6 +360,7 @@ def test_the_proxy_is_granted_exactly_its_calls(installation: Objects) -> None:
     needed = needed_by("zeroscale-proxy")
     assert ("patch", "apps", "deployments/scale") in needed
     assert ("create", "discovery.k8s.io", "endpointslices") not in needed
+    assert needed >= READ_ROUTES
     expected = {(call, None, ()) for call in needed} | default_route_object_grants()
     assert grants(installation, "zeroscale-proxy") == expected
 
@@ -558,11 +564,51 @@ def test_the_chart_lets_the_proxy_read_routes_in_the_served_namespaces_only(helm
     assert routes == {(call, namespace) for call in ROUTE_OBJECT_CALLS for namespace in ("shop", "cart")}
 
 
+def test_the_chart_grants_route_objects_in_mode_activator_in_the_served_namespaces_only(
+    helm: Path, tmp_path: Path
+) -> None:
+    """With config.proxy.route_objects.activator_ports a team's route may be in mode activator, naming a Service and a
+    workload of its choice: mode activator's calls are granted on any name, in each namespace served and nowhere
+    else (never cluster-wide), and the proxy's NetworkPolicy admits the ports."""
+    ports = {"first": 9100, "last": 9199}
+    objects = chart_with_routes(
+        helm, tmp_path, {"route_objects": {"namespaces": ["shop", "cart"], "activator_ports": ports}}
+    )
+    activator = needed_by("zeroscale-proxy", activator=True) - needed_by("zeroscale-proxy")
+    served = {
+        (call, where, names) for call, where, names in grants(objects, "zeroscale-proxy") if where in ("shop", "cart")
+    }
+    assert served == {
+        (call, namespace, ())
+        for namespace in ("shop", "cart")
+        for call in (activator | ROUTE_OBJECT_CALLS)
+        if call[2] != "leases"
+    }
+    assert sorted(endpointslice_writes(objects)) == [
+        ("Role", "cart", "zeroscale-proxy-activator"),
+        ("Role", "shop", "zeroscale-proxy-activator"),
+    ]
+    (policy,) = [
+        obj for obj in objects if obj["kind"] == "NetworkPolicy" and obj["metadata"]["name"] == "zeroscale-proxy"
+    ]
+    assert {"port": 9100, "endPort": 9199, "protocol": "TCP"} in policy["spec"]["ingress"][0]["ports"]
+
+
+def test_the_chart_refuses_route_objects_in_mode_activator_in_every_namespace(helm: Path) -> None:
+    """activator_ports without route_objects.namespaces would need EndpointSlice writes cluster-wide: refused, saying
+    what to list."""
+    ports = "config.proxy.route_objects.activator_ports.first=9100,config.proxy.route_objects.activator_ports.last=9199"
+    done = helm_template(helm, "--set", ports)
+    assert done.returncode != 0
+    assert "grants it only in the namespaces listed in config.proxy.route_objects.namespaces" in done.stderr
+
+
 def test_the_chart_without_route_objects_grants_nothing_of_them(helm: Path) -> None:
     """routeObjects.enabled=false: the file's routes only; neither the proxy nor a tenant gets anything of routes,
     and no Lease is granted without an activator route."""
     objects = helm_render(helm, "--set", "routeObjects.enabled=false")
-    assert grants(objects, "zeroscale-proxy") == {(call, None, ()) for call in needed_by("zeroscale-proxy")}
+    expected = {(call, None, ()) for call in needed_by("zeroscale-proxy") - READ_ROUTES}
+    assert grants(objects, "zeroscale-proxy") == expected
     assert [obj["metadata"]["name"] for obj in objects if zeroscale_io_rules(obj)] == []
 
 

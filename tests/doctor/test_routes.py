@@ -14,8 +14,6 @@ from adapter.doctor.routes import CHECK, CHECK_CRD, MAX_NAMED, ROUTES_PATH
 from tests.doctor.fixtures import CONFIGMAPS, DEPLOYMENTS, Cluster, _one, rendered_base, run_doctor
 from tests.fixtures.kube_standin import Reply, StandInRequest
 
-NOW = datetime.datetime.now(datetime.UTC)
-
 
 def with_proxy(cluster: Cluster, route_objects: bool = True) -> None:
     """The proxy's Deployment, its mounted config deploy/base's (route objects on) or with them turned off."""
@@ -56,13 +54,14 @@ def route(
     changed: datetime.timedelta = datetime.timedelta(hours=1),
 ) -> dict[str, Any]:
     """Route shop/<name>, its spec last written `changed` ago (by kubectl; the status by the proxy, later)."""
+    now = datetime.datetime.now(datetime.UTC)
     written = [
-        {"manager": "kubectl", "operation": "Apply", "time": (NOW - changed).strftime("%Y-%m-%dT%H:%M:%SZ")},
+        {"manager": "kubectl", "operation": "Apply", "time": (now - changed).strftime("%Y-%m-%dT%H:%M:%SZ")},
         {
             "manager": "zeroscale",
             "operation": "Apply",
             "subresource": "status",
-            "time": NOW.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         },
     ]
     metadata = {"name": name, "namespace": "shop", "generation": generation, "managedFields": written}

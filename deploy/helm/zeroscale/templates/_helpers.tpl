@@ -146,11 +146,22 @@ another CA, or expires within certificates.generate.renewDays. Returns JSON: {ca
 {{/*
 Mode activator, per namespace of an activator route's Service (config.proxy.routes): the Services clients call and
 the target workloads there by plural, each sorted. JSON: {namespace: {services: [...], workloads: {plural: [...]}}};
-{} when no route is in mode activator. The proxy's Roles (rbac.yaml) and NOTES.txt read it.
+{} when no route is in mode activator. With route objects and config.proxy.route_objects.activator_ports, every
+namespace of config.proxy.route_objects.namespaces too, with "any": true (a team names its Services and workloads
+as it likes, so the Role cannot name them). The proxy's Roles (rbac.yaml) and NOTES.txt read it.
 */}}
 {{- define "zeroscale.activatorGrants" -}}
 {{- include "zeroscale.fillConfig" . -}}
 {{- $activator := dict -}}
+{{- $objects := dig "proxy" "route_objects" dict .Values.config -}}
+{{- if and (include "zeroscale.routeObjects" .) $objects.activator_ports -}}
+{{- if not $objects.namespaces -}}
+{{- fail "config.proxy.route_objects.activator_ports: route objects in mode activator write their Services' EndpointSlices, which redirects Services, so the chart grants it only in the namespaces listed in config.proxy.route_objects.namespaces (none listed: list them, or remove activator_ports)" -}}
+{{- end -}}
+{{- range $namespace := $objects.namespaces -}}
+{{- $_ := set $activator $namespace (dict "services" (list) "workloads" (dict) "any" true) -}}
+{{- end -}}
+{{- end -}}
 {{- range (dig "proxy" "routes" (list) .Values.config) -}}
 {{- if .activator -}}
 {{- $namespace := required "a route in mode activator needs a Service upstream (service, namespace)" .upstream.namespace -}}
