@@ -69,6 +69,7 @@ class _Entry:
     version: ServedRoute | None  # the version serving it now; None: not served
     refusal: Refusal | None
     known: dict[str, Any]  # the status the object has: as last read, or as our last write answered
+    started: float = -math.inf  # when its version began serving (the loop's clock)
     written_at: float = -math.inf  # when its status was last written (the loop's clock)
     due: float | None = None  # a write put off by the interval, scheduled then
     facts: tuple[str, int, float | None] = ("Unknown", 0, None)  # the live facts last written or found unchanged
@@ -123,6 +124,7 @@ class StatusWriter(WatchTask):
                 entry.obj, entry.refusal = obj, refusal
             if version is not None and version is not entry.version:
                 version.route.on_warmth = lambda key=key: self._poke(key)
+                entry.started = asyncio.get_running_loop().time()
             entry.version = version
             entries[key] = entry
         self._dirty.intersection_update(entries)
@@ -208,6 +210,12 @@ class StatusWriter(WatchTask):
         if all(known.get(name) == value for name, value in desired.items()):
             return
         now = loop.time()
+        route = entry.route
+        if route is not None and not route.readiness_known and now < entry.started + self._interval:
+            # A new version reads its slices within moments (its first reading pokes it): a spec edit is not worth
+            # a Ready=False ReadinessUnknown of a few milliseconds, written and then taken back.
+            self._put_off(key, entry, entry.started + self._interval)
+            return
         conditions_same = (known.get("observedGeneration"), known.get("conditions")) == (
             desired["observedGeneration"],
             desired["conditions"],

@@ -19,7 +19,7 @@ from adapter.config.route_object import API_VERSION, KIND
 from adapter.kube.client import KubeClient
 from adapter.kube.leases import lease_path
 from adapter.proxy.app import Proxy
-from tests.fixtures.kube_routes import SLICES_V1, ScaleStandIn, endpoint_slice, slices_collection
+from tests.fixtures.kube_routes import SLICES_V1, ScaleStandIn, SlowLists, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn
 from tests.fixtures.proxy import get, request, running_proxy, until
 from tests.proxy.test_activator import DEPLOYMENTS, LEASES, SERVICES, activator_settings
@@ -331,3 +331,30 @@ async def test_a_route_in_mode_activator_is_not_ready_while_its_slices_cannot_be
         assert "has a selector" in condition(kube, "Ready", "team-a", "web")["message"]
         kube.put("/api/v1/namespaces/team-a/services", {**clients, "spec": {}})
         await until(lambda: reason(kube, "Ready", "team-a", "web") == ("True", "Ready"))
+
+
+async def test_an_edited_route_is_not_said_unready_for_the_moment_its_new_version_reads_its_slices(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    app(kube, "team-a", "127.0.0.1")
+    kube.put(routes_collection("team-a"), route_object("team-a"))
+    readies: list[str] = []
+
+    def ready_written(_method: str, path: str, body: Any) -> None:
+        if path.endswith("/status"):
+            readies.extend(c["reason"] for c in body["status"].get("conditions", []) if c["type"] == "Ready")
+
+    kube.before_write.append(ready_written)
+    async with proxy_for(kube_client, "team-a", status_interval=3.0):
+        await until(lambda: reason(kube, "Ready", "team-a") == ("True", "Ready"))
+        slow = SlowLists(kube, rf"{slices_collection('team-a')}")  # the new version's first list of its slices
+        obj = kube.get(routes_collection("team-a"), "shop")
+        assert obj is not None
+        edited = route_object("team-a", generation=2, hosts=["shop.team-a.example"])
+        kube.put(routes_collection("team-a"), {**edited, "status": obj["status"]})
+        await until(lambda: slow.waiting == 1)
+        await asyncio.sleep(0.3)
+        slow.answer()
+        await until(lambda: status(kube, "team-a").get("observedGeneration") == 2)
+        assert reason(kube, "Ready", "team-a") == ("True", "Ready")
+        assert "ReadinessUnknown" not in readies, readies
