@@ -72,6 +72,7 @@ class _Entry:
     started: float = -math.inf  # when its version began serving (the loop's clock)
     written_at: float = -math.inf  # when its status was last written (the loop's clock)
     due: float | None = None  # a write put off by the interval, scheduled then
+    retry_at: float = -math.inf  # after a failed write: none before then, whatever changed
     facts: tuple[str, int, float | None] = ("Unknown", 0, None)  # the live facts last written or found unchanged
     slices: tuple[bool, str | None] = (True, None)  # mode activator: its slice writer's state as last looked at
     service: bool | None = None  # whether its upstream Service exists (None: not known)
@@ -220,7 +221,7 @@ class StatusWriter(WatchTask):
             desired["observedGeneration"],
             desired["conditions"],
         )
-        if conditions_same and now < entry.written_at + self._interval:
+        if (conditions_same or now < entry.retry_at) and now < entry.written_at + self._interval:
             self._put_off(key, entry, entry.written_at + self._interval)
             return
         await self._write(key, entry, desired)
@@ -261,7 +262,8 @@ class StatusWriter(WatchTask):
     def _failed(self, key: str, entry: _Entry, err: KubeError) -> None:
         telemetry.ROUTE_STATUS_WRITES.labels("error").inc()
         self._failures += 1
-        self._put_off(key, entry, entry.written_at + self._interval)  # tried again then
+        entry.retry_at = entry.written_at + self._interval
+        self._put_off(key, entry, entry.retry_at)  # tried again then, and not before (an API in trouble)
         now = asyncio.get_running_loop().time()
         if now >= self._failure_logged_at + _FAILURE_LOG_INTERVAL:
             hint = (

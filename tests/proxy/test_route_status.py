@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -20,7 +21,7 @@ from adapter.kube.client import KubeClient
 from adapter.kube.leases import lease_path
 from adapter.proxy.app import Proxy
 from tests.fixtures.kube_routes import SLICES_V1, ScaleStandIn, SlowLists, endpoint_slice, slices_collection
-from tests.fixtures.kube_standin import KubeStandIn
+from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
 from tests.fixtures.proxy import get, request, running_proxy, until
 from tests.proxy.test_activator import DEPLOYMENTS, LEASES, SERVICES, activator_settings
 from tests.proxy.test_route_objects import activator_object, seed_activator
@@ -296,7 +297,7 @@ async def test_a_route_deleted_before_its_write_is_dropped_silently_and_forgotte
             kube.delete(routes_collection("team-a"), "shop")
 
     kube.before_write.append(delete_first)
-    gone = REGISTRY.get_sample_value("zeroscale_proxy_route_status_writes_total", {"result": "gone"}) or 0.0
+    gone = writes_total("gone")
     async with proxy_for(kube_client, "team-a") as proxy:
         await until(
             lambda: (
@@ -358,3 +359,45 @@ async def test_an_edited_route_is_not_said_unready_for_the_moment_its_new_versio
         await until(lambda: status(kube, "team-a").get("observedGeneration") == 2)
         assert reason(kube, "Ready", "team-a") == ("True", "Ready")
         assert "ReadinessUnknown" not in readies, readies
+
+
+async def test_a_service_the_proxy_may_not_read_leaves_ready_unknown_saying_what_to_grant(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    app(kube, "team-a", "127.0.0.1")
+    kube.put(routes_collection("team-a"), route_object("team-a"))
+    forbidden = Reply(403, status_body(403, "Forbidden", 'services "web" is forbidden'))
+    kube.add_route("GET", r"/api/v1/namespaces/team-a/services/web", lambda _request, _match: forbidden)
+    async with proxy_for(kube_client, "team-a"):
+        await until(lambda: reason(kube, "Ready", "team-a") == ("Unknown", "CannotCheck"))
+        message = condition(kube, "Ready", "team-a")["message"]
+        assert "grant it get" in message
+        assert "forbidden" in message
+
+
+async def test_a_failed_write_is_counted_logged_once_and_tried_again_a_status_interval_later(
+    kube: KubeStandIn, kube_client: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    app(kube, "team-a", "127.0.0.1")
+    kube.put(routes_collection("team-a"), route_object("team-a"))
+    refused: list[float] = []
+
+    def unwell(_request: StandInRequest, _match: re.Match[str]) -> Reply | None:
+        if len(refused) == 2:
+            return None  # the status subresource's own route
+        refused.append(time.monotonic())
+        return Reply(500, status_body(500, "InternalError", "etcd is unwell"))
+
+    kube.add_route("PATCH", rf"{routes_collection('team-a')}/shop/status", unwell)
+    errors = writes_total("error")
+    async with proxy_for(kube_client, "team-a"):
+        await until(lambda: reason(kube, "Ready", "team-a") == ("True", "Ready"))
+    assert writes_total("error") == errors + 2
+    assert refused[1] - refused[0] >= INTERVAL * 0.9
+    warnings = [r for r in caplog.records if r.name == "adapter.proxy.route_status" and r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert "etcd is unwell" in warnings[0].getMessage()
+
+
+def writes_total(result: str) -> float:
+    return REGISTRY.get_sample_value("zeroscale_proxy_route_status_writes_total", {"result": result}) or 0.0
