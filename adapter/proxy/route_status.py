@@ -96,10 +96,12 @@ class StatusWriter(WatchTask):
         self._entries: dict[str, _Entry] = {}
         self._dirty: set[str] = set()
         self._due: list[tuple[float, str]] = []  # a heap of (when, key): writes put off by the interval
+        self._working: deque[str] = deque()  # the routes the worker has taken and not yet looked at
         self._wake = asyncio.Event()
         self._failures = 0  # since the last message
         self._failure_logged_at = -math.inf
         leader.subscribe(self._leading_changed)
+        telemetry.ROUTE_STATUS_BACKLOG.set_function(lambda: len(self._dirty) + len(self._working))
 
     # --- what the control plane tells it ---
 
@@ -185,7 +187,7 @@ class StatusWriter(WatchTask):
                 self._dirty.add(key)
 
     async def _drain(self, keys: set[str]) -> None:
-        pending = deque(keys)
+        pending = self._working = deque(keys)
 
         async def work() -> None:
             while pending:

@@ -183,8 +183,10 @@ async def test_a_replica_not_holding_the_lease_writes_nothing_until_it_holds_it(
         await asyncio.sleep(6 * INTERVAL)
         assert status_patches(kube) == []
         assert not [path for _method, path, _headers in kube.requests if "/services/" in path]
+        assert REGISTRY.get_sample_value("zeroscale_proxy_route_status_backlog") == 1  # waiting for the Lease
         kube.put(lease_path("zeroscale"), {**lease, "spec": {"holderIdentity": "", "leaseDurationSeconds": 1}})
         await until(lambda: reason(kube, "Ready", "team-a") == ("True", "Ready"))  # the next retry_period takes it
+        await until(lambda: REGISTRY.get_sample_value("zeroscale_proxy_route_status_backlog") == 0)
 
 
 async def test_a_status_is_not_written_again_while_nothing_changed(kube: KubeStandIn, kube_client: KubeClient) -> None:
