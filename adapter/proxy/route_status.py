@@ -8,7 +8,8 @@ looks for changed live facts; one worker, `_CONCURRENCY` calls at a time, then w
 when it differs from what the object has, at once when its conditions changed, else at most once per
 status_interval. Whether a route's Service and target exist is read from the API (a GET each) only when its
 generation changes or its last reading is `_RECHECK_FOUND` / `_RECHECK_MISSING` old: the API's load follows the
-number of routes over time, not the events.
+number of routes over time, not the events. In mode activator, Ready also says whether the route's slice writer
+(adapter/proxy/activator.py) has read its inputs and written the Service's slices, or why not.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError, KubeError
 from adapter.kube.scale import MERGE_PATCH, scale_path
 from adapter.kube.watching import WatchTask, field
+from adapter.proxy.activator import Activator
 from adapter.proxy.claims import ACCEPTED, Refusal
 from adapter.proxy.leader import LeaderElector
 from adapter.proxy.route import Route
@@ -55,23 +57,33 @@ class ServedRoute(Protocol):
     @property
     def route(self) -> Route: ...
 
+    @property
+    def activator(self) -> Activator | None: ...
+
 
 @dataclass
 class _Entry:
     """One route object as the writer follows it."""
 
     obj: RouteObject
-    route: Route | None  # the version serving it now; None: not served
+    version: ServedRoute | None  # the version serving it now; None: not served
     refusal: Refusal | None
     known: dict[str, Any]  # the status the object has: as last read, or as our last write answered
+    started: float = -math.inf  # when its version began serving (the loop's clock)
     written_at: float = -math.inf  # when its status was last written (the loop's clock)
     due: float | None = None  # a write put off by the interval, scheduled then
+    retry_at: float = -math.inf  # after a failed write: none before then, whatever changed
     facts: tuple[str, int, float | None] = ("Unknown", 0, None)  # the live facts last written or found unchanged
+    slices: tuple[bool, str | None] = (True, None)  # mode activator: its slice writer's state as last looked at
     service: bool | None = None  # whether its upstream Service exists (None: not known)
     target: bool | None = None  # whether its target's scale subresource exists (None: not known, or no target)
     check_error: str = ""
     checked_at: float = -math.inf
     checked_generation: int = -1
+
+    @property
+    def route(self) -> Route | None:
+        return None if self.version is None else self.version.route
 
 
 class StatusWriter(WatchTask):
@@ -84,10 +96,12 @@ class StatusWriter(WatchTask):
         self._entries: dict[str, _Entry] = {}
         self._dirty: set[str] = set()
         self._due: list[tuple[float, str]] = []  # a heap of (when, key): writes put off by the interval
+        self._working: deque[str] = deque()  # the routes the worker has taken and not yet looked at
         self._wake = asyncio.Event()
         self._failures = 0  # since the last message
         self._failure_logged_at = -math.inf
         leader.subscribe(self._leading_changed)
+        telemetry.ROUTE_STATUS_BACKLOG.set_function(lambda: len(self._dirty) + len(self._working))
 
     # --- what the control plane tells it ---
 
@@ -100,25 +114,25 @@ class StatusWriter(WatchTask):
         for obj in objects:
             key = obj.key
             version = versions.get(key)
-            route = version.route if version is not None else None
             refusal = refusals.get(key)
             entry = self._entries.get(key)
             if entry is None:
-                entry = _Entry(obj, route, refusal, obj.status)
+                entry = _Entry(obj, None, refusal, obj.status)
                 self._dirty.add(key)
             else:
                 if obj.status != entry.obj.status:
                     entry.known = obj.status
-                if entry.obj is not obj or entry.route is not route or entry.refusal != refusal:
+                if entry.obj is not obj or entry.version is not version or entry.refusal != refusal:
                     self._dirty.add(key)
                 entry.obj, entry.refusal = obj, refusal
-            if route is not None and route is not entry.route:
-                route.on_warmth = lambda key=key: self._poke(key)
-            entry.route = route
+            if version is not None and version is not entry.version:
+                version.route.on_warmth = lambda key=key: self._poke(key)
+                entry.started = asyncio.get_running_loop().time()
+            entry.version = version
             entries[key] = entry
         self._dirty.intersection_update(entries)
         self._entries = entries
-        served = sum(1 for entry in entries.values() if entry.route is not None)
+        served = sum(1 for entry in entries.values() if entry.version is not None)
         telemetry.ROUTE_OBJECTS.labels("accepted").set(served)
         telemetry.ROUTE_OBJECTS.labels("refused").set(len(entries) - served)
         self._wake.set()
@@ -162,13 +176,18 @@ class StatusWriter(WatchTask):
             await self._drain(keys)
 
     def _sweep(self, now: float) -> None:
-        """Dirty: the routes whose live facts changed, and those whose Service and target are due to be read again."""
+        """Dirty: the routes whose live facts or slice writer changed, and those whose Service and target are due to
+        be read again."""
         for key, entry in self._entries.items():
-            if _facts(entry.route) != entry.facts or (entry.route is not None and self._check_due(entry, now)):
+            if (
+                _facts(entry.route) != entry.facts
+                or _slices(entry.version) != entry.slices
+                or (entry.route is not None and self._check_due(entry, now))
+            ):
                 self._dirty.add(key)
 
     async def _drain(self, keys: set[str]) -> None:
-        pending = deque(keys)
+        pending = self._working = deque(keys)
 
         async def work() -> None:
             while pending:
@@ -189,16 +208,22 @@ class StatusWriter(WatchTask):
         if entry.route is not None and self._check_due(entry, loop.time()):
             await self._check(entry)
         desired = self._desired(entry)
-        entry.facts = _facts(entry.route)
+        entry.facts, entry.slices = _facts(entry.route), _slices(entry.version)
         known = entry.known
         if all(known.get(name) == value for name, value in desired.items()):
             return
         now = loop.time()
+        route = entry.route
+        if route is not None and not route.readiness_known and now < entry.started + self._interval:
+            # A new version reads its slices within moments (its first reading pokes it): a spec edit is not worth
+            # a Ready=False ReadinessUnknown of a few milliseconds, written and then taken back.
+            self._put_off(key, entry, entry.started + self._interval)
+            return
         conditions_same = (known.get("observedGeneration"), known.get("conditions")) == (
             desired["observedGeneration"],
             desired["conditions"],
         )
-        if conditions_same and now < entry.written_at + self._interval:
+        if (conditions_same or now < entry.retry_at) and now < entry.written_at + self._interval:
             self._put_off(key, entry, entry.written_at + self._interval)
             return
         await self._write(key, entry, desired)
@@ -239,7 +264,8 @@ class StatusWriter(WatchTask):
     def _failed(self, key: str, entry: _Entry, err: KubeError) -> None:
         telemetry.ROUTE_STATUS_WRITES.labels("error").inc()
         self._failures += 1
-        self._put_off(key, entry, entry.written_at + self._interval)  # tried again then
+        entry.retry_at = entry.written_at + self._interval
+        self._put_off(key, entry, entry.retry_at)  # tried again then, and not before (an API in trouble)
         now = asyncio.get_running_loop().time()
         if now >= self._failure_logged_at + _FAILURE_LOG_INTERVAL:
             hint = (
@@ -356,6 +382,12 @@ def _references(route: Route) -> tuple[tuple[str, str], tuple[str, str, str] | N
     return service, ((target.namespace, target.kind, target.name) if isinstance(target, ScaleTarget) else None)
 
 
+def _slices(version: ServedRoute | None) -> tuple[bool, str | None]:
+    """Mode activator: whether its slice writer has read what it decides from, and why its latest write failed."""
+    activator = None if version is None else version.activator
+    return (True, None) if activator is None else (activator.inputs_read, activator.problem)
+
+
 def _readiness(entry: _Entry) -> tuple[str, str, str]:
     """The Ready condition's status, reason and message: what keeps the route from working, and what to fix."""
     route = entry.route
@@ -375,5 +407,11 @@ def _readiness(entry: _Entry) -> tuple[str, str, str]:
     if not route.readiness_known:
         why = f"the proxy has not read the EndpointSlices of {service} yet (it needs list and watch on endpointslices)"
         return "False", "ReadinessUnknown", why
+    read, problem = _slices(entry.version)
+    if problem is not None:
+        return "False", "SlicesNotWritten", problem
+    if not read:
+        why = "the proxy has not yet read the target, its pods and the proxy's own pods, which decide the slices"
+        return "False", "SlicesPending", why
     found = service if target is None else f"{service} and {workload}"
     return "True", READY, f"{found} exist, and the proxy knows the Service's ready endpoints"

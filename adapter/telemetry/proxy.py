@@ -148,6 +148,11 @@ ROUTE_STATUS_WRITES = Counter(
     "error: retried after proxy.route_objects.status_interval); docs/architecture.md#route-status",
     ["result"],
 )
+ROUTE_STATUS_BACKLOG = Gauge(
+    "zeroscale_proxy_route_status_backlog",
+    "ZeroscaleRoutes whose status is to be looked at (and written if it changed): high for long, the writer falls "
+    "behind its routes (or this replica does not hold the Lease); docs/architecture.md#route-status",
+)
 ROUTE_OBJECTS = Gauge(
     "zeroscale_proxy_route_objects",
     "ZeroscaleRoute objects this replica sees, by state: accepted (served) or refused (its Accepted condition says "
