@@ -14,8 +14,9 @@ its own and watches that Service's slices, as each route version does.
   to the first request for the new host the proxy does not answer with its 404 ("no route for this host"), polled
   over one keep-alive connection: "table" when that request was sent (the new table took it), "answered" when
   its answer from the upstream came (a new route version lists its Service's slices first, and holds the
-  request until it has): the first request routed by the change, the figure of the last line. A created route is deleted again after its trial (so the count stays), and the time
-  until its host answers 404 again is printed too.
+  request until it has): the first request routed by the change, the figure of the last line. A created route
+  is deleted again after its trial (so the count stays), and the time until its host answers 404 again is
+  printed too.
 - Memory: the proxy's VmRSS (/proc/<pid>/status) with 0 routes (the baseline), --routes and --many routes, each
   read once every route's host answers through the proxy. The routes are created --concurrency at a time.
 
