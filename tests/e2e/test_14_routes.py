@@ -303,6 +303,10 @@ def test_a_tenant_route_routes_at_once_then_holds_a_request_and_wakes_its_worklo
     applied = apply_as_tenant(kube, route(TEAM_A, "web", [host]))
     routed_after, answer = until_routed(proxy.port, host, applied)
     assert answer == (200, "served /first"), answer
+    timeline.record(
+        f"routes: the tenant (edit only) kubectl-applied {TEAM_A}/web; first request routed by it "
+        f"{routed_after * 1000:.0f} ms after kubectl apply returned"
+    )
     accepted = wait_condition(kube, TEAM_A, "web", "Accepted", "True")
     ready = wait_condition(kube, TEAM_A, "web", "Ready", "True")
     assert accepted["observedGeneration"] == ready["observedGeneration"] == 1
@@ -321,10 +325,8 @@ def test_a_tenant_route_routes_at_once_then_holds_a_request_and_wakes_its_worklo
         done = results(answers)
     assert sorted(done) == [(200, f"served /order/{n}") for n in range(3)], done
     timeline.record(
-        f"routes: the tenant (edit only) kubectl-applied {TEAM_A}/web; first request routed by it "
-        f"{routed_after * 1000:.0f} ms after kubectl apply returned; Accepted and Ready in its status after "
-        f"{status_after:.1f} s; cold: 3 requests held, {APP} woken 0->1 in {woke:.2f} s, pod ready at "
-        f"{ready_at:.1f} s, all 3 answered 200"
+        f"routes: {TEAM_A}/web Accepted and Ready in its status {status_after:.1f} s after kubectl apply; cold: 3 "
+        f"requests held, {APP} woken 0->1 in {woke:.2f} s, pod ready at {ready_at:.1f} s, all 3 answered 200"
     )
 
 
