@@ -111,10 +111,19 @@ class TLSClientFiles(Strict):
     verify_hostname: bool = True
 
 
+# In a selector label's pattern, this stands for the namespace the request comes from (regex-escaped).
+NAMESPACE_PLACEHOLDER = "{namespace}"
+# The namespace a pattern holding the placeholder is compiled with at config load (any DNS-1123 label would do).
+_SAMPLE_NAMESPACE = "team-a"
+
+
 class SelectorLabel(Strict):
     """A label the HPA's selector may (or must) give, and the pattern its values must match.
 
-    The pattern keeps an HPA from making the adapter read arbitrary keys or groups.
+    The pattern keeps an HPA from making the adapter read arbitrary keys or groups. `{namespace}` in it stands for
+    the namespace asking (an HPA's, a ScaledObject's), so `{namespace}_.+` lets each team read only its own groups
+    or keys. Follow it with a character no namespace name holds (`_` or `.`): after `-`, namespace `team` would
+    match team-a's `team-a-orders`.
     """
 
     pattern: str = ".+"
@@ -124,13 +133,18 @@ class SelectorLabel(Strict):
     @classmethod
     def _compiles(cls, pattern: str) -> str:
         try:
-            re.compile(pattern)
+            re.compile(pattern.replace(NAMESPACE_PLACEHOLDER, re.escape(_SAMPLE_NAMESPACE)))
         except re.error as err:
             raise ValueError(f"not a valid regular expression: {err}") from err
         return pattern
 
-    def allows(self, value: str) -> bool:
-        return re.fullmatch(self.pattern, value) is not None
+    def bound(self, namespace: str) -> str:
+        """The pattern as it applies to a request from `namespace`."""
+        return self.pattern.replace(NAMESPACE_PLACEHOLDER, re.escape(namespace))
+
+    def allows(self, value: str, namespace: str) -> bool:
+        # re caches compiled patterns (a bounded cache): one per metric label and namespace asking at most.
+        return re.fullmatch(self.bound(namespace), value) is not None
 
 
 class SourceBase(Strict):

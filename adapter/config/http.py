@@ -40,11 +40,13 @@ class HTTPSource(SourceBase):
     reconnect_max: Duration = 2.0
     keepalive_time: Duration = 10.0
     keepalive_timeout: Duration = 5.0
-    # A snapshot larger than this is refused by gRPC before it is decoded (max_routes names of up to
-    # 253 characters fit): decoding costs CPU per message, whoever sends it.
-    max_message_bytes: int = Field(default=512 * 1024, ge=1024)
-    # Routes in one replica's snapshot; more is a broken or hostile replica: it fails the metric.
-    max_routes: int = Field(default=1000, ge=1)
+    # A snapshot larger than this is refused by gRPC before it is decoded (max_routes keys `<namespace>/<name>` of
+    # up to 317 characters fit): decoding costs CPU per message, whoever sends it.
+    max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    # Routes in one replica's snapshot; more is a broken or hostile replica: it fails the metric. A replica lists only
+    # the routes holding or forwarding something now, so this bounds busy routes, not configured ones; the default is
+    # the most route objects one proxy serves (proxy.route_objects.max_routes), all busy at once.
+    max_routes: int = Field(default=10_000, ge=1)
     # Replicas discovery may list; more fails the metric (each one is a channel and a task here).
     max_replicas: int = Field(default=256, ge=1)
 
@@ -79,7 +81,12 @@ def _route_label() -> dict[str, SelectorLabel]:
 
 
 class HTTPMetric(MetricBase):
-    """Requests of one route (selector `route=<name>`, or `route in (a,b)` for a sum) over every replica."""
+    """Requests of one route (selector `route=<name>`, or `route in (a,b)` for a sum) over every replica.
+
+    An HPA (or ScaledObject) in namespace A reads the routes of A only: `route=web` is route `A/web` (counts are
+    keyed `<namespace>/<name>`). No value names another namespace's route: a label value cannot hold `/` (the
+    selector grammar refuses it, whatever `labels.route.pattern` says).
+    """
 
     type: Literal["http"]
     # pending = held + in flight: the requests that need a ready replica.

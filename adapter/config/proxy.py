@@ -9,13 +9,22 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
 from adapter.config.base import Duration, Strict, split_address
-from adapter.config.kube import KubeAPIConfig
+from adapter.config.kube import SERVICE_ACCOUNT_DIR, KubeAPIConfig
 from adapter.config.route import DNS_LABEL, AddressUpstream, RouteConfig, RouteLimits, ServiceRef, ServiceUpstream
 from adapter.k8s_wire.endpoint_ip import LOOPBACK, NOT_AN_IP, endpoint_refusal
+
+
+def pod_namespace(path: Path = SERVICE_ACCOUNT_DIR / "namespace") -> str:
+    """The namespace of the pod this runs in, as its service account's mounted token says; `default` outside one."""
+    try:
+        return path.read_text(encoding="utf-8").strip() or "default"
+    except FileNotFoundError:
+        return "default"
 
 
 class SidecarConfig(Strict):
@@ -25,6 +34,10 @@ class SidecarConfig(Strict):
     # The route name its counts are reported under: the cluster route's name, so that a route's `http` metric sums
     # what the cluster proxies hold and what the sidecars have in flight (docs/architecture.md#activator).
     route: str = Field(default="sidecar", pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
+    # The pod's namespace: the route's counts are reported as `<namespace>/<route>`, which an HPA in that namespace
+    # reads as `route=<route>`. Set it from the downward API (metadata.namespace); unset: the namespace of the pod's
+    # service account token, if mounted, else `default`.
+    namespace: str = Field(default_factory=lambda: pod_namespace(), pattern=DNS_LABEL)
     limits: RouteLimits = Field(default_factory=RouteLimits)
     probe_interval: Duration = Field(default=0.01, gt=0)
 
@@ -37,6 +50,7 @@ class SidecarConfig(Strict):
     def as_route(self) -> RouteConfig:
         return RouteConfig(
             name=self.route,
+            namespace=self.namespace,
             upstream=AddressUpstream(address=self.upstream),
             wake="none",
             readiness="probe",

@@ -94,6 +94,10 @@ RedisQueryKind = Literal["length", "zset_due", "stream_length", "stream_pending"
 GROUP_QUERIES = ("stream_pending", "stream_lag", "stream_backlog")
 
 
+# The placeholder a key or group template takes the asking namespace from (an HPA's, a ScaledObject's), not a label.
+NAMESPACE = "namespace"
+
+
 def placeholders(template: str) -> list[str]:
     """Names used as `$name` / `${name}` in a key or group template."""
     return list(Template(template).get_identifiers())
@@ -104,7 +108,9 @@ class RedisMetric(MetricBase):
 
     `${key}` takes the value(s) of the selector label `key`; `rq:queue:${queue}` adds a prefix
     (label values cannot hold `:`); a template without `$` is a fixed key. Several values
-    (`key in (a,b)`) read every combination and sum them.
+    (`key in (a,b)`) read every combination and sum them. `${namespace}` is the namespace asking
+    (the HPA's, the ScaledObject's), not a label: `${namespace}:jobs:${queue}` keeps each team
+    to its own keys.
     """
 
     type: Literal["redis"]
@@ -126,6 +132,13 @@ class RedisMetric(MetricBase):
             if not Template(template).is_valid():
                 raise ValueError(f"{field_name}: not a valid template; write $$ for a literal $")
             for name in placeholders(template):
+                if name == NAMESPACE:
+                    if NAMESPACE in self.labels:
+                        raise ValueError(
+                            f"{field_name} uses ${{{NAMESPACE}}}, the namespace asking: rename the selector label "
+                            f"{NAMESPACE!r}"
+                        )
+                    continue
                 label = self.labels.get(name)
                 if label is None:
                     raise ValueError(

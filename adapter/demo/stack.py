@@ -77,6 +77,8 @@ def proxy_config(ports: Ports, scaler_port: int) -> dict[str, Any]:
             "routes": [
                 {
                     "name": "web",
+                    # Counted as demo/web: the demo's HPA, in namespace demo, reads route=web there.
+                    "namespace": NAMESPACE,
                     "upstream": {"address": f"{HOST}:{ports.web}"},
                     # Development mode: the demo's local scaler stands in for the scale subresource.
                     "target": {"kind": "Local", "name": "web", "url": f"http://{HOST}:{scaler_port}"},

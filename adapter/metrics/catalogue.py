@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from adapter.config.base import MetricBase
+from adapter.config.base import MetricBase, SelectorLabel
 from adapter.k8s_wire.selector import Selector, SelectorError, parse_selector
 from adapter.metrics.errors import BadSelector, MetricNotFound
 from adapter.sources.base import SourceQuery
@@ -91,13 +91,15 @@ class Catalogue:
             selector = parse_selector(selector_text)
         except SelectorError as err:
             raise BadSelector(str(err)) from None
-        _check_labels(metric, selector)
+        _check_labels(metric, selector, namespace)
         params = {key: values for key in metric.labels if (values := selector.values_for(key)) is not None}
         key = SeriesKey(metric.key, namespace, str(selector))
-        return key, SourceQuery(metric=metric, params=params, selector=selector)
+        return key, SourceQuery(metric=metric, params=params, selector=selector, namespace=namespace)
 
 
-def _check_labels(metric: MetricBase, selector: Selector) -> None:
+def _check_labels(metric: MetricBase, selector: Selector, namespace: str) -> None:
+    """Every value the selector names is one its label's pattern allows for `namespace` (`{namespace}` in a
+    pattern is the asking namespace); raise BadSelector otherwise."""
     declared = metric.labels
     for requirement in selector.requirements:
         allowed = declared.get(requirement.key)
@@ -109,11 +111,17 @@ def _check_labels(metric: MetricBase, selector: Selector) -> None:
             )
         # Every operand, a `>`/`<` bound included, is a value the label may take: each distinct one is a series.
         for value in requirement.values:
-            if not allowed.allows(value):
+            if not allowed.allows(value, namespace):
                 raise BadSelector(
                     f"value {value!r} of label {requirement.key!r} does not match the pattern "
-                    f"{allowed.pattern!r} that metric {metric.name} allows"
+                    f"{allowed.pattern!r} that metric {metric.name} allows{_as_bound(allowed, namespace)}"
                 )
     for key, label in declared.items():
         if label.required and selector.values_for(key) is None:
             raise BadSelector(f"metric {metric.name} needs the selector to give {key} (e.g. {key}=<value>)")
+
+
+def _as_bound(label: SelectorLabel, namespace: str) -> str:
+    """How a pattern naming `{namespace}` read for this request, for the 400's message."""
+    bound = label.bound(namespace)
+    return "" if bound == label.pattern else f" in namespace {namespace} (there: {bound!r})"

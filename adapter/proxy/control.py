@@ -72,6 +72,7 @@ class ControlPlane:
         self.route_objects: RouteObjects | None = None
         self.status_writer: StatusWriter | None = None  # the route objects' status (the Lease holder writes)
         self._rebuild_scheduled = False
+        self._placed: list[RouteObject] | None = None  # the route objects as last placed
         self.leader: LeaderElector | None = None
         self._proxy_pods: ProxyPods | None = None
         self.services = RouteServices(None, None, None, None)
@@ -222,6 +223,12 @@ class ControlPlane:
     def _rebuild(self) -> None:
         self._rebuild_scheduled = False
         objects: list[RouteObject] = self.route_objects.objects() if self.route_objects is not None else []
+        if not self._specs_changed(objects):
+            # Only statuses changed (most events are the status writer's own): placing 10,000 routes again would
+            # cost the event loop a few hundred milliseconds per write.
+            if self.status_writer is not None:
+                self.status_writer.changed(objects, self.refusals, self.versions)
+            return
         refusals = {obj.key: obj.invalid for obj in objects if obj.invalid is not None}
         candidates = list(self._file_routes)
         candidates += [Candidate(obj.config, obj.created) for obj in objects if obj.config is not None]
@@ -229,8 +236,26 @@ class ControlPlane:
         refusals.update(refused)
         self.refusals = refusals
         self._swap(served)
+        self._placed = objects  # after the swap: a table that could not be built is tried again at the next event
         if self.status_writer is not None:
             self.status_writer.changed(objects, refusals, self.versions)
+
+    def _specs_changed(self, objects: list[RouteObject]) -> bool:
+        """Whether any object was added, deleted or parsed again since the last placing that went through
+        (RouteObjects parses an object once per generation: a status change keeps its parsed config, the very same
+        object)."""
+        before = self._placed
+        return (
+            before is None
+            or len(before) != len(objects)
+            or any(
+                old.key != new.key
+                or old.config is not new.config
+                or old.invalid is not new.invalid
+                or old.created != new.created
+                for old, new in zip(before, objects, strict=True)
+            )
+        )
 
     def _swap(self, served: list[RouteConfig]) -> None:
         before = self.versions

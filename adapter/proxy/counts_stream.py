@@ -10,6 +10,12 @@ idle route after another would cost a message of all the routes each (1,000 rout
 message and stream); a second edge within the window waits for its end, at most
 `coalesce`. Each message is a whole snapshot, so a slow reader just gets the newest one (its wake-up
 flag coalesces further).
+
+A snapshot lists each route by its key, `<namespace>/<name>`, and only while it holds or forwards something:
+a route whose held and in-flight counts are both 0 is left out, so a proxy of 10,000 mostly idle routes sends
+the few that are busy (the adapter refuses a snapshot of more than its source's `max_routes`), and a deleted
+route, which holds nothing once its requests are answered, leaves no entry behind. A route left out reads 0
+(adapter/sources/proxy_counts/source.py), and its next lift is an edge from zero like any other.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ SubscribeCounts = Callable[[CountsListener], Callable[[], None]]
 
 
 class CountsHub:
-    """The latest counts of every route, and a wake-up flag per open stream."""
+    """The latest counts of every route holding or forwarding a request, and a wake-up flag per open stream."""
 
     def __init__(self, subscribe: SubscribeCounts, coalesce: float) -> None:
         self._loop = asyncio.get_running_loop()
@@ -53,7 +59,10 @@ class CountsHub:
             self._scheduled.cancel()
 
     def _changed(self, route: str, held: int, inflight: int) -> None:
-        self._snapshot[route] = (held, inflight)
+        if held or inflight:
+            self._snapshot[route] = (held, inflight)
+        elif self._snapshot.pop(route, None) is None:
+            return  # was idle and still is (a route's first report): nothing to send
         if self._scheduled is not None and not self._delayed:
             return  # goes out on the next loop turn
         delay = self._sent_at + self._coalesce - self._loop.time()

@@ -44,11 +44,13 @@ class Sample:
 
 @dataclass(frozen=True, eq=False)
 class SourceQuery:
-    """What to read: a metric definition plus the parameters the HPA's selector supplied.
+    """What to read: a metric definition plus the parameters the HPA's selector supplied, for a namespace.
 
     `params` holds, per selector label the metric declares, the values given with `=`,
     `==` or `in` (already checked against the metric's allowed patterns). `selector`
     is the whole parsed selector, for sources that filter labelled series with it.
+    `namespace` is the one asking (the HPA's request path, the ScaledObject's): a source
+    whose series belong to namespaces (the `http` source's routes) reads only its own.
     Compared by identity: the cache passes the same object to `watch`, `query` and
     `unwatch`, and a source hands that object back to `changed`.
     """
@@ -56,6 +58,7 @@ class SourceQuery:
     metric: MetricBase
     params: Mapping[str, tuple[str, ...]]
     selector: Selector
+    namespace: str
 
 
 # Called by a source when a series it serves may have changed (a pushed event).

@@ -8,6 +8,10 @@ import pytest
 
 from adapter.config import ConfigError, load_config
 from adapter.config.base import SecretFile
+from adapter.config.kube import SERVICE_ACCOUNT_DIR
+from adapter.config.proxy import pod_namespace
+
+SERVICE_ACCOUNT_NAMESPACE = SERVICE_ACCOUNT_DIR / "namespace"
 
 GOOD = """
 sources:
@@ -124,3 +128,37 @@ def test_an_activation_threshold_is_a_number(tmp_path: Path, threshold: str) -> 
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert "metrics[0].activation_threshold: " in "\n".join(caught.value.problems)
+
+
+def test_a_sidecar_reports_its_route_in_the_pods_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Set from the downward API as the examples do; unset, the service account's namespace file, else `default`
+    (this machine is no pod: no such file)."""
+    monkeypatch.setenv("ZEROSCALE_PROXY__SIDECAR__UPSTREAM", "127.0.0.1:8080")
+    monkeypatch.setenv("ZEROSCALE_PROXY__SIDECAR__ROUTE", "web")
+    assert not SERVICE_ACCOUNT_NAMESPACE.exists()
+    sidecar = load_config().proxy.sidecar
+    assert sidecar is not None
+    assert sidecar.as_route().key == "default/web"
+    monkeypatch.setenv("ZEROSCALE_PROXY__SIDECAR__NAMESPACE", "shop")
+    sidecar = load_config().proxy.sidecar
+    assert sidecar is not None
+    assert sidecar.as_route().key == "shop/web"
+    mounted = tmp_path / "namespace"
+    mounted.write_text("team-a\n")
+    assert pod_namespace(mounted) == "team-a"
+    assert pod_namespace(tmp_path / "absent") == "default"
+
+
+def test_a_label_pattern_may_name_the_asking_namespace(tmp_path: Path) -> None:
+    """`{namespace}` in a pattern is the namespace asking, regex-escaped; the pattern is compiled at load with a
+    sample namespace, so a broken one is refused there and not at an HPA's first request. A separator no namespace
+    name holds (`_` here) keeps namespace `team` from reading team-a's values."""
+    config = load_config(write(tmp_path, GOOD.replace('pattern: "[a-z]+"', 'pattern: "{namespace}_[a-z]+"')))
+    label = config.metrics[0].labels["queue"]
+    assert label.allows("team-a_orders", "team-a")
+    assert not label.allows("team-b_orders", "team-a")
+    assert not label.allows("team-a_orders", "team")
+    assert label.bound("team-a") == "team\\-a_[a-z]+"
+    broken = write(tmp_path, GOOD.replace('pattern: "[a-z]+"', 'pattern: "{namespace}_[a-z"'))
+    with pytest.raises(ConfigError, match=r"metrics\[0\]\.labels\.queue\.pattern: .*not a valid regular expression"):
+        load_config(broken)

@@ -61,6 +61,18 @@ def port_numbers(deployment: dict[str, Any]) -> dict[str, int]:
     return {port["name"]: port["containerPort"] for c in containers(deployment) for port in c.get("ports", [])}
 
 
+def set_environment(monkeypatch: pytest.MonkeyPatch, deployment: dict[str, Any], container: dict[str, Any]) -> None:
+    """The container's environment as its pod gets it, the downward API's metadata.namespace included, and no
+    config file: what the container's process loads."""
+    monkeypatch.delenv("ZEROSCALE_CONFIG", raising=False)
+    for variable in container["env"]:
+        if "value" in variable:
+            monkeypatch.setenv(variable["name"], variable["value"])
+            continue
+        assert variable["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}, variable
+        monkeypatch.setenv(variable["name"], deployment["metadata"]["namespace"])
+
+
 def base_config() -> ZeroscaleConfig:
     return load_config(DEPLOY / "base" / "zeroscale.yaml")
 
@@ -314,9 +326,7 @@ def test_beside_keda_takes_the_apiservice_and_delegates_to_kedas_metrics_server(
     # The container's environment over the shared config names KEDA's metrics server and a mounted CA.
     deployment = find(objects, "Deployment", ADAPTER)
     (adapter,) = deployment["spec"]["template"]["spec"]["containers"]
-    monkeypatch.delenv("ZEROSCALE_CONFIG", raising=False)
-    for variable in adapter["env"]:
-        monkeypatch.setenv(variable["name"], variable["value"])
+    set_environment(monkeypatch, deployment, adapter)
     delegate = base_config().delegate
     assert delegate is not None
     assert delegate.address() == ("keda-operator-metrics-apiserver.keda.svc", 443)
@@ -333,12 +343,11 @@ def test_the_sidecar_is_configured_by_its_environment(monkeypatch: pytest.Monkey
     """The sidecar example has no config file: its container environment alone must make a valid proxy."""
     gateway = find(example_objects(DEPLOY / "examples" / "sidecar-proxy.yaml"), "Deployment", "gateway")
     (sidecar,) = gateway["spec"]["template"]["spec"]["initContainers"]
-    monkeypatch.delenv("ZEROSCALE_CONFIG", raising=False)
-    for variable in sidecar["env"]:
-        monkeypatch.setenv(variable["name"], variable["value"])
+    set_environment(monkeypatch, gateway, sidecar)
     config = load_config(None)
     assert config.proxy.sidecar is not None
-    assert [route.name for route in config.proxy.effective_routes()] == ["sidecar"]
+    # Counted under the pod's namespace, where the example's HPA reads route=sidecar.
+    assert [route.key for route in config.proxy.effective_routes()] == ["zeroscale-demo/sidecar"]
     assert config.grpc.counts.enabled
     assert port_numbers(gateway)["counts"] == config.grpc.counts.port
     assert port_numbers(gateway)["admin"] == config.proxy.admin_port
@@ -362,12 +371,11 @@ def test_the_activator_example_fits_together(tmp_path: Path, monkeypatch: pytest
     web = find(objects, "Deployment", "web")
     pod = web["spec"]["template"]["spec"]
     sidecar, app = pod["containers"]
-    monkeypatch.delenv("ZEROSCALE_CONFIG", raising=False)
-    for variable in sidecar["env"]:
-        monkeypatch.setenv(variable["name"], variable["value"])
+    set_environment(monkeypatch, web, sidecar)
     sidecar_config = load_config(None)
     assert sidecar_config.proxy.sidecar is not None
-    assert [r.name for r in sidecar_config.proxy.effective_routes()] == [route.name]
+    # The sidecars count under the cluster route's key (shop/web): the adapter sums both into one series.
+    assert [r.key for r in sidecar_config.proxy.effective_routes()] == [route.key]
     assert sidecar_config.proxy.sidecar.upstream == f"127.0.0.1:{port_numbers(web)['app']}"
     assert sidecar_config.grpc.counts.enabled
     assert sidecar_config.grpc.counts.verifies_clients

@@ -15,6 +15,7 @@ from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
 from adapter.serve import serve
 from tests.fixtures.adapter_inprocess import DEMO_SOURCES
 from tests.fixtures.grpc_servers import DEMO_METRICS, StartAdapter, adapter_config, ref, scaler_stub
+from tests.fixtures.httpclient import fetch
 
 
 async def keda_poll(stub: pb_grpc.ExternalScalerStub, scaled: pb.ScaledObjectRef) -> tuple[float, int, bool]:
@@ -192,3 +193,35 @@ async def test_calls_are_counted(scaler_channel: pb_grpc.ExternalScalerStub) -> 
     with pytest.raises(grpc.aio.AioRpcError):
         await scaler_channel.IsActive(ref(metric="absent"))
     assert (count("OK"), count("NOT_FOUND")) == (ok + 1, not_found + 1)
+
+
+async def test_a_pattern_bound_to_the_namespace_refuses_another_teams_values(start_adapter: StartAdapter) -> None:
+    """`{namespace}` in a label's pattern is the asking namespace: the ScaledObject's for KEDA, the path's for an
+    HPA, one check for both. Team A reads its own group, never team B's (INVALID_ARGUMENT, and a 400 on the API,
+    naming the pattern and what it was in A)."""
+    groups = [{"labels": {"group": "team-a_orders"}, "value": 4}, {"labels": {"group": "team-b_orders"}, "value": 9}]
+    source = {"name": "lag", "type": "static", "series": groups}
+    label = {"group": {"pattern": "{namespace}_.+", "required": True}}
+    adapter = await start_adapter([source], [{"name": "team-lag", "type": "static", "source": "lag", "labels": label}])
+    refusal = r"value 'team-b_orders' of label 'group' does not match the pattern '{namespace}_.+' that metric "
+    refusal += r"team-lag allows in namespace team-a (there: 'team\\-a_.+')"
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{adapter.grpc_port}") as channel:
+        stub = scaler_stub(channel)
+
+        async def keda_reads(owner: str, group: str) -> float:
+            scaled = ref(metric="team-lag", selector=f"group={group}", owner=owner)
+            request = pb.GetMetricsRequest(scaledObjectRef=scaled, metricName="team-lag")
+            value: float = (await stub.GetMetrics(request)).metricValues[0].metricValueFloat
+            return value
+
+        assert await keda_reads("team-a", "team-a_orders") == 4
+        assert await keda_reads("team-b", "team-b_orders") == 9
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await keda_reads("team-a", "team-b_orders")
+        assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert failed.value.details() == refusal
+    api = "/apis/external.metrics.k8s.io/v1beta1/namespaces/{}/team-lag?labelSelector=group%3D{}"
+    answer = await fetch(adapter.port, api.format("team-a", "team-a_orders"))
+    assert (answer.status, answer.json()["items"][0]["value"]) == (200, "4")
+    answer = await fetch(adapter.port, api.format("team-a", "team-b_orders"))
+    assert (answer.status, answer.json()["message"]) == (400, refusal)

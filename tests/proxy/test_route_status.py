@@ -403,3 +403,19 @@ async def test_a_failed_write_is_counted_logged_once_and_tried_again_a_status_in
 
 def writes_total(result: str) -> float:
     return REGISTRY.get_sample_value("zeroscale_proxy_route_status_writes_total", {"result": result}) or 0.0
+
+
+async def test_a_status_changed_by_someone_else_is_written_back_without_placing_the_routes_again(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    app(kube, "team-a", "127.0.0.1")
+    kube.put(routes_collection("team-a"), route_object("team-a"))
+    async with proxy_for(kube_client, "team-a") as proxy:
+        await until(lambda: reason(kube, "Ready", "team-a") == ("True", "Ready"))
+        placed, table = proxy.control.refusals, proxy.control.table
+        kube.put(routes_collection("team-a"), {**route_object("team-a"), "status": {"state": "Cold"}})
+        await until(lambda: reason(kube, "Ready", "team-a") == ("True", "Ready"))
+        assert status(kube, "team-a")["state"] == "Warm"
+        # Every status event (the writer's own too) left the placing of the routes and the table as they were.
+        assert proxy.control.refusals is placed
+        assert proxy.control.table is table

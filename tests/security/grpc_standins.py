@@ -25,7 +25,8 @@ class Sender:
         self.last = pb.CountsUpdate()
         self.sent = 0
 
-    def send(self, route: str = "web", held: int = 0, inflight: int = 0) -> None:
+    def send(self, route: str = "default/web", held: int = 0, inflight: int = 0) -> None:
+        """One snapshot of one route, keyed as a proxy keys it (`<namespace>/<name>`: route=web read from default)."""
         self.sent += 1
         self.last = pb.CountsUpdate(
             routes=[pb.RouteCounts(route=route, held=held, inflight=inflight)], sequence=self.sent

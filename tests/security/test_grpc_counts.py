@@ -280,9 +280,12 @@ def _snapshot(sender: Sender, *routes: tuple[str, int]) -> None:
 @pytest.mark.parametrize(
     ("routes", "words"),
     [
-        ((("web", 5), ("web", 0)), "route 'web' twice in one snapshot"),  # review finding 10: it served 0
         (
-            (*((f"r{n}", 1) for n in range(4)), ("web", 1)),
+            (("default/web", 5), ("default/web", 0)),
+            "route 'default/web' twice in one snapshot",
+        ),  # finding 10: it served 0
+        (
+            (*((f"default/r{n}", 1) for n in range(4)), ("default/web", 1)),
             r"5 routes in one snapshot \(more than max_routes, 4\)",
         ),
     ],

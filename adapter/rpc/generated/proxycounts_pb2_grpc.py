@@ -45,7 +45,7 @@ class PendingCountsServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Watch(self, request, context):
-        """A snapshot of every route now, then one on every change (coalesced) and a heartbeat when idle.
+        """A snapshot of every busy route now, then one on every change (coalesced) and a heartbeat when idle.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -10,6 +10,11 @@ drops out only once discovery no longer lists it (and its last counts are older 
 A replica that answers but refuses the stream, or sends counts that cannot be true, fails the read.
 With no replica heard from at all, the source has nothing to say and raises SourceError rather
 than a zero it does not know.
+
+Routes are keyed `<namespace>/<name>` in the counts; a query reads `route=<name>` in its own namespace only.
+A replica's snapshot lists only the routes it holds or forwards something for (adapter/proxy/counts_stream.py):
+a route it does not list has 0 there, so a route no heard-from replica lists reads 0 (an idle route, or
+one that does not exist: no replica holds anything for either).
 """
 
 from __future__ import annotations
@@ -148,8 +153,9 @@ class ProxyCounts(Source):
         self._progress = asyncio.Event()
 
     def _notify(self, routes: set[str]) -> None:
+        """Tell the cache about each watched series reading one of `routes` (keys `<namespace>/<name>`)."""
         for query in list(self._watched):
-            if not routes.isdisjoint(query.params.get("route", ())):
+            if not routes.isdisjoint(_keys(query)):
                 self.changed(query)
 
     # --- reads ---
@@ -215,11 +221,9 @@ class ProxyCounts(Source):
         assert isinstance(metric, HTTPMetric)
         fields = _COUNT_INDEX[metric.count]
         samples = []
-        for route in query.params.get("route", ()):
-            reported = [replica.counts[route] for replica in live if route in replica.counts]
-            if not reported:
-                raise SourceError(f"no proxy replica serves route {route!r}")
-            total = sum(counts[i] for counts in reported for i in fields)
+        for route, key in zip(query.params.get("route", ()), _keys(query), strict=True):
+            # A replica lists only the routes it holds or forwards something for: one it does not list has 0.
+            total = sum(counts[i] for replica in live if (counts := replica.counts.get(key)) for i in fields)
             samples.append(Sample(Decimal(total), {"route": route}))
         return samples
 
@@ -229,3 +233,9 @@ class ProxyCounts(Source):
             await asyncio.wait_for(self._heard.wait(), self._config.stale_after)
         except TimeoutError:
             raise SourceError(f"no proxy replica answered within {self._config.stale_after:g}s") from None
+
+
+def _keys(query: SourceQuery) -> list[str]:
+    """The routes a query reads, as the proxies key their counts: `<namespace>/<name>` in the asking namespace
+    (a name is a route's name, never a key: HTTPMetric.value_problem), so no namespace reads another's routes."""
+    return [f"{query.namespace}/{route}" for route in query.params.get("route", ())]

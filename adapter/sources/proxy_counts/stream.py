@@ -35,7 +35,7 @@ from adapter.telemetry.throttle import LogThrottle, held_back
 log = logging.getLogger(__name__)
 _throttle = LogThrottle(10.0)
 
-# (held, inflight) per route
+# (held, inflight) per route key `<namespace>/<name>`; a route the replica does not list has (0, 0)
 Counts = dict[str, tuple[int, int]]
 
 # Answers from a replica that was reached and said no, or said something that is not counts (INTERNAL:

@@ -17,7 +17,7 @@ from typing import Any
 
 from redis import exceptions as rx
 
-from adapter.config.redis import RedisMetric, placeholders
+from adapter.config.redis import NAMESPACE, RedisMetric, placeholders
 from adapter.sources.base import Sample, SourceError, SourceQuery
 from adapter.sources.redis.batch import Command, Results, Send
 from adapter.sources.redis.errors import command_error
@@ -37,9 +37,13 @@ def _parsed(template: str) -> tuple[Template, list[str], str | None]:
     return Template(template), names, whole
 
 
-def expand(template: str, params: Mapping[str, tuple[str, ...]]) -> list[str]:
-    """Every string the template makes from the selector's values (`key in (a,b)` gives two)."""
+def expand(template: str, query: SourceQuery) -> list[str]:
+    """Every string the template makes from the selector's values (`key in (a,b)` gives two) and the asking
+    namespace (`${namespace}`)."""
     parsed, names, whole = _parsed(template)
+    params: Mapping[str, tuple[str, ...]] = query.params
+    if NAMESPACE in names:
+        params = {**params, NAMESPACE: (query.namespace,)}
     if whole is not None and params.get(whole):
         return list(params[whole])  # the common case, `${key}`, without substituting
     missing = [name for name in names if not params.get(name)]
@@ -68,12 +72,12 @@ class QueueReader:
     def keys_of(self, query: SourceQuery) -> list[str]:
         metric = query.metric
         assert isinstance(metric, RedisMetric)
-        return expand(metric.redis_key, query.params)
+        return expand(metric.redis_key, query)
 
     async def read(self, query: SourceQuery) -> list[Sample]:
         metric = query.metric
         assert isinstance(metric, RedisMetric)
-        keys = expand(metric.redis_key, query.params)
+        keys = expand(metric.redis_key, query)
         if metric.group is None:
             if metric.query == "length":  # in one frame: docs/architecture.md#hot-inlined-length-read
                 commands = self._length_commands(keys)
@@ -83,7 +87,7 @@ class QueueReader:
             else:
                 values = await self._by_key(metric, keys)
             return [Sample(Decimal(values[key]), {"key": key}) for key in keys]
-        groups = expand(metric.group, query.params)
+        groups = expand(metric.group, query)
         pairs = list(itertools.product(keys, groups))
         counts = await self._streams(metric, pairs)
         return [Sample(Decimal(counts[pair]), {"key": pair[0], "group": pair[1]}) for pair in pairs]

@@ -117,17 +117,19 @@ async def test_an_activator_route_reports_what_it_holds_not_what_it_forwarded(
     seen: list[Snapshot] = []
     # No pod ready: the activator route holds what arrives on its listener.
     clients = await send_requests(proxy.ports["web"], 3, host="anything.example", path=SLOW)
-    await until(stream, lambda counts: counts.get("web") == (3, 0), seen)
+    await until(stream, lambda counts: counts.get("shop/web") == (3, 0), seen)
     # A pod turns ready: the proxy forwards the three; they are in the app now, unanswered, and the route
     # reports neither held nor in flight (the pod's sidecar counts them).
     pods_ready(kube, app.port)
     await requests_reach([app], 3)
     # A route in the path counts what it forwarded: the stream does report in-flight requests.
     clients += await send_requests(proxy.ports["http"], 2, host="api.shop.test", path=SLOW)
-    await until(stream, lambda counts: counts.get("api") == (0, 2), seen)
+    await until(stream, lambda counts: counts.get("default/api") == (0, 2), seen)
     await requests_reach([app], 5)
-    assert seen[-1]["web"] == (0, 0)
-    assert max(counts["web"][1] for counts in seen) == 0, "the activator route reported what it forwarded"
+    assert "shop/web" not in seen[-1]  # holding nothing and forwarding nothing: an idle route is left out
+    assert max(counts.get("shop/web", (0, 0))[1] for counts in seen) == 0, (
+        "the activator route reported what it forwarded"
+    )
     await stream.aclose()
     for client in clients:
         client.close()
@@ -136,13 +138,14 @@ async def test_an_activator_route_reports_what_it_holds_not_what_it_forwarded(
 async def test_pending_is_held_by_the_cluster_proxy_plus_in_flight_in_the_sidecars_and_never_twice(
     tmp_path: Path, kube: KubeStandIn, apps: list[Upstream], processes: list[Process]
 ) -> None:
-    """N held in the cluster proxy, M in flight in each of two sidecars: route web reads N + 2M. Then the pods
-    turn ready and the proxy forwards its N to the sidecars: sampled all the while, the sum never exceeds the
-    N + 2M requests outstanding, and ends at N + 2M again, now all in the sidecars."""
+    """N held in the cluster proxy, M in flight in each of two sidecars: route web reads N + 2M from its namespace,
+    shop (the cluster route's, the sidecars' pods'), and 0 from another. Then the pods turn ready and the proxy
+    forwards its N to the sidecars: sampled all the while, the sum never exceeds the N + 2M requests outstanding,
+    and ends at N + 2M again, now all in the sidecars."""
     held, each = 20, 3
     outstanding = held + 2 * each
     proxy = start_activator_proxy("cluster-proxy", tmp_path, kube_settings(kube), [])
-    sidecars = [start_sidecar(f"sidecar-{i}", tmp_path, app.address, route="web") for i, app in enumerate(apps)]
+    sidecars = [start_sidecar(f"sidecar-{i}", tmp_path, app.address, "web", "shop") for i, app in enumerate(apps)]
     processes += [proxy, *sidecars]
     # One DNS name per replica, as the cluster proxies' and the sidecars' headless Services are in a cluster.
     adapter = start_adapter("adapter", tmp_path, [proxy, *sidecars], by_dns=True)
@@ -153,9 +156,10 @@ async def test_pending_is_held_by_the_cluster_proxy_plus_in_flight_in_the_sideca
         clients += await send_requests(sidecar.ports["http"], each, path=SLOW)
     await requests_reach(apps, 2 * each)
     deadline = time.monotonic() + 20
-    while (value := await api_value(adapter)) != outstanding:
+    while (value := await api_value(adapter, "shop")) != outstanding:
         assert time.monotonic() < deadline, f"route web reads {value}, not {held} held + {2 * each} in flight"
         await asyncio.sleep(0.02)
+    assert await api_value(adapter) == 0  # route web of namespace default: none of shop's
 
     samples: list[int] = []
     moved = asyncio.Event()
@@ -163,7 +167,7 @@ async def test_pending_is_held_by_the_cluster_proxy_plus_in_flight_in_the_sideca
     async def sample() -> None:
         """As fast as the adapter answers: KEDA's GetMetrics on one open channel reads the same cache."""
         request = pb_scaler.GetMetricsRequest(
-            scaledObjectRef=ref(metric="http-requests-pending", selector="route=web"),
+            scaledObjectRef=ref(metric="http-requests-pending", selector="route=web", owner="shop"),
             metricName="http-requests-pending",
         )
         async with grpc.aio.insecure_channel(f"127.0.0.1:{adapter.ports['grpc']}") as channel:
@@ -183,6 +187,6 @@ async def test_pending_is_held_by_the_cluster_proxy_plus_in_flight_in_the_sideca
     during = samples[before:]
     assert len(during) > 50, f"only {len(during)} samples while the requests moved"
     assert max(samples) <= outstanding, f"counted twice while moving: {sorted(set(during))}"
-    assert await api_value(adapter) == outstanding  # all in flight in the sidecars now, counted there alone
+    assert await api_value(adapter, "shop") == outstanding  # all in flight in the sidecars now, counted there alone
     for client in clients:
         client.close()

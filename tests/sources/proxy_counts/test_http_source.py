@@ -117,12 +117,46 @@ async def test_no_replica_at_all_is_an_error_not_a_zero(make_cache: MakeCache) -
         await value(cache)
 
 
-async def test_an_unknown_route_is_an_error(make_cache: MakeCache, start_counts: StartCounts) -> None:
-    server = await start_counts(Routes("web"))
-    cache = await make_cache("unknown", proxies=[f"127.0.0.1:{server.port}"])
+async def test_a_route_no_replica_lists_reads_zero(make_cache: MakeCache, start_counts: StartCounts) -> None:
+    """A replica lists only the routes holding or forwarding something (adapter/proxy/counts_stream.py): an idle
+    route, or one that does not exist, is in no snapshot, and reads 0 once every listed replica has spoken (each
+    holds nothing for it), not an error."""
+    routes = Routes("web")
+    server = await start_counts(routes)
+    cache = await make_cache("idle", proxies=[f"127.0.0.1:{server.port}"])
+    routes.add("web", held=2)
+    await eventually(cache, 2)
+    routes.add("web", held=-2)  # back to 0: gone from the snapshot
     await eventually(cache, 0)
-    with pytest.raises(MetricUnavailable, match="no proxy replica serves route 'shop'"):
-        await value(cache, "shop")
+    assert await value(cache, "shop") == 0
+
+
+async def test_each_namespace_reads_only_its_own_routes(make_cache: MakeCache, start_counts: StartCounts) -> None:
+    """Counts are keyed `<namespace>/<name>`: route=web read from team-a sums team-a/web over every replica, from
+    team-b team-b/web; neither reads the other's, and a push to one moves only its own series."""
+    first, second = Routes("team-a/web", "team-b/web"), Routes("team-a/web", "default/web")
+    a, b = await start_counts(first), await start_counts(second)
+    first.add("team-a/web", held=2)
+    second.add("team-a/web", inflight=1)
+    first.add("team-b/web", held=5)
+    cache = await make_cache("tenancy", proxies=[f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"])
+    await eventually(cache, 3, namespace="team-a")
+    await eventually(cache, 5, namespace="team-b")
+    await eventually(cache, 0)  # default/web holds nothing
+    first.add("team-b/web", held=-5)
+    second.add("default/web", held=4)
+    await eventually(cache, 0, namespace="team-b")  # the cache interval is 60 s: pushed
+    await eventually(cache, 4)
+    assert await value(cache, namespace="team-a") == 3
+
+
+async def test_many_idle_routes_fit_under_max_routes(make_cache: MakeCache, start_counts: StartCounts) -> None:
+    """A proxy of 2,000 routes sends the few holding something: under the source's max_routes (100 here)."""
+    routes = Routes(*(f"r{index}" for index in range(2000)))
+    server = await start_counts(routes)
+    routes.add("r7", held=3)
+    cache = await make_cache("many", proxies=[f"127.0.0.1:{server.port}"], max_routes=100)
+    await eventually(cache, 3, route="r7")
 
 
 async def test_replicas_found_by_dns(make_cache: MakeCache, start_counts: StartCounts) -> None:

@@ -24,7 +24,7 @@ def redis_metric(query: str, **fields: Any) -> RedisMetric:
     return RedisMetric(type="redis", source="q", query=query, **fields)
 
 
-def query_for(metric: RedisMetric, selector: str) -> SourceQuery:
-    """The SourceQuery the catalogue makes for an HPA's selector."""
-    _, query = Catalogue([metric]).resolve(metric.name, "default", selector)
+def query_for(metric: RedisMetric, selector: str, namespace: str = "default") -> SourceQuery:
+    """The SourceQuery the catalogue makes for the selector of an HPA in `namespace`."""
+    _, query = Catalogue([metric]).resolve(metric.name, namespace, selector)
     return query

@@ -63,6 +63,10 @@ def test_source_mistakes_are_refused(fields: dict[str, Any], message: str) -> No
             "mark the label 'queue' required: true",
         ),
         ({"query": "length", "redis_key": "cost$"}, r"write \$\$ for a literal \$"),
+        (
+            {"query": "length", "redis_key": "${namespace}:q", "labels": {"namespace": {"required": True}}},
+            r"uses \$\{namespace\}, the namespace asking: rename the selector label 'namespace'",
+        ),
         ({"query": "queue_depth"}, "Input should be 'length'"),
     ],
 )

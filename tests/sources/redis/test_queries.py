@@ -74,6 +74,21 @@ async def test_key_template_adds_a_prefix_labels_cannot_hold(server: RedisProces
     assert await value(source, "length", "key=default", redis_key="rq:queue:${key}") == 2
 
 
+async def test_a_template_takes_the_asking_namespace(server: RedisProcess, source: RedisQueues) -> None:
+    """`${namespace}` is the HPA's namespace, never a selector's value: each team reads its own keys and groups."""
+    r = server.client()
+    r.rpush("team-a:jobs:default", "a", "b")
+    r.rpush("team-b:jobs:default", "a", "b", "c")
+    r.xadd("team-a:events", {"f": "v"})
+    r.xgroup_create("team-a:events", "team-a.workers", id="0")
+    metric = redis_metric("length", redis_key="${namespace}:jobs:${key}")
+    assert sum(s.value for s in await source.query(query_for(metric, "key=default", "team-a"))) == 2
+    assert sum(s.value for s in await source.query(query_for(metric, "key=default", "team-b"))) == 3
+    grouped = redis_metric("stream_lag", redis_key="${namespace}:events", group="${namespace}.workers", labels={})
+    [sample] = await source.query(query_for(grouped, "", "team-a"))
+    assert (sample.value, dict(sample.labels)) == (Decimal(1), {"key": "team-a:events", "group": "team-a.workers"})
+
+
 async def test_zset_due_counts_members_due_now(server: RedisProcess, source: RedisQueues) -> None:
     now = time.time()
     r = server.client()
