@@ -34,6 +34,24 @@ def create(kube: Kube, obj: dict[str, Any], *, as_user: str | None = None) -> su
     return kube.kubectl(*who, "create", "--validate=strict", "-f", "-", stdin=json.dumps(obj), check=False)
 
 
+def test_the_documented_upgrade_takes_over_the_crd_helm_created(kube: Kube, timeline: Timeline) -> None:
+    """Helm creates crds/ (its field manager owning every field) and never updates them: a newer CRD applied
+    server-side stops on Helm's fields, and with --force-conflicts, as the docs say to upgrade, takes them over."""
+    path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD}"
+    kube.delete(path)
+    wait_for(lambda: kube.kubectl("get", "crd", CRD, check=False).returncode != 0 or None, 60, "the CRD gone")
+    kube.kubectl("create", "--field-manager=helm", "-f", str(CRD_FILE))
+    newer = CRD_FILE.read_text(encoding="utf-8").replace("Held (queued) requests;", "Held (queued) requests, newer;")
+    plain = kube.kubectl("apply", "--server-side", "-f", "-", stdin=newer, check=False)
+    assert plain.returncode != 0
+    assert "conflict" in plain.stderr
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=newer)
+    schema = kube.get(path)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    limits = schema["properties"]["spec"]["properties"]["limits"]["properties"]
+    assert "newer" in limits["max_held_requests"]["description"]
+    timeline.record("route CRD: a newer CRD over Helm's: conflicts without --force-conflicts, applied with it")
+
+
 @pytest.fixture(scope="module")
 def crd(kube: Kube, timeline: Timeline) -> None:
     """The generated CRD applied as the docs say to upgrade it (Helm may have created it in test_10)."""
