@@ -40,11 +40,12 @@ def built() -> bool:
 
 
 @contextmanager
-def control_plane() -> Iterator[Any]:
-    """A control plane of the bench's own; yields tests.e2e.cluster.Kube."""
+def control_plane(port: int = _BENCH_API_PORT) -> Iterator[Any]:
+    """A control plane of the bench's own on `port` (another bench's may run beside it on another port; its etcd
+    takes port - 4064); yields tests.e2e.cluster.Kube."""
     home = Path(tempfile.mkdtemp(prefix="zs-bench-k8s-"))
     (home / "build").symlink_to(BUILDS)
-    os.environ["ZS_K8S_HOME"], os.environ["ZS_K8S_PORT"] = str(home), str(_BENCH_API_PORT)
+    os.environ["ZS_K8S_HOME"], os.environ["ZS_K8S_PORT"] = str(home), str(port)
     # tests.e2e.cluster reads both at import: nothing of tests.e2e may be imported before this point.
     from tests.e2e.cluster import ControlPlane, Kube
 

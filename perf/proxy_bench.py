@@ -217,7 +217,8 @@ def rss_kib(pid: int) -> int:
 
 def held_count(admin: int) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=5).read().decode()
-    match = re.search(r'zeroscale_proxy_held_requests\{route="sidecar"\} ([\d.e+]+)', text)
+    # The sidecar's route is <namespace>/sidecar (the namespace its pod runs in; before route identities: sidecar).
+    match = re.search(r'zeroscale_proxy_held_requests\{route="(?:[a-z0-9-]+/)?sidecar"\} ([\d.e+]+)', text)
     return float(match.group(1)) if match else 0.0
 
 
