@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -213,7 +214,9 @@ class ListWatch(WatchTask):
                 if self._on_error(err):
                     return
             with contextlib.suppress(TimeoutError):  # a relist() asked for meanwhile is not put off
-                async with asyncio.timeout(backoff):
+                # Jittered: the many watches of one proxy failing together (an API server restarting) must not come
+                # back as one wave of lists, and again at every doubling.
+                async with asyncio.timeout(backoff * random.uniform(0.5, 1.0)):
                     await self._doubted.wait()
             backoff = min(backoff * 2, _BACKOFF_MAX)
 
