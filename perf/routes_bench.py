@@ -7,14 +7,14 @@ shared: perf/activator.py), installs the ZeroscaleRoute CRD as the docs say (dep
 runs a real `zeroscale proxy` process with proxy.route_objects enabled (and proxy.activator, whose Lease elects the
 status writer). Every route is in one namespace and sends to one Service, whose EndpointSlice lists a real HTTP
 server on this machine's own address (the API refuses loopback addresses in a slice); each route claims a host of
-its own and watches that Service's slices, as each route version does.
+its own and reads that Service's slices (from the one watch of the namespace's slices every route shares).
 
 - Update latency, at 10 routes (the baseline) and at --routes: --changes changes, alternately a new route created
   and an existing route's host replaced (a merge patch). Timed from the API call returning (the object is stored)
   to the first request for the new host the proxy does not answer with its 404 ("no route for this host"), polled
   over one keep-alive connection: "table" when that request was sent (the new table took it), "answered" when
-  its answer from the upstream came (a new route version lists its Service's slices first, and holds the
-  request until it has): the first request routed by the change, the figure of the last line. A created route
+  its answer from the upstream came (a new route version dials its endpoints afresh: pools are per version): the
+  first request routed by the change, the figure of the last line. A created route
   is deleted again after its trial (so the count stays), and the time until its host answers 404 again is
   printed too.
 - Memory: the proxy's VmRSS (/proc/<pid>/status) with 0 routes (the baseline), --routes and --many routes, read
