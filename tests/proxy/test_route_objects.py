@@ -506,3 +506,39 @@ async def test_a_service_without_any_slice_is_known_to_have_no_endpoint(
     async with route_proxy(kube, kube_client) as proxy:
         await until(lambda: "team-a/lonely" in proxy.routes and proxy.routes["team-a/lonely"].readiness_known)
         assert proxy.routes["team-a/lonely"].endpoints == []
+
+
+async def test_a_route_deleted_twice_keeps_counting_what_its_newest_version_still_forwards(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    """Deleted (v1 still forwarding), re-created (v2 forwards), deleted again: v1 finishing first must not drop the
+    route's counts and series while v2 still forwards, or the HPA reads 0 for a busy route and the series leak."""
+    serve_pods(kube, "team-a", upstream)
+    collection = routes_collection("team-a")
+    kube.put(collection, route_object("team-a", "again", ["again.example"]))
+    async with route_proxy(kube, kube_client) as proxy:
+        await routed(proxy.port, "again.example")
+        first = asyncio.create_task(request(proxy.port, get("/slow?s=0.5", host="again.example")))
+        await until(lambda: proxy.routes["team-a/again"].counts.inflight == 1)
+        counts = proxy.routes["team-a/again"].counts
+        kube.delete(collection, "again")
+        await until(lambda: "team-a/again" not in proxy.routes)
+        kube.put(collection, route_object("team-a", "again", ["again.example"]))
+        await routed(proxy.port, "again.example")
+        second = asyncio.create_task(request(proxy.port, get("/slow?s=2", host="again.example")))
+        await until(lambda: counts.inflight == 2)
+        kube.delete(collection, "again")
+        await until(lambda: "team-a/again" not in proxy.routes)
+        assert (await asyncio.wait_for(first, 10)).status == 200
+        await asyncio.sleep(0.05)
+        # v2 still forwards one: its route is still counted, and its series are still there.
+        heard: dict[str, tuple[int, int]] = {}
+        unsubscribe = proxy.control.subscribe(lambda route, held, inflight: heard.__setitem__(route, (held, inflight)))
+        unsubscribe()
+        assert heard.get("team-a/again") == (0, 1)
+        assert REGISTRY.get_sample_value("zeroscale_proxy_inflight_requests", {"route": "team-a/again"}) == 1
+        assert (await asyncio.wait_for(second, 10)).status == 200
+        await until(lambda: proxy.control.board.pending() == 0)
+        await until(
+            lambda: REGISTRY.get_sample_value("zeroscale_proxy_inflight_requests", {"route": "team-a/again"}) is None
+        )
