@@ -17,10 +17,13 @@ from pydantic import Field, field_validator, model_validator
 
 from adapter.config.base import Duration, Strict, split_address
 
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 LABEL_VALUE_MAX = 63  # a Kubernetes label value
-# A host as a route claims it, after lowering (the CRD checks the same with CEL, scripts/crd/generate.py).
-HOST_PATTERN = re.compile(r"^(\*|\*\.[a-z0-9.-]+|[a-z0-9.-]+)$")
+# A host as a route claims it, after lowering (the CRD checks the same with CEL, scripts/crd/generate.py): DNS
+# labels joined by dots, without a trailing dot (a request's Host is compared without one, so `shop.example.` would be
+# a claim of its own that no request ever matches), after `*.` or alone as `*`.
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_LABEL = rf"^{_LABEL}$"
+HOST_PATTERN = re.compile(rf"^(\*|(\*\.)?{_LABEL}(\.{_LABEL})*)$")
 
 
 class RouteLimits(Strict):
