@@ -48,6 +48,7 @@ def place(candidates: list[Candidate], policy: RouteObjectsConfig) -> tuple[list
     """The routes served, oldest first, and why each of the others is not, by route key."""
     ordered = sorted(candidates, key=lambda candidate: (candidate.created, candidate.config.key))
     served: list[RouteConfig] = []
+    served_keys: set[str] = set()  # only a file route's key can come twice (an object's is unique in the API)
     refused: dict[str, Refusal] = {}
     host_owner: dict[str, str] = {}  # host -> the key of the route whose claim made it its namespace's
     path_owner: dict[tuple[str, str], str] = {}  # (host, path prefix) -> the route's key
@@ -58,7 +59,9 @@ def place(candidates: list[Candidate], policy: RouteObjectsConfig) -> tuple[list
     for candidate in ordered:
         route = candidate.config
         if not candidate.from_file:
-            refusal = _policy_refusal(route, policy, objects)
+            refusal = _name_refusal(route, served_keys)
+            if refusal is None:
+                refusal = _policy_refusal(route, policy, objects)
             if refusal is None:
                 refusal = _claim_refusal(route, host_owner, path_owner)
             if refusal is None:
@@ -74,7 +77,19 @@ def place(candidates: list[Candidate], policy: RouteObjectsConfig) -> tuple[list
             port_owner.setdefault(route.activator.port, route.key)
             service_owner.setdefault(f"{route.home}/{route.activator.service}", route.key)
         served.append(route)
+        served_keys.add(route.key)
     return served, refused
+
+
+def _name_refusal(route: RouteConfig, served_keys: set[str]) -> Refusal | None:
+    """A route key is one route's (the table, counts and series are keyed by it): a file route of the object's
+    `<namespace>/<name>` keeps it, or the object would replace the platform's route and take its hosts off the table."""
+    if route.key in served_keys:
+        return Refusal(
+            "NameClaimed",
+            f"the proxy's config file has a route named {route.key} (the platform's own): rename this one",
+        )
+    return None
 
 
 def _policy_refusal(route: RouteConfig, policy: RouteObjectsConfig, served_objects: int) -> Refusal | None:

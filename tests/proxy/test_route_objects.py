@@ -542,3 +542,20 @@ async def test_a_route_deleted_twice_keeps_counting_what_its_newest_version_stil
         await until(
             lambda: REGISTRY.get_sample_value("zeroscale_proxy_inflight_requests", {"route": "team-a/again"}) is None
         )
+
+
+async def test_a_route_object_named_as_a_file_route_cannot_replace_it(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    """A tenant's object with the key of a platform route (`team-a/own`) is refused: before, both were placed and
+    the object's version took the key's place in the table, so the file route and its host stopped being served."""
+    file_route = {"name": "own", "hosts": ["own.example"], "upstream": {"address": upstream.address}}
+    file_route |= {"wake": "none", "readiness": "probe", "namespace": "team-a"}
+    serve_pods(kube, "team-a", upstream)
+    kube.put(routes_collection("team-a"), route_object("team-a", "own", ["other.example"]))
+    async with route_proxy(kube, kube_client, [file_route]) as proxy:
+        await until(lambda: "team-a/own" in proxy.control.refusals)
+        assert proxy.control.refusals["team-a/own"].reason == "NameClaimed"
+        assert proxy.routes["team-a/own"].config.hosts == ["own.example"]
+        assert await status_of(proxy.port, "own.example") == 200
+        assert await status_of(proxy.port, "other.example") == 404
