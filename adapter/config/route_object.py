@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from adapter.config.base import Duration, Strict
-from adapter.config.route import DNS_LABEL, RouteConfig, RouteFields, ScaleTarget, ServiceUpstream
+from adapter.config.route import DNS_LABEL, RouteConfig, RouteFields, RouteLimits, ScaleTarget, ServiceUpstream
 
 GROUP = "zeroscale.io"
 VERSION = "v1alpha1"
@@ -43,6 +43,25 @@ class RouteTarget(Strict):
     """The workload's name."""
 
 
+# The data plane checks every connection's deadlines at a quarter of the shortest of these over all routes
+# (RouteTable.sweep_tick): below this floor, one team's route would make the shared proxy walk every connection of
+# every team up to a hundred times a second.
+_TIMEOUT_FLOOR = 1.0
+
+
+class RouteObjectLimits(RouteLimits):
+    """A route object's limits: the file route's, with floors on the timeouts the data plane sweeps for."""
+
+    body_timeout: Duration = Field(default=60.0, ge=_TIMEOUT_FLOOR)
+    """From the request's head to its body's last byte: the whole body must arrive within this (408 beyond; at least
+    1s). Raise it on a route that takes large uploads from slow clients."""
+    response_timeout: Duration = Field(default=60.0, ge=_TIMEOUT_FLOOR)
+    """From the request's last byte sent to the response head, and then the longest silence within the response body
+    while the client keeps reading (504 before the head; the response is cut off after; at least 1s)."""
+    tunnel_idle_timeout: Duration = Field(default=300.0, ge=_TIMEOUT_FLOOR)
+    """A tunnel with no byte in either direction for this long is closed (at least 1s)."""
+
+
 class RouteSpec(RouteFields):
     """What a team declares: which requests the route takes, the Service they go to and the workload it wakes."""
 
@@ -58,6 +77,9 @@ class RouteSpec(RouteFields):
     """While requests are held and the target still reads 0, wake again this often (at least 1s)."""
     probe_interval: Duration = Field(default=0.01, ge=0.005)
     """How often an endpoint that refused a connection is dialled again while requests wait (at least 5ms)."""
+    limits: RouteObjectLimits = Field(default_factory=RouteObjectLimits)
+    """What the route may hold and how long each phase of a request may take (within the platform's
+    proxy.route_objects.max_limits)."""
 
     def route_config(self, namespace: str, name: str) -> RouteConfig:
         """The route as the proxy runs it; ValueError (pydantic's) when the combination is not allowed."""

@@ -559,3 +559,25 @@ async def test_a_route_object_named_as_a_file_route_cannot_replace_it(
         assert proxy.routes["team-a/own"].config.hosts == ["own.example"]
         assert await status_of(proxy.port, "own.example") == 200
         assert await status_of(proxy.port, "other.example") == 404
+
+
+async def test_a_team_cannot_make_the_shared_proxy_sweep_every_connection_a_hundred_times_a_second(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    """The data plane checks every connection's deadlines at a quarter of the shortest timeout of any route: a route
+    object's tiny timeout would make the sweep walk every connection of every team each 10ms instead of each second."""
+    serve_pods(kube, "team-a", upstream)
+    for name, limits in (
+        ("fast-response", {"response_timeout": "10ms"}),
+        ("fast-body", {"body_timeout": "10ms"}),
+        ("fast-tunnel", {"tunnel_idle_timeout": "10ms"}),
+    ):
+        kube.put(routes_collection("team-a"), route_object("team-a", name, [f"{name}.example"], limits=limits))
+    kube.put(routes_collection("team-a"), route_object("team-a", "modest", ["modest.example"]))
+    async with route_proxy(kube, kube_client) as proxy:
+        await until(lambda: "team-a/modest" in proxy.routes and len(proxy.control.refusals) == 3)
+        for name in ("fast-response", "fast-body", "fast-tunnel"):
+            refusal = proxy.control.refusals[f"team-a/{name}"]
+            assert refusal.reason == "InvalidSpec"
+            assert "spec.limits." in refusal.message
+        assert proxy.control.table.sweep_tick(10.0) >= 0.25
