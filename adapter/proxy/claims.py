@@ -18,6 +18,7 @@ load already refused what cannot work), only claim their hosts, ports and Servic
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from adapter.config.proxy import RouteObjectsConfig
@@ -56,12 +57,13 @@ def place(candidates: list[Candidate], policy: RouteObjectsConfig) -> tuple[list
     port_owner: dict[int, str] = {}
     service_owner: dict[str, str] = {}
     objects = 0
+    per_namespace: Counter[str] = Counter()
     for candidate in ordered:
         route = candidate.config
         if not candidate.from_file:
             refusal = _name_refusal(route, served_keys)
             if refusal is None:
-                refusal = _policy_refusal(route, policy, objects)
+                refusal = _policy_refusal(route, policy, objects, per_namespace[route.home])
             if refusal is None:
                 refusal = _claim_refusal(route, host_owner, path_owner)
             if refusal is None:
@@ -70,6 +72,7 @@ def place(candidates: list[Candidate], policy: RouteObjectsConfig) -> tuple[list
                 refused[route.key] = refusal
                 continue
             objects += 1
+            per_namespace[route.home] += 1
         for host in route.hosts:
             host_owner.setdefault(host, route.key)
             path_owner.setdefault((host, route.path_prefix), route.key)
@@ -92,7 +95,9 @@ def _name_refusal(route: RouteConfig, served_keys: set[str]) -> Refusal | None:
     return None
 
 
-def _policy_refusal(route: RouteConfig, policy: RouteObjectsConfig, served_objects: int) -> Refusal | None:
+def _policy_refusal(
+    route: RouteConfig, policy: RouteObjectsConfig, served_objects: int, served_here: int
+) -> Refusal | None:
     namespace = route.home
     if not policy.allowed_namespace(namespace):
         return Refusal(
@@ -117,6 +122,12 @@ def _policy_refusal(route: RouteConfig, policy: RouteObjectsConfig, served_objec
                     f"limits.{key} is {asked:g}, above the {ceiling:g} the platform allows route objects "
                     "(proxy.route_objects.max_limits): lower it, or ask the platform team to raise the ceiling",
                 )
+    if served_here >= policy.max_routes_per_namespace:
+        return Refusal(
+            "TooManyRoutes",
+            f"the proxy serves {policy.max_routes_per_namespace} route objects of this namespace already, older "
+            "than this one (proxy.route_objects.max_routes_per_namespace): delete one, or ask the platform team",
+        )
     if served_objects >= policy.max_routes:
         return Refusal(
             "TooManyRoutes",

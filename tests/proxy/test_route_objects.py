@@ -581,3 +581,25 @@ async def test_a_team_cannot_make_the_shared_proxy_sweep_every_connection_a_hund
             assert refusal.reason == "InvalidSpec"
             assert "spec.limits." in refusal.message
         assert proxy.control.table.sweep_tick(10.0) >= 0.25
+
+
+async def test_one_namespace_cannot_take_every_route_the_proxy_serves(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    """max_routes is the proxy's whole budget, oldest first: without a share per namespace, one team's early burst of
+    objects refused every route any other team made after it."""
+    serve_pods(kube, "team-a", upstream)
+    serve_pods(kube, "team-b", upstream)
+    for at, name in enumerate(("one", "two", "three")):
+        body = route_object("team-a", name, [f"{name}.example"])
+        body["metadata"]["creationTimestamp"] = f"2026-01-0{at + 1}T00:00:00Z"
+        kube.put(routes_collection("team-a"), body)
+    late = route_object("team-b", "late", ["late.example"])
+    late["metadata"]["creationTimestamp"] = "2026-02-01T00:00:00Z"
+    kube.put(routes_collection("team-b"), late)
+    async with route_proxy(kube, kube_client, max_routes=3, max_routes_per_namespace=2) as proxy:
+        await until(lambda: "team-b/late" in proxy.routes)
+        assert set(proxy.routes) == {"team-a/one", "team-a/two", "team-b/late"}
+        refusal = proxy.control.refusals["team-a/three"]
+        assert refusal.reason == "TooManyRoutes"
+        assert "proxy.route_objects.max_routes_per_namespace" in refusal.message
