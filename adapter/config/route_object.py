@@ -9,7 +9,7 @@ the same model again when it reads one (a CRD installed from an older version ma
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -30,7 +30,12 @@ class RouteService(Strict):
 
     service: str = Field(pattern=DNS_LABEL, max_length=63)
     """The Service's name (in the route's own namespace: a route cannot name another namespace's Service)."""
-    port: str | int = Field(default="", json_schema_extra={"x-kubernetes-int-or-string": True})
+    # Bounded as the API bounds a Service port (a name a DNS label, a number 1-65535): the proxy keeps every object it
+    # reads, so an unbounded string here was megabytes of a shared process's memory per route.
+    port: (
+        Annotated[str, Field(max_length=63, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$")]
+        | Annotated[int, Field(ge=1, le=65535)]
+    ) = Field(default="", json_schema_extra={"x-kubernetes-int-or-string": True})
     """The Service port's name (matched against EndpointSlice `ports[].name`) or its number; empty: its only port."""
 
 
