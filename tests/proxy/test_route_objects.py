@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 from adapter.children import port_outside_ephemeral
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import MANAGED_BY
+from adapter.proxy import control
 from adapter.proxy.app import Proxy
 from adapter.proxy.route_objects import RouteObjects
 from tests.fixtures.kube_routes import SLICES_V1, SlowLists, endpoint_slice, slices_collection
@@ -657,3 +658,36 @@ async def test_a_port_freed_by_a_deleted_route_is_not_given_to_another_namespace
         kube.put(routes_collection("team-b"), taker)
         await until(lambda: "team-b/web" in proxy.activators or "team-b/web" in proxy.control.refusals)
         assert "team-b/web" in proxy.control.refusals
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="every spec change places every route again (~100 ms of event loop at 10,000 routes) and nothing bounds "
+    "how often: one team editing its route 20 times a second takes the shared proxy's loop from every team; needs "
+    "placements coalesced to a bounded rate (or placement made incremental)",
+)
+async def test_one_route_edited_in_a_loop_does_not_place_every_route_at_each_edit(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    placements = 0
+    real_place = control.place
+
+    def counting(*args: Any) -> Any:
+        nonlocal placements
+        placements += 1
+        return real_place(*args)
+
+    monkeypatch.setattr(control, "place", counting)
+    serve_pods(kube, "team-a", upstream)
+    kube.put(routes_collection("team-a"), route_object("team-a", "flap", ["flap.example"]))
+    async with route_proxy(kube, kube_client) as proxy:
+        await routed(proxy.port, "flap.example")
+        placements = 0
+        for generation in range(2, 22):  # 20 edits in about a second
+            limits = {"max_held_requests": 100 + generation}
+            kube.put(
+                routes_collection("team-a"), route_object("team-a", "flap", ["flap.example"], generation, limits=limits)
+            )
+            await asyncio.sleep(0.05)
+        await until(lambda: proxy.routes["team-a/flap"].limits.max_held_requests == 121)
+        assert placements <= 10
