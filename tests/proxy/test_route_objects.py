@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from adapter.children import port_outside_ephemeral
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import MANAGED_BY
-from adapter.proxy import control
+from adapter.proxy import claims, control
 from adapter.proxy.app import Proxy
 from adapter.proxy.route_objects import RouteObjects
 from tests.fixtures.kube_routes import SLICES_V1, SlowLists, endpoint_slice, slices_collection
@@ -670,7 +670,7 @@ async def test_one_route_edited_in_a_loop_does_not_place_every_route_at_each_edi
     kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     placements = 0
-    real_place = control.place
+    real_place = claims.place
 
     def counting(*args: Any) -> Any:
         nonlocal placements
