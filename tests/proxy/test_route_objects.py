@@ -691,3 +691,26 @@ async def test_one_route_edited_in_a_loop_does_not_place_every_route_at_each_edi
             await asyncio.sleep(0.05)
         await until(lambda: proxy.routes["team-a/flap"].limits.max_held_requests == 121)
         assert placements <= 10
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="claims compare hosts as written: an older `*.shop.example` of team-b does not stop team-a's younger "
+    "`api.shop.example`, which the router prefers, so team-a takes that part of team-b's traffic; needs a younger "
+    "claim covered by another namespace's older wildcard refused (HostClaimed), or grants that partition the names",
+)
+async def test_a_younger_exact_host_of_another_namespace_does_not_take_traffic_from_an_older_wildcard(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    serve_pods(kube, "team-a", upstream)
+    serve_pods(kube, "team-b", upstream)
+    owner = route_object("team-b", "shop", ["*.shop.example"])
+    owner["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    taker = route_object("team-a", "api", ["api.shop.example"])
+    taker["metadata"]["creationTimestamp"] = "2026-06-01T00:00:00Z"
+    kube.put(routes_collection("team-b"), owner)
+    kube.put(routes_collection("team-a"), taker)
+    async with route_proxy(kube, kube_client) as proxy:
+        await until(lambda: "team-b/shop" in proxy.routes)
+        await until(lambda: "team-a/api" in proxy.routes or "team-a/api" in proxy.control.refusals)
+        assert proxy.control.refusals["team-a/api"].reason == "HostClaimed"
