@@ -140,7 +140,7 @@ class ActivatorRoute(Strict):
     port: int = Field(ge=1, le=65535)
     """The proxy's listener for this route alone: while the workload is cold, the Service's slice lists the proxy's
     pods on this port, and every request arriving on it belongs to this route whatever its Host."""
-    port_name: str | None = None
+    port_name: str | None = Field(default=None, max_length=63, pattern=rf"^({_LABEL})?$")
     """The Service port's name the written slices carry (kube-proxy matches slice ports to Service ports by name);
     by default the upstream's port when it is a name, else "" (a Service with one unnamed port)."""
     max_endpoints_per_slice: int = Field(default=100, ge=1, le=1000)
