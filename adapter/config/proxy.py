@@ -141,6 +141,10 @@ class RouteObjectsConfig(Strict):
     """Which hosts each namespace may claim; a route claiming one no grant allows is refused in its status."""
     max_routes: int = Field(default=10_000, ge=1)
     """Route objects served at most (the oldest first); the rest are refused in their status."""
+    max_routes_per_namespace: int = Field(default=1000, ge=1)
+    """Route objects of one namespace served at most (its oldest first): one team's burst of objects cannot use up
+    max_routes for every other team (nor make the busy routes of one proxy more than the adapter's http source
+    reads, its `max_routes`)."""
     status_interval: Duration = Field(default=5.0, gt=0)
     """A route's status is written at most this often (its conditions at once when they change)."""
     max_limits: RouteLimits = Field(default_factory=RouteLimits)

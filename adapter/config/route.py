@@ -17,10 +17,13 @@ from pydantic import Field, field_validator, model_validator
 
 from adapter.config.base import Duration, Strict, split_address
 
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 LABEL_VALUE_MAX = 63  # a Kubernetes label value
-# A host as a route claims it, after lowering (the CRD checks the same with CEL, scripts/crd/generate.py).
-HOST_PATTERN = re.compile(r"^(\*|\*\.[a-z0-9.-]+|[a-z0-9.-]+)$")
+# A host as a route claims it, after lowering (the CRD checks the same with CEL, scripts/crd/generate.py): DNS
+# labels joined by dots, without a trailing dot (a request's Host is compared without one, so `shop.example.` would be
+# a claim of its own that no request ever matches), after `*.` or alone as `*`.
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_LABEL = rf"^{_LABEL}$"
+HOST_PATTERN = re.compile(rf"^(\*|(\*\.)?{_LABEL}(\.{_LABEL})*)$")
 
 
 class RouteLimits(Strict):
@@ -137,7 +140,7 @@ class ActivatorRoute(Strict):
     port: int = Field(ge=1, le=65535)
     """The proxy's listener for this route alone: while the workload is cold, the Service's slice lists the proxy's
     pods on this port, and every request arriving on it belongs to this route whatever its Host."""
-    port_name: str | None = None
+    port_name: str | None = Field(default=None, max_length=63, pattern=rf"^({_LABEL})?$")
     """The Service port's name the written slices carry (kube-proxy matches slice ports to Service ports by name);
     by default the upstream's port when it is a name, else "" (a Service with one unnamed port)."""
     max_endpoints_per_slice: int = Field(default=100, ge=1, le=1000)

@@ -9,12 +9,12 @@ the same model again when it reads one (a CRD installed from an older version ma
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
 from adapter.config.base import Duration, Strict
-from adapter.config.route import DNS_LABEL, RouteConfig, RouteFields, ScaleTarget, ServiceUpstream
+from adapter.config.route import DNS_LABEL, RouteConfig, RouteFields, RouteLimits, ScaleTarget, ServiceUpstream
 
 GROUP = "zeroscale.io"
 VERSION = "v1alpha1"
@@ -30,7 +30,12 @@ class RouteService(Strict):
 
     service: str = Field(pattern=DNS_LABEL, max_length=63)
     """The Service's name (in the route's own namespace: a route cannot name another namespace's Service)."""
-    port: str | int = Field(default="", json_schema_extra={"x-kubernetes-int-or-string": True})
+    # Bounded as the API bounds a Service port (a name a DNS label, a number 1-65535): the proxy keeps every object it
+    # reads, so an unbounded string here was megabytes of a shared process's memory per route.
+    port: (
+        Annotated[str, Field(max_length=63, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$")]
+        | Annotated[int, Field(ge=1, le=65535)]
+    ) = Field(default="", json_schema_extra={"x-kubernetes-int-or-string": True})
     """The Service port's name (matched against EndpointSlice `ports[].name`) or its number; empty: its only port."""
 
 
@@ -41,6 +46,25 @@ class RouteTarget(Strict):
     """The workload's kind."""
     name: str = Field(pattern=DNS_LABEL, max_length=253)
     """The workload's name."""
+
+
+# The data plane checks every connection's deadlines at a quarter of the shortest of these over all routes
+# (RouteTable.sweep_tick): below this floor, one team's route would make the shared proxy walk every connection of
+# every team up to a hundred times a second.
+_TIMEOUT_FLOOR = 1.0
+
+
+class RouteObjectLimits(RouteLimits):
+    """A route object's limits: the file route's, with floors on the timeouts the data plane sweeps for."""
+
+    body_timeout: Duration = Field(default=60.0, ge=_TIMEOUT_FLOOR)
+    """From the request's head to its body's last byte: the whole body must arrive within this (408 beyond; at least
+    1s). Raise it on a route that takes large uploads from slow clients."""
+    response_timeout: Duration = Field(default=60.0, ge=_TIMEOUT_FLOOR)
+    """From the request's last byte sent to the response head, and then the longest silence within the response body
+    while the client keeps reading (504 before the head; the response is cut off after; at least 1s)."""
+    tunnel_idle_timeout: Duration = Field(default=300.0, ge=_TIMEOUT_FLOOR)
+    """A tunnel with no byte in either direction for this long is closed (at least 1s)."""
 
 
 class RouteSpec(RouteFields):
@@ -58,6 +82,9 @@ class RouteSpec(RouteFields):
     """While requests are held and the target still reads 0, wake again this often (at least 1s)."""
     probe_interval: Duration = Field(default=0.01, ge=0.005)
     """How often an endpoint that refused a connection is dialled again while requests wait (at least 5ms)."""
+    limits: RouteObjectLimits = Field(default_factory=RouteObjectLimits)
+    """What the route may hold and how long each phase of a request may take (within the platform's
+    proxy.route_objects.max_limits)."""
 
     def route_config(self, namespace: str, name: str) -> RouteConfig:
         """The route as the proxy runs it; ValueError (pydantic's) when the combination is not allowed."""

@@ -18,6 +18,7 @@ load already refused what cannot work), only claim their hosts, ports and Servic
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from adapter.config.proxy import RouteObjectsConfig
@@ -48,6 +49,7 @@ def place(candidates: list[Candidate], policy: RouteObjectsConfig) -> tuple[list
     """The routes served, oldest first, and why each of the others is not, by route key."""
     ordered = sorted(candidates, key=lambda candidate: (candidate.created, candidate.config.key))
     served: list[RouteConfig] = []
+    served_keys: set[str] = set()  # only a file route's key can come twice (an object's is unique in the API)
     refused: dict[str, Refusal] = {}
     host_owner: dict[str, str] = {}  # host -> the key of the route whose claim made it its namespace's
     path_owner: dict[tuple[str, str], str] = {}  # (host, path prefix) -> the route's key
@@ -55,10 +57,13 @@ def place(candidates: list[Candidate], policy: RouteObjectsConfig) -> tuple[list
     port_owner: dict[int, str] = {}
     service_owner: dict[str, str] = {}
     objects = 0
+    per_namespace: Counter[str] = Counter()
     for candidate in ordered:
         route = candidate.config
         if not candidate.from_file:
-            refusal = _policy_refusal(route, policy, objects)
+            refusal = _name_refusal(route, served_keys)
+            if refusal is None:
+                refusal = _policy_refusal(route, policy, objects, per_namespace[route.home])
             if refusal is None:
                 refusal = _claim_refusal(route, host_owner, path_owner)
             if refusal is None:
@@ -67,6 +72,7 @@ def place(candidates: list[Candidate], policy: RouteObjectsConfig) -> tuple[list
                 refused[route.key] = refusal
                 continue
             objects += 1
+            per_namespace[route.home] += 1
         for host in route.hosts:
             host_owner.setdefault(host, route.key)
             path_owner.setdefault((host, route.path_prefix), route.key)
@@ -74,10 +80,24 @@ def place(candidates: list[Candidate], policy: RouteObjectsConfig) -> tuple[list
             port_owner.setdefault(route.activator.port, route.key)
             service_owner.setdefault(f"{route.home}/{route.activator.service}", route.key)
         served.append(route)
+        served_keys.add(route.key)
     return served, refused
 
 
-def _policy_refusal(route: RouteConfig, policy: RouteObjectsConfig, served_objects: int) -> Refusal | None:
+def _name_refusal(route: RouteConfig, served_keys: set[str]) -> Refusal | None:
+    """A route key is one route's (the table, counts and series are keyed by it): a file route of the object's
+    `<namespace>/<name>` keeps it, or the object would replace the platform's route and take its hosts off the table."""
+    if route.key in served_keys:
+        return Refusal(
+            "NameClaimed",
+            f"the proxy's config file has a route named {route.key} (the platform's own): rename this one",
+        )
+    return None
+
+
+def _policy_refusal(
+    route: RouteConfig, policy: RouteObjectsConfig, served_objects: int, served_here: int
+) -> Refusal | None:
     namespace = route.home
     if not policy.allowed_namespace(namespace):
         return Refusal(
@@ -102,6 +122,12 @@ def _policy_refusal(route: RouteConfig, policy: RouteObjectsConfig, served_objec
                     f"limits.{key} is {asked:g}, above the {ceiling:g} the platform allows route objects "
                     "(proxy.route_objects.max_limits): lower it, or ask the platform team to raise the ceiling",
                 )
+    if served_here >= policy.max_routes_per_namespace:
+        return Refusal(
+            "TooManyRoutes",
+            f"the proxy serves {policy.max_routes_per_namespace} route objects of this namespace already, older "
+            "than this one (proxy.route_objects.max_routes_per_namespace): delete one, or ask the platform team",
+        )
     if served_objects >= policy.max_routes:
         return Refusal(
             "TooManyRoutes",

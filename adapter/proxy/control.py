@@ -14,6 +14,7 @@ it whole (adapter/proxy/table.py). Per route key:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -63,6 +64,9 @@ class ControlPlane:
         self.table = RouteTable()
         self.versions: dict[str, Version] = {}  # serving now, by route key
         self._retired: set[asyncio.Task[None]] = set()
+        # Retired versions not yet closed, by route key: a route deleted, re-created and deleted again has two, and
+        # its counts and series go only with the last of them.
+        self._retiring: collections.Counter[str] = collections.Counter()
         self._kube = kube
         self._own_kube = False
         # A sidecar's upstream is the app beside it in the pod: on loopback by design.
@@ -341,6 +345,7 @@ class ControlPlane:
         if failure is not None:
             log.info("%s: answering its %d held requests 503", failure, len(route.queue))
             route.fail_held(503, failure)
+        self._retiring[route.name] += 1
         task = asyncio.get_running_loop().create_task(self._close_when_idle(version), name=f"retire {route.name}")
         self._retired.add(task)
         task.add_done_callback(self._retired.discard)
@@ -361,7 +366,10 @@ class ControlPlane:
         finally:
             unsubscribe()
         await version.close()
-        if route.name not in self.versions:
+        self._retiring[route.name] -= 1
+        if self._retiring[route.name] <= 0:
+            del self._retiring[route.name]
+        if route.name not in self.versions and route.name not in self._retiring:
             self.board.drop(route.name)
             telemetry.forget_route(route.name)
 

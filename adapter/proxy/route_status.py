@@ -110,7 +110,12 @@ class StatusWriter(WatchTask):
     ) -> None:
         """After each table rebuild: every route object seen, why the unserved ones are not, the served versions.
         Marks dirty what changed; forgets the deleted."""
-        entries = {obj.key: self._entry(obj, refusals.get(obj.key), versions.get(obj.key)) for obj in objects}
+        entries = {
+            # A refused object has no version, even when its key is served (by a file route of that name, NameClaimed).
+            obj.key: self._entry(obj, refusal, None if refusal is not None else versions.get(obj.key))
+            for obj in objects
+            for refusal in [refusals.get(obj.key)]
+        }
         self._dirty.intersection_update(entries)
         self._entries = entries
         served = sum(1 for entry in entries.values() if entry.version is not None)
@@ -348,8 +353,6 @@ class StatusWriter(WatchTask):
             }
 
         refusal = entry.refusal
-        if entry.route is None and refusal is None:  # another route of the same key is served (a file route)
-            refusal = Refusal("NotServed", f"the proxy serves another route named {obj.key}: rename this one")
         accepted = (
             condition(ACCEPTED, "True", ACCEPTED, "the route is valid, allowed, and serves its hosts")
             if refusal is None

@@ -150,7 +150,10 @@ def _one_of_any(node: Schema, defs: dict[str, Schema], where: str) -> Schema:
         outer["description"] = f"{outer.get('description', '')} {DURATION_HELP}".strip()
         return {**outer, "x-kubernetes-int-or-string": True, "minimum": 0, **_bounds(text)}
     if types == {"string", "integer"} and node.get("x-kubernetes-int-or-string"):
-        return outer
+        # A port: each branch's bounds on the node, as for a Duration.
+        (text,) = [branch for branch in branches if branch["type"] == "string"]
+        (number,) = [branch for branch in branches if branch["type"] == "integer"]
+        return {**outer, **_bounds(text), **{key: number[key] for key in ("minimum", "maximum") if key in number}}
     raise SystemExit(f"{where}: anyOf {sorted(map(str, types))} has no structural form: extend scripts/crd/generate.py")
 
 

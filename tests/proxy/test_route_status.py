@@ -23,6 +23,7 @@ from adapter.proxy.app import Proxy
 from tests.fixtures.kube_routes import SLICES_V1, ScaleStandIn, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
 from tests.fixtures.proxy import get, request, running_proxy, until
+from tests.fixtures.upstream_app import Upstream
 from tests.proxy.test_activator import DEPLOYMENTS, LEASES, SERVICES, activator_settings
 from tests.proxy.test_route_objects import activator_object, seed_activator
 
@@ -418,3 +419,20 @@ async def test_a_status_changed_by_someone_else_is_written_back_without_placing_
         # Every status event (the writer's own too) left the placing of the routes and the table as they were.
         assert proxy.control.refusals is placed
         assert proxy.control.table is table
+
+
+async def test_an_object_named_as_a_file_route_is_refused_and_shows_none_of_its_live_facts(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    file_route: dict[str, Any] = {"name": "shop", "namespace": "team-a", "hosts": ["own.example"], "wake": "none"}
+    file_route |= {"upstream": {"address": upstream.address}, "readiness": "probe"}
+    app(kube, "team-a", "127.0.0.1")
+    kube.put(routes_collection("team-a"), route_object("team-a"))
+    route_objects = {"enabled": True, "namespaces": ["team-a"], "status_interval": INTERVAL}
+    async with running_proxy(
+        [file_route], kube=kube_client, activator=activator_settings(), route_objects=route_objects
+    ) as proxy:
+        await until(lambda: reason(kube, "Accepted", "team-a") == ("False", "NameClaimed"))
+        assert (await request(proxy.port, get("/echo", host="own.example"))).status == 200
+        await asyncio.sleep(3 * INTERVAL)  # sweeps that would copy the file route's warmth into the object
+        assert status(kube, "team-a")["state"] == "Unknown"
