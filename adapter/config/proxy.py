@@ -103,9 +103,12 @@ class HostGrant(Strict):
 
     namespaces: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
     """Namespaces this grant is for; `*`: every namespace."""
-    hosts: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    hosts: list[str] = Field(default_factory=lambda: ["[!*]*"], min_length=1)
     """Shell-style patterns a claimed host (as written in the route: `shop.example.com`, `*.example.com`) must
-    match; `{namespace}` stands for the route's namespace, e.g. `{namespace}.apps.example.com`."""
+    match; `{namespace}` stands for the route's namespace, e.g. `{namespace}.apps.example.com` (end the namespace with
+    a dot, not `-`: `{namespace}-*` would let namespace `a` claim the hosts of `a-b`). The default, `[!*]*`, is any
+    exact host and no wildcard: a wildcard or `*` claim (all the hosts nobody else claims) is the platform's to
+    grant, as `*.example.com` or `*`."""
 
     def allows(self, namespace: str, host: str) -> bool:
         if "*" not in self.namespaces and namespace not in self.namespaces:

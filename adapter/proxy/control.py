@@ -17,6 +17,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -79,6 +80,7 @@ class ControlPlane:
         # The route objects were placed after their latest spec change (False again while placing: a table that could
         # not be built is placed again at the next event, whatever that event changed).
         self._placed = False
+        self._next_place_at = 0.0  # monotonic: when the next placement may run (see _rebuild)
         self.leader: LeaderElector | None = None
         self._proxy_pods: ProxyPods | None = None
         self.services = RouteServices(None, None, None, None)
@@ -216,7 +218,8 @@ class ControlPlane:
         """Once per loop turn however many events came in it: a burst of changes costs one table."""
         if not self._rebuild_scheduled and not self._closing:
             self._rebuild_scheduled = True
-            asyncio.get_running_loop().call_soon(self._rebuild_from_objects)
+            loop = asyncio.get_running_loop()
+            loop.call_later(max(0.0, self._next_place_at - time.monotonic()), self._rebuild_from_objects)
 
     def _rebuild_from_objects(self) -> None:
         try:
@@ -239,7 +242,13 @@ class ControlPlane:
                     self.status_writer.statuses_changed(seen)
                 return
         self._placed = False
-        every: list[RouteObject] = objects.objects() if objects is not None else []
+        started = time.monotonic()
+        # Objects are placed once every namespace served was listed: placed from some namespaces only, a younger
+        # claim could be served for a moment and then displaced by an older one listed later.
+        listed = objects is None or objects.listed
+        if objects is not None:
+            objects.take_changes()  # all of them are placed now
+        every: list[RouteObject] = objects.objects() if objects is not None and listed else []
         refusals = {obj.key: obj.invalid for obj in every if obj.invalid is not None}
         candidates = list(self._file_routes)
         candidates += [Candidate(obj.config, obj.created) for obj in every if obj.config is not None]
@@ -247,7 +256,10 @@ class ControlPlane:
         refusals.update(refused)
         self.refusals = refusals
         self._swap(served)
-        self._placed = True
+        self._placed = listed
+        # The next placement waits twice as long as this one took: a tenant editing a route in a loop holds at
+        # most a third of the event loop, however many routes there are.
+        self._next_place_at = time.monotonic() + 2 * (time.monotonic() - started)
         if self.status_writer is not None:
             self.status_writer.changed(every, refusals, self.versions)
 
