@@ -152,10 +152,13 @@ class ListWatch(WatchTask):
         on_change: Callable[[dict[str, dict[str, Any]]], None],
         on_error: Callable[[KubeError], bool],
         key: ObjectKey = name_of,
+        shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
-        """`key`: how events' objects are kept, as the lister keeps them."""
+        """`key`: how events' objects are kept, as the lister keeps them. `shape`: what of each object is kept, as it
+        arrives (a collection others write, tenants' objects, would otherwise hold whatever they put in it)."""
         self._kube = kube
         self._key = key
+        self._shape = shape
         self._lister = lister
         self.watch_name = watch_name
         self._on_change = on_change
@@ -194,6 +197,8 @@ class ListWatch(WatchTask):
             try:
                 try:
                     path, objects, version = await self._lister()
+                    if self._shape is not None:
+                        objects = {name: self._shape(obj) for name, obj in objects.items()}
                     self.changed_key = None
                     self._on_change(objects)
                 finally:
@@ -227,6 +232,9 @@ class ListWatch(WatchTask):
             async with cut:
                 self._following = cut
                 async for event in self._kube.watch(path, version or None):
+                    obj = event.get("object")
+                    if self._shape is not None and isinstance(obj, dict):
+                        event = {**event, "object": self._shape(obj)}
                     if apply_event(objects, event, self._key):
                         self.changed_key = self._key(event.get("object"))
                         self._on_change(objects)

@@ -69,6 +69,7 @@ class RouteObjects:
                 lambda objects, path=path: self._changed(path, objects),  # type: ignore[misc]
                 self._failed,
                 key=namespaced_name_of,
+                shape=_what_is_read,
             )
             for path in collection_paths(config)
         }
@@ -156,6 +157,21 @@ class RouteObjects:
             )
             log.warning("cannot read ZeroscaleRoute objects%s; serving the last seen: %s", hint, err)
         return False
+
+
+# What the proxy reads of a route object's metadata; the rest (annotations, labels, managedFields: up to the API's
+# 1.5 MB an object, written by the tenant) is dropped as it arrives, so a team's objects cost the shared proxy their
+# spec, not whatever else they carry.
+_METADATA_READ = ("name", "namespace", "generation", "creationTimestamp", "resourceVersion", "uid")
+
+
+def _what_is_read(obj: dict[str, Any]) -> dict[str, Any]:
+    metadata = field(obj, "metadata")
+    kept: dict[str, Any] = {"metadata": {key: metadata[key] for key in _METADATA_READ if key in metadata}}
+    for part in ("spec", "status"):
+        if part in obj:
+            kept[part] = obj[part]
+    return kept
 
 
 def _with_status(known: RouteObject, status: dict[str, Any]) -> RouteObject:
