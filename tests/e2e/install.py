@@ -127,3 +127,33 @@ def token_file(kube: Kube, account: str, directory: Path) -> Path:
     path.write_text(kube.service_account_token(NAMESPACE, account), encoding="utf-8")
     path.chmod(0o600)
     return path
+
+
+# Where the chart mounts its Secrets in a pod: the config's paths under it are this 'pod's own files.
+MOUNTED_TLS = "/etc/zeroscale/tls/"
+
+
+def mounted(config: Any, directory: Path) -> Any:
+    """The config with the Secret's mount path pointing where this 'pod' has its files."""
+    if isinstance(config, dict):
+        return {key: mounted(value, directory) for key, value in config.items()}
+    if isinstance(config, list):
+        return [mounted(item, directory) for item in config]
+    if isinstance(config, str) and config.startswith(MOUNTED_TLS):
+        return str(directory / config.removeprefix(MOUNTED_TLS))
+    return config
+
+
+def chart_pod(
+    kube: Kube, directory: Path, namespace: str, secret: str, config_map: str, account: str
+) -> tuple[dict[str, Any], Path]:
+    """A pod of the chart as kubelet would run it, in `directory`: its Secret's files, its ConfigMap's config (pointing
+    at them) and its ServiceAccount's token; returns the config and the token's file."""
+    (directory / "tls").mkdir(parents=True)
+    for key, value in kube.get(f"/api/v1/namespaces/{namespace}/secrets/{secret}")["data"].items():
+        (directory / "tls" / key).write_bytes(base64.b64decode(value))
+    data = kube.get(f"/api/v1/namespaces/{namespace}/configmaps/{config_map}")["data"]
+    config = mounted(yaml.safe_load(data["config.yaml"]), directory / "tls")
+    token = directory / "token"
+    token.write_text(kube.service_account_token(namespace, account), encoding="utf-8")
+    return config, token

@@ -13,7 +13,6 @@ Service's port to the ready pod (tests/e2e/service_proxy.py).
 
 from __future__ import annotations
 
-import base64
 import http.client
 import os
 import ssl
@@ -53,7 +52,6 @@ ADAPTER = f"{RELEASE}-adapter"
 WORKLOADS, NAME, KEY = "e2e-helm", "worker", "e2e-helm-jobs"
 POST_RENDER = Path(__file__).with_name("helm_post_render.py")
 SYNC = float(os.environ.get("ZS_K8S_SYNC", "2s").rstrip("s"))
-MOUNTED_TLS = "/etc/zeroscale/tls/"
 # Where objects labelled with the release could remain after `helm uninstall` (every namespace).
 LABELLED = (
     "/apis/apps/v1/replicasets",
@@ -115,17 +113,6 @@ def values_file(directory: Path, redis: RedisProcess, interval: float) -> Path:
     return path
 
 
-def mounted(config: Any, directory: Path) -> Any:
-    """The config with the Secret's mount path pointing where this 'pod' has its files."""
-    if isinstance(config, dict):
-        return {key: mounted(value, directory) for key, value in config.items()}
-    if isinstance(config, list):
-        return [mounted(item, directory) for item in config]
-    if isinstance(config, str) and config.startswith(MOUNTED_TLS):
-        return str(directory / config.removeprefix(MOUNTED_TLS))
-    return config
-
-
 @dataclass
 class Pod:
     process: Zeroscale
@@ -136,14 +123,7 @@ class Pod:
 def start_pod(kube: Kube, plane: ControlPlane, workdir: Path, name: str) -> Pod:
     """An adapter pod as kubelet would run it: the chart's ConfigMap and Secret mounted, its ServiceAccount's token."""
     directory = workdir / name
-    (directory / "tls").mkdir(parents=True)
-    secret = kube.get(f"/api/v1/namespaces/{NAMESPACE}/secrets/{ADAPTER}-serving")
-    for key, value in secret["data"].items():
-        (directory / "tls" / key).write_bytes(base64.b64decode(value))
-    config_map = kube.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{RELEASE}-config")
-    config = mounted(yaml.safe_load(config_map["data"]["config.yaml"]), directory / "tls")
-    token = directory / "token"
-    token.write_text(kube.service_account_token(NAMESPACE, ADAPTER), encoding="utf-8")
+    config, token = install.chart_pod(kube, directory, NAMESPACE, f"{ADAPTER}-serving", f"{RELEASE}-config", ADAPTER)
     port = port_outside_ephemeral()
     # One machine for every pod: loopback and a free port each, where a pod has its own network namespace.
     config["server"] |= {

@@ -18,7 +18,6 @@ admission.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
@@ -32,16 +31,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapter.children import port_outside_ephemeral
+from tests.e2e import install
 from tests.e2e.cluster import ENDPOINTSLICE_API, ControlPlane, Kube, KubeError, deployment, wait_for, wait_replicas
 from tests.e2e.fixtures import Timeline, kube_api
 from tests.e2e.install import endpoint_slice
 from tests.e2e.processes import Zeroscale
 from tests.e2e.test_04_proxy_wake import Upstream
-from tests.e2e.test_10_helm import mounted
 from tests.fixtures.manifests import CHART, build_helm
 
 RELEASE, RELEASE_NAMESPACE = "routes", "zeroscale-routes"
@@ -208,15 +206,10 @@ def proxy(chart: None, plane: ControlPlane, kube: Kube, workdir: Path) -> Iterat
     """The chart's proxy pod as kubelet would run it: its ConfigMap and Secret mounted, its ServiceAccount's token;
     its listeners on loopback (one machine for every pod)."""
     directory = workdir / "routes-proxy"
-    (directory / "tls").mkdir(parents=True)
-    secret = kube.get(f"/api/v1/namespaces/{RELEASE_NAMESPACE}/secrets/{FULLNAME}-proxy-counts")
-    for key, value in secret["data"].items():
-        (directory / "tls" / key).write_bytes(base64.b64decode(value))
-    config_map = kube.get(f"/api/v1/namespaces/{RELEASE_NAMESPACE}/configmaps/{FULLNAME}-config")
-    config = mounted(yaml.safe_load(config_map["data"]["config.yaml"]), directory / "tls")
+    config, token = install.chart_pod(
+        kube, directory, RELEASE_NAMESPACE, f"{FULLNAME}-proxy-counts", f"{FULLNAME}-config", f"{FULLNAME}-proxy"
+    )
     assert config["proxy"]["route_objects"]["enabled"] is True, "the chart turns route objects on"
-    token = directory / "token"
-    token.write_text(kube.service_account_token(RELEASE_NAMESPACE, f"{FULLNAME}-proxy"), encoding="utf-8")
     port, admin_port = port_outside_ephemeral(), port_outside_ephemeral()
     config["proxy"] |= {
         "bind": "127.0.0.1",
