@@ -86,10 +86,9 @@ class ControlPlane:
         self.services = RouteServices(None, None, None, None)
         self._closing = False
         # Activator routes' listener ports: port -> (its listener, the route key holding it); activators of
-        # versions no longer served, still to stop; why a route's port could not be listened on.
+        # versions no longer served, still to stop.
         self._ports: dict[int, tuple[Listener, str]] = {}
         self._stale_activators: list[Activator] = []
-        self.listen_failures: dict[str, str] = {}
         self._activators_dirty = asyncio.Event()
         # What start() started, closed in reverse by close(): route objects first, then the routes (activators
         # before the Lease they write under), the Lease (given up for another replica), the proxy's pods, the HPAs.
@@ -325,7 +324,6 @@ class ControlPlane:
                 listener.router = Router([])  # its open connections find no route from here
                 self._data.unlisten(key)
                 del self._ports[port]
-        failures: dict[str, str] = {}
         for port, (key, version) in wanted.items():
             router: Router[Route] = Router([(["*"], "/", version.route)])
             if port in self._ports:
@@ -337,15 +335,18 @@ class ControlPlane:
                 except OSError as err:
                     if strict:
                         raise
-                    failures[key] = f"cannot listen on activator.port {port}: {err}"
-                    log.warning("route %s: %s; trying again at the next change", key, failures[key])
+                    log.warning(
+                        "route %s: cannot listen on activator.port %d: %s; trying again at the next change",
+                        key,
+                        port,
+                        err,
+                    )
                     continue
                 self._ports[port] = (listener, key)
             if self.versions.get(key) is version and not version.activator_started:
                 assert version.activator is not None
                 version.activator.start()
                 version.activator_started = True
-        self.listen_failures = failures
         if self.leader is not None:
             routes = [version.route.config for _, version in wanted.values()]
             self.leader.set_routes(self.config.activator_routes(routes))
