@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Zeroscale's tests and demo run for real: Redis (server, Sentinel),
-# nginx and wrk (benchmark baselines), Prometheus, kubectl, a JDK and Maven (Apache Kafka), and nftables and
+# nginx and wrk (benchmark baselines), nghttp2's h2load and nghttp (HTTP/2 clients for tests and benchmarks), Prometheus, kubectl, a JDK and Maven (Apache Kafka), and nftables and
 # iproute2 (the network namespace where tests/e2e runs a real kube-proxy).
 # Run as root or with sudo; does nothing when everything is already there.
 set -euo pipefail
@@ -11,6 +11,7 @@ have redis-server || need+=(redis-server)
 have redis-sentinel || need+=(redis-sentinel)
 have nginx || need+=(nginx-light)
 have wrk || need+=(wrk)
+have h2load || need+=(nghttp2-client)
 have prometheus || need+=(prometheus)
 have kubectl || need+=(kubernetes-client)
 have java || need+=(default-jre-headless)
