@@ -154,11 +154,17 @@ def wrk(port: int, connections: int) -> tuple[float, float, float]:
 
 
 UPSTREAM = 'server { listen 127.0.0.1:{port}; location / { return 200 "hello from upstream\\n"; } }'
-NGINX_PROXY = (
-    "upstream up {{ server 127.0.0.1:{upstream}; keepalive 128; }}\n"
-    "server {{ listen 127.0.0.1:{{port}}; location / {{ proxy_pass http://up; "
-    'proxy_http_version 1.1; proxy_set_header Connection ""; }} }}'
-)
+
+
+def nginx_proxy(upstream: int) -> str:
+    """nginx `proxy_pass` in front of `upstream`, HTTP/1.1 on both sides, upstream connections kept (keepalive)."""
+    return (
+        f"upstream up {{ server 127.0.0.1:{upstream}; keepalive 128; }}\n"
+        "server { listen 127.0.0.1:{port}; location / { proxy_pass http://up; "
+        'proxy_http_version 1.1; proxy_set_header Connection ""; } }'
+    )
+
+
 Figures = tuple[float, float, float]  # requests/s, p50 us, p99 us
 
 
@@ -212,7 +218,7 @@ def warm_path() -> dict[tuple[str, int], Figures]:
     """(a): wrk over HTTP/1.1 against the upstream directly, nginx and Zeroscale."""
     with (
         nginx(UPSTREAM) as up,
-        nginx(NGINX_PROXY.format(upstream=up)) as via_nginx,
+        nginx(nginx_proxy(up)) as via_nginx,
         zeroscale_proxy(up) as (ours, _, _),
     ):
         targets = {"direct": up, "nginx": via_nginx, "zeroscale": ours}
