@@ -15,7 +15,15 @@ from pydantic import Field, field_validator, model_validator
 
 from adapter.config.base import Duration, Strict, split_address
 from adapter.config.kube import SERVICE_ACCOUNT_DIR, KubeAPIConfig
-from adapter.config.route import DNS_LABEL, AddressUpstream, RouteConfig, RouteLimits, ServiceRef, ServiceUpstream
+from adapter.config.route import (
+    DNS_LABEL,
+    AddressUpstream,
+    RouteConfig,
+    RouteLimits,
+    ServiceRef,
+    ServiceUpstream,
+    UpstreamProtocol,
+)
 from adapter.k8s_wire.endpoint_ip import LOOPBACK, NOT_AN_IP, endpoint_refusal
 
 
@@ -40,6 +48,8 @@ class SidecarConfig(Strict):
     namespace: str = Field(default_factory=lambda: pod_namespace(), pattern=DNS_LABEL)
     limits: RouteLimits = Field(default_factory=RouteLimits)
     probe_interval: Duration = Field(default=0.01, gt=0)
+    # The HTTP the app beside it speaks: http1 (auto) or h2c (a gRPC server). Clients may speak either to the proxy.
+    protocol: UpstreamProtocol = "auto"
 
     @field_validator("upstream")
     @classmethod
@@ -51,7 +61,7 @@ class SidecarConfig(Strict):
         return RouteConfig(
             name=self.route,
             namespace=self.namespace,
-            upstream=AddressUpstream(address=self.upstream),
+            upstream=AddressUpstream(address=self.upstream, protocol=self.protocol),
             wake="none",
             readiness="probe",
             probe_interval=self.probe_interval,
