@@ -227,7 +227,12 @@ class H2ClientConnection(asyncio.Protocol):
         if request.grpc_timeout is not None and request.grpc_timeout < route.limits.hold_timeout:
             exchange.hold_timeout = max(request.grpc_timeout, 0.001)
         stream.exchange = exchange
-        stream.body_deadline = monotonic() + route.limits.body_timeout
+        if ended:
+            # Known whole before it is sent: an HTTP/1.1 upstream is given its length, not a chunked body.
+            stream.request_ended = True
+            exchange.body_end()
+        else:
+            stream.body_deadline = monotonic() + route.limits.body_timeout
         route.submit(exchange)
 
     def _reset_by_client(self, stream_id: int) -> None:
@@ -437,6 +442,8 @@ class H2Stream:
             exchange.body_data(data)
 
     def body_end(self) -> None:
+        if self.request_ended:
+            return  # ended with its head (H2ClientConnection._request)
         self.request_ended = True
         self.body_deadline = 0.0
         exchange = self.exchange

@@ -378,7 +378,8 @@ class H2UpstreamStream:
         if not self.closed:
             self.closed = True
             self.deadline = 0.0
-            with contextlib.suppress(h2.exceptions.StreamClosedError):
+            # ProtocolError: a stream never opened (no head sent yet) has nothing to reset.
+            with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.connection.h2.reset_stream(self.stream_id, h2.errors.ErrorCodes.CANCEL)
             self.connection.flush()
             self.connection.stream_done(self)

@@ -159,6 +159,9 @@ def h2_head_of_h1(head: bytes, content_length: int | None) -> Fields:
     head_fields = [(b":method", method), (b":scheme", b"http"), (b":authority", authority), (b":path", path)]
     if content_length is not None:
         head_fields.append((b"content-length", b"%d" % content_length))
+    # The proxy takes trailers (an HTTP/1.1 client gets them in its last chunk), whatever the client's own TE said
+    # (a hop-by-hop field, not forwarded); gRPC servers refuse a call without it.
+    head_fields.append((b"te", b"trailers"))
     return head_fields + fields
 
 
