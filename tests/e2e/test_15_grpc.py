@@ -85,8 +85,9 @@ def still_held(call: grpc.Future[bytes]) -> None:
 def test_a_held_grpc_call_wakes_the_deployment_and_its_pod_answers_it_once(
     workload: KubeletStandIn[GrpcPod], proxy: Zeroscale, kube: Kube, timeline: Timeline
 ) -> None:
-    # The proxy routes by :authority, which a grpcio channel takes from its target unless told.
-    options = [("grpc.default_authority", HOST)]
+    # The proxy routes by :authority, which a grpcio channel takes from its target unless told; and it is called
+    # directly, whatever http_proxy says.
+    options = [("grpc.default_authority", HOST), ("grpc.enable_http_proxy", 0)]
     with grpc.insecure_channel(f"127.0.0.1:{proxy.port}", options=options) as channel:
         # No serializers: the request and the answer are the bytes on the wire.
         say: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(SAY, None, None)
