@@ -163,6 +163,25 @@ class RouteObjectsConfig(Strict):
         return not self.namespaces or namespace in self.namespaces
 
 
+class Http2Config(Strict):
+    """HTTP/2 from clients (prior knowledge, on the proxy's ports): what one connection may cost
+    (docs/architecture.md#h2-defences). Header sizes and counts, and the deadlines, are the HTTP/1.1 settings."""
+
+    enabled: bool = True
+    """Accept HTTP/2 with prior knowledge beside HTTP/1.1 (false: the preface is answered as a malformed request)."""
+    max_concurrent_streams: int = Field(default=100, ge=1, le=2**31 - 1)
+    """Streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS); a client opening more is
+    sent GOAWAY."""
+    max_stream_resets: int = Field(default=200, ge=1)
+    """Streams a client may reset within abuse_window (rapid reset, CVE-2023-44487); then GOAWAY
+    ENHANCE_YOUR_CALM."""
+    max_control_frames: int = Field(default=1000, ge=1)
+    """SETTINGS, PING, PRIORITY and unknown frames a client may send within abuse_window; then GOAWAY
+    ENHANCE_YOUR_CALM."""
+    abuse_window: Duration = Field(default=10.0, gt=0)
+    """The period max_stream_resets and max_control_frames count over."""
+
+
 class ProxyConfig(Strict):
     bind: str = "0.0.0.0"
     port: int = Field(default=8080, ge=0, le=65535)
@@ -187,6 +206,7 @@ class ProxyConfig(Strict):
     # activator's switches rely on: set it above the data plane's propagation delay (docs/architecture.md#activator).
     stop_delay: Duration = 0.0
     via: bool = False
+    http2: Http2Config = Field(default_factory=Http2Config)
     kubernetes: KubeAPIConfig = Field(default_factory=KubeAPIConfig)
     routes: list[RouteConfig] = Field(default_factory=list)
     sidecar: SidecarConfig | None = None
