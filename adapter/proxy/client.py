@@ -514,7 +514,7 @@ class ClientConnection(asyncio.Protocol):
         self._tunnel = upstream
         if exchange is not None:
             route = self._tunnel_route = exchange.route
-            route.tunnels += 1
+            route.tunnel_opened()
             self._tunnel_idle = route.limits.tunnel_idle_timeout
             exchange.tunnel_opened()
         early, self._early = self._early or [], None
@@ -529,7 +529,7 @@ class ClientConnection(asyncio.Protocol):
     def _end_tunnel(self) -> None:
         route, self._tunnel_route = self._tunnel_route, None
         if route is not None:
-            route.tunnels -= 1
+            route.tunnel_closed()
 
     def pause_reading_for_body(self) -> None:
         self._pause(_PAUSE_BODY)

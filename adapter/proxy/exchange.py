@@ -316,6 +316,22 @@ class Exchange:
             self.sent_at = sent_at = monotonic()
             upstream.expect_response(self.route.limits.response_timeout, sent_at)
 
+    def response_begins(self, close: bool) -> None:
+        """The response's head came, and goes to the client now: nothing re-sends the request from here; `close`:
+        the client's connection ends with this response."""
+        route = self.route
+        if self.sent_at:
+            route.stats.upstream_seconds.observe(monotonic() - self.sent_at)
+        self.response_started = True
+        if close:
+            self.keep_alive = False
+        if self.cold:
+            route.first_byte()
+
+    def response_withdrawn(self) -> None:
+        """The head that came was refused before any of it reached the client: the proxy answers instead."""
+        self.response_started = False
+
     def retriable(self) -> bool:
         """No byte reached an upstream, or an idempotent request whose bytes we still have got no response byte."""
         if self.response_started or self.attempts >= _MAX_ATTEMPTS:

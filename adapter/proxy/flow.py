@@ -86,8 +86,7 @@ class Flow:
             exchange.waited if exchange.cold else None,
             server.via,
         )
-        if close:
-            exchange.keep_alive = False
+        exchange.response_begins(close)
         self.client.transport.write(head)
 
     def data(self, data: bytes) -> None:

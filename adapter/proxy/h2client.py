@@ -584,6 +584,7 @@ class H2Stream:
     relay_to_upstream = relay_to_client
 
     def response(self, exchange: Exchange, status: int, fields: Fields) -> None:
+        exchange.response_begins(False)
         self.send_head(h2_response_head(status, fields, exchange.waited if exchange.cold else None, self.server.via))
 
     def end(self, upstream: H2UpstreamStream, trailers: Fields | None) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from time import monotonic
 from typing import TYPE_CHECKING
 
 import h2.config
@@ -291,14 +290,8 @@ class H2UpstreamStream:
         exchange = self.exchange
         if exchange is None or self.flow is None:
             return
-        route = exchange.route
-        if exchange.sent_at:
-            route.stats.upstream_seconds.observe(monotonic() - exchange.sent_at)
-        status = int(headers[0][1])
-        exchange.response_started = self.response_started = True
-        if exchange.cold:
-            route.first_byte()
-        self.flow.response(exchange, status, headers[1:])
+        self.response_started = True
+        self.flow.response(exchange, int(headers[0][1]), headers[1:])
 
     def on_data(self, data: bytes, size: int) -> None:
         self.reads += 1

@@ -259,6 +259,12 @@ class Route:
                 self._await_first_byte = True
             self.pump()
 
+    def tunnel_opened(self) -> None:
+        self.tunnels += 1
+
+    def tunnel_closed(self) -> None:
+        self.tunnels -= 1
+
     def first_byte(self) -> None:
         """A held request's response began: closes the cold start's last phase."""
         if self._await_first_byte:

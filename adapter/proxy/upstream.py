@@ -11,7 +11,6 @@ import asyncio
 import functools
 import logging
 import socket
-from time import monotonic
 from typing import TYPE_CHECKING
 
 import httptools
@@ -216,9 +215,6 @@ class UpstreamConnection(asyncio.Protocol):
             self.interim = True
             return
         self.interim = False
-        route = exchange.route
-        if exchange.sent_at:
-            route.stats.upstream_seconds.observe(monotonic() - exchange.sent_at)
         if status == 101 and not exchange.upgrade:
             self._lost("switched protocols unasked")
             return
@@ -237,14 +233,10 @@ class UpstreamConnection(asyncio.Protocol):
             exchange.waited if exchange.cold else None,
             server.via,
         )
-        if close:
-            exchange.keep_alive = False
-        exchange.response_started = True
+        exchange.response_begins(close)
         self._sink = True
         self._out.append(head)
         self._unsent_head = True
-        if exchange.cold:
-            route.first_byte()
         if status == 101:
             self._upgrading = True
         elif exchange.is_head:
@@ -409,7 +401,7 @@ class UpstreamConnection(asyncio.Protocol):
             if self._unsent_head:
                 self._out = []
                 self._unsent_head = False
-                exchange.response_started = False
+                exchange.response_withdrawn()
             self.exchange = None
             self.close()
             exchange.fail(502, f"the upstream {reason}")
