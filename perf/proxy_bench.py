@@ -61,7 +61,7 @@ WAKE_TRIALS = 100
 HELD = 10_000
 PIPELINING_CONNECTIONS = 100
 PIPELINED_BYTES = 256 * 1024
-H2_CONNECTIONS = 100  # (g): HELD streams over these, HELD / H2_CONNECTIONS on each (the default most at once: 100)
+H2_CONNECTIONS = 100  # (g): HELD streams over these, HELD / H2_CONNECTIONS on each (http2.max_concurrent_streams)
 # A sidecar whose upstream speaks h2c.
 H2C_UPSTREAM = {"ZEROSCALE_PROXY__SIDECAR__PROTOCOL": "h2c"}
 _UNITS = {"us": 1.0, "ms": 1000.0, "s": 1_000_000.0}
@@ -357,6 +357,7 @@ def held_streams_memory() -> tuple[float, int, dict[str, int]]:
         "ZEROSCALE_PROXY__SIDECAR__LIMITS__MAX_HELD_REQUESTS": str(HELD * 2),
         "ZEROSCALE_PROXY__SIDECAR__LIMITS__HOLD_TIMEOUT": "600",
         "ZEROSCALE_PROXY__SIDECAR__PROBE_INTERVAL": "0.5",
+        "ZEROSCALE_PROXY__HTTP2__MAX_CONCURRENT_STREAMS": str(HELD // H2_CONNECTIONS),
     }
     with zeroscale_proxy(refused_port(), **limits) as (port, admin, process):
         return asyncio.run(_hold_streams(port, admin, process.pid))
