@@ -28,8 +28,6 @@ import logging
 from time import monotonic
 from typing import TYPE_CHECKING
 
-import h2.config
-import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
@@ -37,6 +35,7 @@ import h2.settings
 import httptools
 
 from adapter.proxy.exchange import DONE, Exchange
+from adapter.proxy.h2conn import Outbox, h2_connection
 from adapter.proxy.h2wire import Fields, StreamRequest, error_fields, h2_request_head, h2_response_head
 from adapter.proxy.headers import CONTENT_UNDEFINED, Refused
 from adapter.telemetry import proxy as telemetry
@@ -81,9 +80,9 @@ class H2ClientConnection(asyncio.Protocol):
         self._max_headers = config.max_headers
         self._peer = peer
         self._node = b'"[%b]"' % peer if b":" in peer else peer
-        self.h2 = h2.connection.H2Connection(
-            h2.config.H2Configuration(client_side=False, header_encoding=None, validate_inbound_headers=True)
-        )
+        self.h2 = h2_connection(client_side=False)
+        self.outbox = Outbox(self.h2)
+        self.outbox.transport = transport
         self.h2.local_settings = h2.settings.Settings(
             client=False,
             initial_values={
@@ -187,9 +186,13 @@ class H2ClientConnection(asyncio.Protocol):
                     f"{self._settings.abuse_window:g} s (proxy.http2.max_control_frames)",
                 )
         elif isinstance(event, h2.events.ConnectionTerminated):
-            self._going_away = True
-            if not self.streams:
-                self._close()
+            # The client is leaving: h2 sends nothing more on this connection (its state is CLOSED), so its streams
+            # end here as a client gone (counted as 499), their upstream streams cancelled.
+            self._closed = True
+            self.transport.close()
+            streams, self.streams = self.streams, {}
+            for stream in streams.values():
+                stream.gone()
 
     def _request(self, stream_id: int, headers: Fields, ended: bool) -> None:
         """A stream's request head (`ended`: and no body follows it)."""
@@ -320,9 +323,7 @@ class H2ClientConnection(asyncio.Protocol):
                 self.deadline = monotonic() + self.server.config.idle_timeout
 
     def flush(self) -> None:
-        data = self.h2.data_to_send()
-        if data and not self.transport.is_closing():
-            self.transport.write(data)
+        self.outbox.flush()
 
     # --- what the server calls ---
 
@@ -503,7 +504,7 @@ class H2Stream:
             self.unsent_size = 0
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.connection.h2.reset_stream(self.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
-            self.connection.flush()
+            self.connection.outbox.flush_soon()
         self._closed()
 
     def pause_reading_for_body(self) -> None:
@@ -524,7 +525,7 @@ class H2Stream:
             if not self._pauses and self._unacked and not self.request_ended:
                 unacked, self._unacked = self._unacked, 0
                 self.connection.h2.acknowledge_received_data(unacked, self.stream_id)
-                self.connection.flush()
+                self.connection.outbox.flush_soon()
 
     # --- the flow: to the upstream ---
 
@@ -597,11 +598,15 @@ class H2Stream:
         if self.ended:
             return
         self.head_sent = True
-        self.connection.h2.send_headers(self.stream_id, fields, end_stream=end)
+        try:
+            self.connection.h2.send_headers(self.stream_id, fields, end_stream=end)
+        except h2.exceptions.ProtocolError:
+            self._unsendable()
+            return
         if end:
             self.ended = True
             self._closed()
-        self.connection.flush()
+        self.connection.outbox.flush_soon()
 
     def data(self, data: bytes) -> None:
         if self.ended or not data:
@@ -640,11 +645,10 @@ class H2Stream:
                 else:
                     h2c.end_stream(self.stream_id)
                 self.ended = True
-        except h2.exceptions.StreamClosedError:
-            self.ended = True
-            self.unsent = []
-            self.unsent_size = 0
-        self.connection.flush()
+        except h2.exceptions.ProtocolError:
+            self._unsendable()
+            return
+        self.connection.outbox.flush_soon()
         if unsent:
             if not self.send_deadline:
                 self.send_deadline = monotonic() + self.server.config.send_timeout
@@ -656,6 +660,15 @@ class H2Stream:
                 self.client_ready()
             if self.ended:
                 self._closed()
+
+    def _unsendable(self) -> None:
+        """h2 refused to send on this stream (the client reset it, or its connection is ending): the client is
+        gone for it; whatever was on its way up is cancelled."""
+        self.ended = self.request_ended = True
+        self.unsent = []
+        self.unsent_size = 0
+        self.gone()
+        self.connection.stream_closed(self)
 
     def client_slow(self) -> None:
         upstream = self.upstream

@@ -19,13 +19,12 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-import h2.config
-import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
 
+from adapter.proxy.h2conn import Outbox, h2_connection
 from adapter.proxy.h2wire import Fields
 from adapter.telemetry import proxy as telemetry
 
@@ -51,8 +50,8 @@ class H2UpstreamConnection(asyncio.Protocol):
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self.h2 = h2.connection.H2Connection(config)
+        self.h2 = h2_connection(client_side=True)
+        self.outbox = Outbox(self.h2)
         self.streams: dict[int, H2UpstreamStream] = {}
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
         self.closed = False
@@ -62,7 +61,7 @@ class H2UpstreamConnection(asyncio.Protocol):
     # --- asyncio callbacks ---
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = self.outbox.transport = transport  # type: ignore[assignment]
         limit = self.endpoint.route.limits.max_response_head_bytes
         # Set before the preface goes out: the first SETTINGS frame carries them (update_settings would send a second
         # SETTINGS frame ahead of the preface, which a server rightly takes for garbage).
@@ -168,9 +167,7 @@ class H2UpstreamConnection(asyncio.Protocol):
             self.close()
 
     def flush(self) -> None:
-        data = self.h2.data_to_send()
-        if data and not self.closed:
-            self.transport.write(data)
+        self.outbox.flush()
 
     def close(self) -> None:
         if not self.closed:
@@ -231,7 +228,7 @@ class H2UpstreamStream:
 
     def send_head(self, head: Fields) -> None:
         self.connection.h2.send_headers(self.stream_id, head)
-        self.connection.flush()
+        self.connection.outbox.flush_soon()
 
     def write(self, data: bytes) -> None:
         """Request body bytes: sent as the stream's window allows, the rest kept (and the client paused) until it
@@ -276,7 +273,7 @@ class H2UpstreamStream:
                     h2c.end_stream(self.stream_id)
         except h2.exceptions.StreamClosedError:
             unsent.clear()  # the upstream ended the stream (an early answer): the rest of the body is not wanted
-        self.connection.flush()
+        self.connection.outbox.flush_soon()
         flow = self.flow
         if flow is not None:
             if sum(len(piece) for piece in unsent) > _SEND_BUFFER:
@@ -340,7 +337,7 @@ class H2UpstreamStream:
         unacked, self._unacked = self._unacked, 0
         if unacked and not self.closed:
             self._reopen(unacked)
-            self.connection.flush()
+            self.connection.outbox.flush_soon()
 
     def is_closing(self) -> bool:
         return self.closed
@@ -374,7 +371,7 @@ class H2UpstreamStream:
             # ProtocolError: a stream never opened (no head sent yet) has nothing to reset.
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.connection.h2.reset_stream(self.stream_id, h2.errors.ErrorCodes.CANCEL)
-            self.connection.flush()
+            self.connection.outbox.flush_soon()
             self.connection.stream_done(self)
 
     close = abandon

@@ -1,0 +1,56 @@
+"""What both HTTP/2 sides share: how the h2 library is configured, and how its frames reach the socket.
+
+Frames are written once per turn of the event loop (`Outbox.flush_soon`), not once per call that makes some: a
+response's HEADERS, DATA and END_STREAM, and every stream answered in the same turn, go out in one write (a write
+is a system call, and was most of the cost of a stream before this).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import h2.config
+import h2.connection
+
+
+def h2_connection(*, client_side: bool) -> h2.connection.H2Connection:
+    """An h2 connection with bytes header fields; what arrives is validated (a peer's fields reach the other
+    protocol, where a CR or LF would split a head), what the proxy sends is not again: it is built from validated
+    fields and its own."""
+    config = h2.config.H2Configuration(
+        client_side=client_side,
+        header_encoding=None,
+        validate_inbound_headers=True,
+        validate_outbound_headers=False,
+        normalize_outbound_headers=False,
+    )
+    return h2.connection.H2Connection(config)
+
+
+class Outbox:
+    """The frames an h2 connection has made, written to its transport at the end of the current loop turn."""
+
+    __slots__ = ("_scheduled", "h2", "transport")
+
+    def __init__(self, connection: h2.connection.H2Connection) -> None:
+        self.h2 = connection
+        self.transport: asyncio.Transport | None = None
+        self._scheduled = False
+
+    def flush(self) -> None:
+        """Write now (the end of a read: what it made goes in one write)."""
+        self._scheduled = False
+        data = self.h2.data_to_send()
+        transport = self.transport
+        if data and transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    def flush_soon(self) -> None:
+        """Write at the end of this loop turn, with whatever else the turn makes."""
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_scheduled)
+
+    def _flush_scheduled(self) -> None:
+        if self._scheduled:
+            self.flush()
