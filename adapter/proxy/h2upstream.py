@@ -85,7 +85,16 @@ class H2UpstreamConnection(asyncio.Protocol):
             self._fail_all(f"broke the HTTP/2 protocol ({err})")
             return
         for event in events:
-            self._event(event)
+            try:
+                self._event(event)
+            except Exception:
+                # A fault in serving one stream (its client side) is that stream's: the connection carries other
+                # clients' streams, which must not end with it.
+                stream = self.streams.get(getattr(event, "stream_id", 0) or 0)
+                log.exception("route %s: a stream to %s failed", self.endpoint.route.name, self.endpoint)
+                if stream is None:
+                    raise
+                stream.lost("could not be relayed (the proxy's fault, logged)", replied=True)
         self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
