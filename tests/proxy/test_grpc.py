@@ -155,6 +155,35 @@ async def test_a_calls_own_grpc_timeout_bounds_its_hold_with_a_trailers_only_ans
         await until(lambda: proxy.routes["default/g"].counts.held == 0)
 
 
+async def test_a_held_call_whose_messages_outgrow_the_held_body_limit_is_refused_naming_it() -> None:
+    port = refused_port()
+    routes = [h2c_route("g", f"127.0.0.1:{port}", limits={"max_held_body_bytes": 1000})]
+    async with running_proxy(routes) as proxy, echo_client(proxy.port) as client:
+        counts = proxy.routes["default/g"].counts
+        big = client.client_stream(messages(*[b"x" * 600] * 3), timeout=DEADLINE)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await big
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_held_body_bytes" in str(refused.value.details())
+        await until(lambda: (counts.held, counts.held_bytes) == (0, 0))
+        server = await EchoServer(port).start()
+        try:
+            assert await client.client_stream(messages(b"small"), timeout=DEADLINE) == b"small"
+        finally:
+            await server.stop()
+        assert server.calls == {"ClientStream": 1}
+
+
+async def test_a_plain_http2_request_gets_the_proxys_http_answer_not_a_grpc_status() -> None:
+    routes = [route("web", f"127.0.0.1:{refused_port()}", limits={"hold_timeout": 0.3})]
+    async with running_proxy(routes) as proxy:
+        headers = [(":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "app.example")]
+        response = await h2_request(proxy.port, headers)
+    assert response.header(":status") == "504"
+    assert response.header("grpc-status") is None
+    assert response.body == b"the workload did not become ready in 0.3 s (limits.hold_timeout)\n"
+
+
 async def test_the_servers_status_details_and_trailing_metadata_are_relayed() -> None:
     server = await EchoServer().start()
     try:
