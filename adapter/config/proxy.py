@@ -15,7 +15,15 @@ from pydantic import Field, field_validator, model_validator
 
 from adapter.config.base import Duration, Strict, split_address
 from adapter.config.kube import SERVICE_ACCOUNT_DIR, KubeAPIConfig
-from adapter.config.route import DNS_LABEL, AddressUpstream, RouteConfig, RouteLimits, ServiceRef, ServiceUpstream
+from adapter.config.route import (
+    DNS_LABEL,
+    AddressUpstream,
+    RouteConfig,
+    RouteLimits,
+    ServiceRef,
+    ServiceUpstream,
+    UpstreamProtocol,
+)
 from adapter.k8s_wire.endpoint_ip import LOOPBACK, NOT_AN_IP, endpoint_refusal
 
 
@@ -40,6 +48,8 @@ class SidecarConfig(Strict):
     namespace: str = Field(default_factory=lambda: pod_namespace(), pattern=DNS_LABEL)
     limits: RouteLimits = Field(default_factory=RouteLimits)
     probe_interval: Duration = Field(default=0.01, gt=0)
+    # The HTTP the app beside it speaks: http1 (auto) or h2c (a gRPC server). Clients may speak either to the proxy.
+    protocol: UpstreamProtocol = "auto"
 
     @field_validator("upstream")
     @classmethod
@@ -51,7 +61,7 @@ class SidecarConfig(Strict):
         return RouteConfig(
             name=self.route,
             namespace=self.namespace,
-            upstream=AddressUpstream(address=self.upstream),
+            upstream=AddressUpstream(address=self.upstream, protocol=self.protocol),
             wake="none",
             readiness="probe",
             probe_interval=self.probe_interval,
@@ -163,6 +173,25 @@ class RouteObjectsConfig(Strict):
         return not self.namespaces or namespace in self.namespaces
 
 
+class Http2Config(Strict):
+    """HTTP/2 from clients (prior knowledge, on the proxy's ports): what one connection may cost
+    (docs/architecture.md#h2-defences). Header sizes and counts, and the deadlines, are the HTTP/1.1 settings."""
+
+    enabled: bool = True
+    """Accept HTTP/2 with prior knowledge beside HTTP/1.1 (false: the preface is answered as a malformed request)."""
+    max_concurrent_streams: int = Field(default=100, ge=1, le=2**31 - 1)
+    """Streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS); a client opening more is
+    sent GOAWAY."""
+    max_stream_resets: int = Field(default=200, ge=1)
+    """Streams a client may reset within abuse_window (rapid reset, CVE-2023-44487); then GOAWAY
+    ENHANCE_YOUR_CALM."""
+    max_control_frames: int = Field(default=1000, ge=1)
+    """SETTINGS, PING, PRIORITY and unknown frames a client may send within abuse_window; then GOAWAY
+    ENHANCE_YOUR_CALM."""
+    abuse_window: Duration = Field(default=10.0, gt=0)
+    """The period max_stream_resets and max_control_frames count over."""
+
+
 class ProxyConfig(Strict):
     bind: str = "0.0.0.0"
     port: int = Field(default=8080, ge=0, le=65535)
@@ -187,6 +216,7 @@ class ProxyConfig(Strict):
     # activator's switches rely on: set it above the data plane's propagation delay (docs/architecture.md#activator).
     stop_delay: Duration = 0.0
     via: bool = False
+    http2: Http2Config = Field(default_factory=Http2Config)
     kubernetes: KubeAPIConfig = Field(default_factory=KubeAPIConfig)
     routes: list[RouteConfig] = Field(default_factory=list)
     sidecar: SidecarConfig | None = None

@@ -61,6 +61,9 @@ class RouteLimits(Strict):
     """A tunnel with no byte in either direction for this long is closed."""
 
 
+UpstreamProtocol = Literal["auto", "http1", "h2c"]
+
+
 class ServiceRef(Strict):
     """A Kubernetes Service by name: its pods' addresses are read from its EndpointSlices."""
 
@@ -77,6 +80,9 @@ class ServiceUpstream(ServiceRef):
     """The Service port's name (matched against EndpointSlice `ports[].name`) or its number."""
     address: str | None = None
     """Where the connect probe dials without API access, e.g. `web.default.svc:80`."""
+    protocol: UpstreamProtocol = "auto"
+    """The HTTP the upstream speaks: http1, h2c (HTTP/2 over cleartext with prior knowledge: gRPC servers), or
+    auto: h2c when the Service port's appProtocol is `kubernetes.io/h2c`, else HTTP/1.1."""
 
     @field_validator("address")
     @classmethod
@@ -90,6 +96,9 @@ class AddressUpstream(Strict):
     """A fixed `host:port`; readiness comes from connect probes."""
 
     address: str
+    protocol: UpstreamProtocol = "auto"
+    """The HTTP the upstream speaks: http1, h2c (HTTP/2 over cleartext with prior knowledge: gRPC servers); auto
+    is http1 for an address (there is no Service port to read an appProtocol from)."""
 
     @field_validator("address")
     @classmethod

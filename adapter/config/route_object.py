@@ -14,7 +14,15 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError
 
 from adapter.config.base import Duration, Strict
-from adapter.config.route import DNS_LABEL, RouteConfig, RouteFields, RouteLimits, ScaleTarget, ServiceUpstream
+from adapter.config.route import (
+    DNS_LABEL,
+    RouteConfig,
+    RouteFields,
+    RouteLimits,
+    ScaleTarget,
+    ServiceUpstream,
+    UpstreamProtocol,
+)
 
 GROUP = "zeroscale.io"
 VERSION = "v1alpha1"
@@ -37,6 +45,9 @@ class RouteService(Strict):
         | Annotated[int, Field(ge=1, le=65535)]
     ) = Field(default="", json_schema_extra={"x-kubernetes-int-or-string": True})
     """The Service port's name (matched against EndpointSlice `ports[].name`) or its number; empty: its only port."""
+    protocol: UpstreamProtocol = "auto"
+    """The HTTP the pods speak: http1, h2c (HTTP/2 over cleartext with prior knowledge: gRPC servers), or auto: h2c
+    when the Service port's appProtocol is `kubernetes.io/h2c`, else HTTP/1.1."""
 
 
 class RouteTarget(Strict):
@@ -93,7 +104,12 @@ class RouteSpec(RouteFields):
             **fields,
             name=name,
             namespace=namespace,
-            upstream=ServiceUpstream(service=self.upstream.service, namespace=namespace, port=self.upstream.port),
+            upstream=ServiceUpstream(
+                service=self.upstream.service,
+                namespace=namespace,
+                port=self.upstream.port,
+                protocol=self.upstream.protocol,
+            ),
             target=None if self.target is None else ScaleTarget(namespace=namespace, **self.target.model_dump()),
             # An object's upstream is always a Service read from its slices: no address to probe instead.
             readiness="endpointslice",

@@ -52,6 +52,22 @@ def _port_of(slice_obj: dict[str, Any], port: str | int) -> int | None:
     return None
 
 
+def app_protocol(slices: Iterable[dict[str, Any]], port: str | int) -> str:
+    """The `appProtocol` the slices give `port` (the Service port's, copied by the EndpointSlice controller); "" when
+    none does. A Service at zero has no endpoints, and its slices then list no ports either: it is known once a pod
+    is ready, which is when it is needed."""
+    for slice_obj in slices:
+        for entry in items_of(slice_obj, "ports"):
+            if not isinstance(entry, dict):
+                continue
+            name, number = entry.get("name") or "", entry.get("port")
+            if (name == port if isinstance(port, str) else number == port) and isinstance(
+                entry.get("appProtocol"), str
+            ):
+                return str(entry["appProtocol"])
+    return ""
+
+
 def ready_addresses(
     slices: Iterable[dict[str, Any]], port: str | int, *, loopback: bool = False
 ) -> list[tuple[str, int]]:

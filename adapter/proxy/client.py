@@ -22,6 +22,8 @@ import httptools
 
 from adapter.proxy.exchange import DONE, Exchange
 from adapter.proxy.flow import Flow
+from adapter.proxy.h2client import H2ClientConnection
+from adapter.proxy.h2wire import PREFACE
 from adapter.proxy.headers import (
     CONTENT_UNDEFINED,
     IDEMPOTENT,
@@ -86,6 +88,7 @@ class ClientConnection(asyncio.Protocol):
         "_peer",
         "_refusal",
         "_rejected",
+        "_sniff",
         "_tunnel",
         "_tunnel_deadline",
         "_tunnel_idle",
@@ -131,6 +134,8 @@ class ClientConnection(asyncio.Protocol):
         self._idle_timeout = self._config.idle_timeout
         self._closed = False
         self._rejected = False
+        # The connection's first bytes, kept while they may be the HTTP/2 preface (None: it is HTTP/1.1).
+        self._sniff: bytes | None = b"" if self._config.http2.enabled else None
         self._in_headers = False
         # When the header or idle timeout runs out (monotonic seconds, 0: none); the server's sweeper checks it.
         self.deadline = 0.0
@@ -172,6 +177,15 @@ class ClientConnection(asyncio.Protocol):
         self._arm(self._config.header_timeout)
 
     def data_received(self, data: bytes) -> None:
+        if self._sniff is not None:
+            data = self._sniff + data
+            if PREFACE.startswith(data[: len(PREFACE)]):
+                if len(data) < len(PREFACE):
+                    self._sniff = data
+                    return
+                self._to_http2(data)
+                return
+            self._sniff = None
         if self._tunnel is not None:
             self.flow.relay_to_upstream(data)
             return
@@ -192,6 +206,15 @@ class ClientConnection(asyncio.Protocol):
                 self._feed(data)
                 return
         self._feed_stepwise(data)
+
+    def _to_http2(self, data: bytes) -> None:
+        """The connection speaks HTTP/2 (prior knowledge): it is an H2ClientConnection's from now on."""
+        self._closed = True
+        self.server.forget(self)
+        connection = H2ClientConnection(self.server, self._listener, self.transport, self._peer)
+        self.server.connections.add(connection)
+        self.transport.set_protocol(connection)
+        connection.start(data)
 
     def _feed(self, data: bytes | memoryview) -> None:
         if self._parsing is None or self._chunk_empty:
@@ -491,7 +514,7 @@ class ClientConnection(asyncio.Protocol):
         self._tunnel = upstream
         if exchange is not None:
             route = self._tunnel_route = exchange.route
-            route.tunnels += 1
+            route.tunnel_opened()
             self._tunnel_idle = route.limits.tunnel_idle_timeout
             exchange.tunnel_opened()
         early, self._early = self._early or [], None
@@ -506,7 +529,7 @@ class ClientConnection(asyncio.Protocol):
     def _end_tunnel(self) -> None:
         route, self._tunnel_route = self._tunnel_route, None
         if route is not None:
-            route.tunnels -= 1
+            route.tunnel_closed()
 
     def pause_reading_for_body(self) -> None:
         self._pause(_PAUSE_BODY)

@@ -19,6 +19,12 @@ for a transition (`to_queue`, `to_endpoint`), everything else ends it (`fail`, `
 
 Held bytes: the body pieces buffered while QUEUED or ASSIGNED are counted in the route's
 `counts.held_bytes`, changed only through `_hold_bytes` / `_release_bytes` below.
+
+Protocols: the exchange is the same for an HTTP/1.1 request and an HTTP/2 stream. Its two ends are the client
+(`client`, with its `flow`: a ClientConnection and its Flow, or an h2client.H2Stream, which is both) and the
+upstream (an upstream.UpstreamConnection, or an h2upstream.H2UpstreamStream). The request is kept as its client
+sent it, in its forwarded form (`head`: HTTP/1.1 bytes or HTTP/2 fields; body pieces unframed), and put in the
+upstream's form when it is sent (`attach`): docs/architecture.md#h2.
 """
 
 from __future__ import annotations
@@ -27,11 +33,15 @@ import asyncio
 from time import monotonic
 from typing import TYPE_CHECKING
 
+from adapter.proxy.h2wire import Fields, chunk_end, h1_request_head, h2_head_of_h1
 from adapter.proxy.http1 import CHUNK_END, chunk
 from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
     from adapter.proxy.client import ClientConnection
+    from adapter.proxy.flow import Flow
+    from adapter.proxy.h2client import H2Stream
+    from adapter.proxy.h2upstream import H2UpstreamStream
     from adapter.proxy.route import Route
     from adapter.proxy.upstream import Endpoint, UpstreamConnection
 
@@ -54,8 +64,11 @@ class Exchange:
         "endpoint",
         "expect_continue",
         "flow",
+        "frame",
+        "grpc",
         "head",
         "held_at",
+        "hold_timeout",
         "http10",
         "is_head",
         "keep_alive",
@@ -67,6 +80,7 @@ class Exchange:
         "sent_at",
         "state",
         "timer",
+        "trailers",
         "upgrade",
         "upstream",
         "waited",
@@ -75,9 +89,9 @@ class Exchange:
 
     def __init__(
         self,
-        client: ClientConnection,
+        client: ClientConnection | H2Stream,
         route: Route,
-        head: bytes,
+        head: bytes | Fields,
         chunked: bool,
         content_length: int | None,
         keep_alive: bool,
@@ -89,10 +103,18 @@ class Exchange:
         pool_upstream: bool,
     ) -> None:
         self.client = client
-        self.flow = client.flow
+        self.flow: Flow | H2Stream = client.flow
         self.route = route
         self.head = head
         self.chunked = chunked
+        # Whether body pieces are chunk-framed on their way up (an HTTP/1.1 upstream, a body of unknown length).
+        self.frame = chunked
+        # The request's trailer fields (an HTTP/2 client's), sent after its body where the upstream can carry them.
+        self.trailers: Fields | None = None
+        # A gRPC call: the proxy's own answers are gRPC statuses (h2wire.error_fields).
+        self.grpc = False
+        # A hold bound of the request's own, shorter than the route's (a gRPC call's grpc-timeout); 0: none.
+        self.hold_timeout = 0.0
         self.content_length = content_length
         self.keep_alive = keep_alive
         self.upgrade = upgrade
@@ -101,15 +123,15 @@ class Exchange:
         self.is_head = is_head
         # Whether the upstream connection may go back to the pool after this exchange (see CONTENT_UNDEFINED).
         self.pool_upstream = pool_upstream
-        # Framed body pieces waiting for an upstream connection.
+        # Body pieces (unframed) waiting for an upstream connection.
         self.body: list[bytes] = []
         self.body_size = 0
         self.body_done = False
-        # Framed body pieces already written, kept (small, idempotent requests only) to re-send on another endpoint.
+        # Body pieces already written, kept (small, idempotent requests only) to re-send on another endpoint.
         self.replay: list[bytes] | None = [] if idempotent else None
         self.replay_size = 0
         self.state = NEW
-        self.upstream: UpstreamConnection | None = None
+        self.upstream: UpstreamConnection | H2UpstreamStream | None = None
         self.endpoint: Endpoint | None = None
         self.written = False
         self.response_started = False
@@ -126,12 +148,11 @@ class Exchange:
     def body_data(self, data: bytes) -> None:
         if self.state == DONE:
             return
-        framed = chunk(data) if self.chunked else data
         if self.upstream is not None:
-            self.flow.to_upstream(framed)
-            self._keep_for_replay(framed)
+            self.flow.to_upstream(chunk(data) if self.frame else data)
+            self._keep_for_replay(data)
             return
-        self._buffer(framed)
+        self._buffer(data)
         if self.state == ASSIGNED and self.body_size > self.route.limits.max_held_body_bytes:
             # Connecting: wait for the connection instead of buffering more.
             self.client.pause_reading_for_body()
@@ -160,21 +181,17 @@ class Exchange:
             return
         upstream = self.upstream
         if upstream is None:
-            if self.chunked:
-                # Buffered like any other piece, so `attach` (and a retry) sends it exactly once, last.
-                self._buffer(CHUNK_END)
-            return
-        if self.chunked:
-            self.flow.to_upstream(CHUNK_END)
-            self._keep_for_replay(CHUNK_END)
+            return  # `attach` (and a retry) ends the body: body_done
+        if self.frame:
+            self.flow.to_upstream(chunk_end(self.trailers) if self.trailers else CHUNK_END)
         self.sent_at = sent_at = monotonic()
         upstream.expect_response(self.route.limits.response_timeout, sent_at)
 
-    def _buffer(self, framed: bytes) -> None:
-        self.body.append(framed)
-        self.body_size += len(framed)
+    def _buffer(self, data: bytes) -> None:
+        self.body.append(data)
+        self.body_size += len(data)
         if self.state in (QUEUED, ASSIGNED):
-            self._hold_bytes(len(framed))
+            self._hold_bytes(len(data))
 
     def _hold_bytes(self, size: int) -> None:
         self.route.counts.held_bytes += size
@@ -182,13 +199,13 @@ class Exchange:
     def _release_bytes(self, size: int) -> None:
         self.route.counts.held_bytes -= size
 
-    def _keep_for_replay(self, framed: bytes) -> None:
+    def _keep_for_replay(self, data: bytes) -> None:
         if self.replay is not None:
-            self.replay_size += len(framed)
+            self.replay_size += len(data)
             if self.replay_size > _MAX_REPLAY_BYTES:
                 self.replay = None
             else:
-                self.replay.append(framed)
+                self.replay.append(data)
 
     # --- transitions the route asks for ---
 
@@ -204,7 +221,7 @@ class Exchange:
         if not self.held_at:
             self.held_at = monotonic()
             loop = asyncio.get_running_loop()
-            self.timer = loop.call_later(self.route.limits.hold_timeout, self.hold_expired)
+            self.timer = loop.call_later(self.hold_timeout or self.route.limits.hold_timeout, self.hold_expired)
         if cold:
             self.cold = True
         return endpoint
@@ -226,35 +243,94 @@ class Exchange:
 
     # --- the upstream side ---
 
-    def attach(self, upstream: UpstreamConnection) -> None:
+    def attach(self, upstream: UpstreamConnection | H2UpstreamStream) -> None:
         """Send everything read so far on `upstream`; from now on the body streams through."""
         self.upstream = upstream
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if upstream.multiplexed:
+            self._attach_stream(upstream)  # type: ignore[arg-type]
+            return
+        head = self.head
+        if not isinstance(head, bytes):
+            # An HTTP/2 client's request to an HTTP/1.1 upstream: a whole body is sent with its length.
+            length = self.content_length
+            if length is None and self.body_done:
+                length = self.body_size + (self.replay_size if self.replay else 0)
+            head = h1_request_head(head, length)
+            self.frame = length is None
         if not (self.replay or self.body or self.body_done):
             # The common case (headers just read, nothing buffered): one write, no list.
-            self.flow.pair(upstream, self.head)
+            self.flow.pair(upstream, head)  # type: ignore[arg-type]
             self.written = True
             self.attempts += 1
             return
-        pieces = [self.head]
+        frame = self.frame
+        pieces = [head]
         if self.replay:
-            pieces.extend(self.replay)
+            pieces.extend([chunk(piece) for piece in self.replay] if frame else self.replay)
         if self.body:
-            self._release_bytes(self.body_size)
-            pieces.extend(self.body)
-            for framed in self.body:
-                self._keep_for_replay(framed)
-            self.body = []
-            self.body_size = 0
-            self.client.resume_reading_for_body()
-        self.flow.pair(upstream, b"".join(pieces) if len(pieces) > 1 else self.head)
+            pieces.extend([chunk(piece) for piece in self.body] if frame else self.body)
+            self._body_sent()
+        if self.body_done and frame:
+            pieces.append(chunk_end(self.trailers) if self.trailers else CHUNK_END)
+        self.flow.pair(upstream, b"".join(pieces) if len(pieces) > 1 else head)  # type: ignore[arg-type]
         self.written = True
         self.attempts += 1
+        self._sent_whole(upstream)
+
+    def _attach_stream(self, upstream: H2UpstreamStream) -> None:
+        """`attach` for an HTTP/2 upstream: the head as fields, the body as DATA, the end as END_STREAM."""
+        if self.upgrade:
+            upstream.abandon()
+            self.upstream = None
+            self.fail(501, "an upgrade cannot be carried to an HTTP/2 upstream (the route's upstream.protocol)")
+            return
+        head = self.head if isinstance(self.head, list) else h2_head_of_h1(self.head, self.content_length)
+        self.frame = False
+        self.flow.link(upstream)
+        upstream.send_head(head)
+        for piece in self.replay or ():
+            upstream.write(piece)
+        if self.body:
+            for piece in self.body:
+                upstream.write(piece)
+            self._body_sent()
+        self.written = True
+        self.attempts += 1
+        self._sent_whole(upstream)
+
+    def _body_sent(self) -> None:
+        """The buffered body went upstream: kept for a replay, no longer held."""
+        self._release_bytes(self.body_size)
+        for piece in self.body:
+            self._keep_for_replay(piece)
+        self.body = []
+        self.body_size = 0
+        self.client.resume_reading_for_body()
+
+    def _sent_whole(self, upstream: UpstreamConnection | H2UpstreamStream) -> None:
+        """The request is whole upstream once its body is: its response is due from then on."""
         if self.body_done:
             self.sent_at = sent_at = monotonic()
             upstream.expect_response(self.route.limits.response_timeout, sent_at)
+
+    def response_begins(self, close: bool) -> None:
+        """The response's head came, and goes to the client now: nothing re-sends the request from here; `close`:
+        the client's connection ends with this response."""
+        route = self.route
+        if self.sent_at:
+            route.stats.upstream_seconds.observe(monotonic() - self.sent_at)
+        self.response_started = True
+        if close:
+            self.keep_alive = False
+        if self.cold:
+            route.first_byte()
+
+    def response_withdrawn(self) -> None:
+        """The head that came was refused before any of it reached the client: the proxy answers instead."""
+        self.response_started = False
 
     def retriable(self) -> bool:
         """No byte reached an upstream, or an idempotent request whose bytes we still have got no response byte."""
@@ -297,8 +373,11 @@ class Exchange:
     def hold_expired(self) -> None:
         self.timer = None
         if self.state == QUEUED or (self.state == ASSIGNED and self.upstream is None):
-            timeout = self.route.limits.hold_timeout
             why = f"; not woken: {self.route.wake_failure}" if self.route.wake_failure else ""
+            if self.hold_timeout:
+                self.fail(504, f"the call's grpc-timeout ({self.hold_timeout:g} s) ran out while it was held{why}")
+                return
+            timeout = self.route.limits.hold_timeout
             self.fail(504, f"the workload did not become ready in {timeout:g} s (limits.hold_timeout){why}")
 
     def fail(self, code: int, message: str, *, retry_after: int | None = None) -> None:

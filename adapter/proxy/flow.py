@@ -10,23 +10,33 @@ the other's transport or flags.
     ClientConnection, Exchange  --- pair / to_upstream / relay_to_upstream -->  upstream transport
     client too slow (its pause_writing)   -> client_slow: upstream reading paused, until client_ready/unpair
     upstream too slow (its pause_writing) -> upstream_slow: client reading paused, until upstream_ready
+
+An HTTP/2 upstream (an h2upstream.H2UpstreamStream, its own transport) reports its response as fields and DATA
+(`response`, `data`, `end`): written here in HTTP/1.1, the client's protocol (h2wire.h1_response_head).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from adapter.proxy.h2wire import Fields, chunk_end, h1_response_head
+from adapter.proxy.http1 import chunk
+
 if TYPE_CHECKING:
     from adapter.proxy.client import ClientConnection
+    from adapter.proxy.exchange import Exchange
+    from adapter.proxy.h2upstream import H2UpstreamStream
     from adapter.proxy.upstream import UpstreamConnection
 
 
 class Flow:
-    __slots__ = ("client", "reads", "upstream", "upstream_paused")
+    __slots__ = ("chunked", "client", "reads", "upstream", "upstream_paused")
 
     def __init__(self, client: ClientConnection) -> None:
         self.client = client
-        self.upstream: UpstreamConnection | None = None
+        self.upstream: UpstreamConnection | H2UpstreamStream | None = None
+        # The HTTP/2 response being written is chunked for the client (it came without a content-length).
+        self.chunked = False
         # Upstream reading is paused because the client reads slower than the upstream answers.
         self.upstream_paused = False
         # A tunnel's reads, both directions: the client's sweeper closes one that stops moving.
@@ -37,7 +47,11 @@ class Flow:
         self.upstream = upstream
         upstream.transport.write(data)
 
-    def unpair(self, upstream: UpstreamConnection) -> None:
+    def link(self, upstream: H2UpstreamStream) -> None:
+        """`upstream` (a stream, sent its head by the exchange) serves this client from now on."""
+        self.upstream = upstream
+
+    def unpair(self, upstream: UpstreamConnection | H2UpstreamStream) -> None:
         """`upstream` stops serving this client (pooled or closed): reading it again is its next user's business."""
         if self.upstream is not upstream:
             return
@@ -56,6 +70,32 @@ class Flow:
         upstream = self.upstream
         if upstream is not None:
             upstream.transport.write(data)
+
+    # --- an HTTP/2 upstream's response, for this HTTP/1.1 client ---
+
+    def response(self, exchange: Exchange, status: int, fields: Fields) -> None:
+        server = self.client.server
+        head, self.chunked, close = h1_response_head(
+            status,
+            fields,
+            exchange.is_head,
+            exchange.keep_alive,
+            exchange.body_done,
+            server.draining,
+            exchange.http10,
+            exchange.waited if exchange.cold else None,
+            server.via,
+        )
+        exchange.response_begins(close)
+        self.client.transport.write(head)
+
+    def data(self, data: bytes) -> None:
+        self.client.transport.write(chunk(data) if self.chunked else data)
+
+    def end(self, upstream: H2UpstreamStream, trailers: Fields | None) -> None:
+        """The response ended (its trailer fields go in the last chunk, when it is chunked)."""
+        self.finish(upstream, chunk_end(trailers) if self.chunked else b"")  # type: ignore[arg-type]
+        self.chunked = False
 
     def finish(self, upstream: UpstreamConnection, data: bytes) -> None:
         """The response's last bytes (maybe none): written, and `upstream` no longer serves this client."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from adapter.config.route import AddressUpstream, ServiceRef, ServiceUpstream
 from adapter.kube.client import KubeClient
-from adapter.kube.endpointslices import list_slices, ready_addresses, refused_addresses
+from adapter.kube.endpointslices import app_protocol, list_slices, ready_addresses, refused_addresses
 from adapter.kube.errors import KubeAPIError, KubeError
 from adapter.kube.watching import Lister
 from adapter.proxy.refused import RefusedEndpoints
@@ -53,7 +53,10 @@ def read_endpoint_slices(
 
     def changed(service_slices: dict[str, dict[str, Any]]) -> None:
         refused.report(refused_addresses(service_slices.values(), loopback=route.allow_loopback))
-        route.set_endpoints(ready_addresses(service_slices.values(), upstream.port, loopback=route.allow_loopback))
+        route.set_endpoints(
+            ready_addresses(service_slices.values(), upstream.port, loopback=route.allow_loopback),
+            app_protocol(service_slices.values(), upstream.port),
+        )
         if also is not None:
             also(service_slices)
 

@@ -23,6 +23,9 @@ from adapter.proxy.refused import RefusedEndpoints
 from adapter.proxy.upstream import Endpoint
 from adapter.telemetry import proxy as telemetry
 
+# The Service port appProtocol Kubernetes defines for HTTP/2 over cleartext with prior knowledge (KEP-3726).
+H2C_APP_PROTOCOL = "kubernetes.io/h2c"
+
 _PROBE_TIMEOUT = 1.0
 _IDLE_PROBE_INTERVAL = 1.0
 
@@ -61,7 +64,6 @@ class Route:
         self._connects = {result: telemetry.UPSTREAM_CONNECTS.labels(self.name, result) for result in ("ok", "error")}
         self._endpoints: list[Endpoint] = []
         self._rr = 0
-        self._cap = config.limits.endpoint_concurrency
         # Requests of this version sent to an endpoint and not yet answered (the counts are the route's, all versions).
         self.assigned = 0
         # Upgraded connections open through this route (not requests: they hold no endpoint slot).
@@ -87,12 +89,16 @@ class Route:
 
     # --- endpoints ---
 
-    def set_endpoints(self, addresses: list[tuple[str, int]]) -> None:
-        """Replace the ready endpoints (from an EndpointSlice watch or the configured address)."""
-        current = {(ep.host, ep.port): ep for ep in self._endpoints}
+    def set_endpoints(self, addresses: list[tuple[str, int]], app_protocol: str = "") -> None:
+        """Replace the ready endpoints (from an EndpointSlice watch, whose port's `app_protocol` says which HTTP the
+        upstream speaks when the route does not: docs/architecture.md#h2-upstreams; or the configured address)."""
+        protocol = getattr(self.config.upstream, "protocol", "auto")
+        h2c = protocol == "h2c" or (protocol == "auto" and app_protocol == H2C_APP_PROTOCOL)
+        # An endpoint whose protocol changed is a new one (its connections speak the old protocol).
+        current = {(ep.host, ep.port, ep.h2c): ep for ep in self._endpoints}
         endpoints = []
-        for address in dict.fromkeys(addresses):
-            endpoint = current.pop(address, None) or Endpoint(self, *address)
+        for host, port in dict.fromkeys(addresses):
+            endpoint = current.pop((host, port, h2c), None) or Endpoint(self, host, port, h2c=h2c)
             endpoints.append(endpoint)
         for gone in current.values():
             gone.removed = True
@@ -122,7 +128,7 @@ class Route:
         endpoints = self._endpoints
         if len(endpoints) == 1:
             only = endpoints[0]
-            return only if only.healthy and only.inflight < self._cap else None
+            return only if only.healthy and only.inflight < only.cap else None
         best: Endpoint | None = None
         count = len(endpoints)
         start = self._rr = (self._rr + 1) % count if count else 0
@@ -130,7 +136,7 @@ class Route:
             endpoint = endpoints[(start + offset) % count]
             if (
                 endpoint.healthy
-                and endpoint.inflight < self._cap
+                and endpoint.inflight < endpoint.cap
                 and (best is None or endpoint.inflight < best.inflight)
             ):
                 best = endpoint
@@ -252,6 +258,12 @@ class Route:
                 self._ready_at = now
                 self._await_first_byte = True
             self.pump()
+
+    def tunnel_opened(self) -> None:
+        self.tunnels += 1
+
+    def tunnel_closed(self) -> None:
+        self.tunnels -= 1
 
     def first_byte(self) -> None:
         """A held request's response began: closes the cold start's last phase."""

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from adapter.config.proxy import ProxyConfig
 from adapter.proxy.admin import start_admin
 from adapter.proxy.client import ClientConnection
+from adapter.proxy.h2client import H2ClientConnection
 from adapter.proxy.table import Listener, RouteTable
 from adapter.ready import address
 from adapter.telemetry import proxy as telemetry
@@ -32,7 +33,8 @@ class ProxyServer:
         self.config = config
         self.via = config.via
         self.draining = False
-        self.connections: set[ClientConnection] = set()
+        # HTTP/1.1 connections, and the HTTP/2 ones they became (ClientConnection hands them over).
+        self.connections: set[ClientConnection | H2ClientConnection] = set()
         self.loop = asyncio.get_running_loop()
         # The main port's routing; activator routes' ports have listeners of their own (`listen`).
         self.listener = Listener()
@@ -83,7 +85,7 @@ class ProxyServer:
         self.connections.add(connection)
         return True
 
-    def forget(self, connection: ClientConnection) -> None:
+    def forget(self, connection: ClientConnection | H2ClientConnection) -> None:
         self.connections.discard(connection)
 
     @property

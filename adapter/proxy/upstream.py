@@ -11,22 +11,23 @@ import asyncio
 import functools
 import logging
 import socket
-from time import monotonic
 from typing import TYPE_CHECKING
 
 import httptools
 
 from adapter.k8s_wire.endpoint_ip import NOT_AN_IP, endpoint_refusal
 from adapter.kube.endpointslices import refusal
+from adapter.proxy.client import ClientConnection
 from adapter.proxy.exchange import ASSIGNED
+from adapter.proxy.h2upstream import H2UpstreamConnection, H2UpstreamStream
 from adapter.proxy.headers import HOP_BY_HOP, RESPONSE_SPECIAL_LENGTHS, Refused, forwarded_response_head
 from adapter.proxy.http1 import CHUNK_END, chunk
 from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
-    from adapter.proxy.client import ClientConnection
     from adapter.proxy.exchange import Exchange
     from adapter.proxy.flow import Flow
+    from adapter.proxy.h2client import H2Stream
     from adapter.proxy.route import Route
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,11 @@ class _HeadResponse:
 
 
 class UpstreamConnection(asyncio.Protocol):
+    """One HTTP/1.1 connection to an endpoint, serving one exchange at a time."""
+
+    # One exchange at a time (h2upstream.H2UpstreamStream: many on one connection).
+    multiplexed = False
+
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
@@ -63,7 +69,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.closed = False
         # The client side this connection serves (set in use_for, paired by the exchange, unpaired when pooled,
         # closed or the response ends).
-        self.flow: Flow | None = None
+        self.flow: Flow | H2Stream | None = None
         self._parser = httptools.HttpResponseParser(self)
         # The response head as it arrives: end-to-end header lines as pieces (name, ": ", value, CRLF) after a
         # slot for the status line, the hop-by-hop headers (lower-cased name, value), whether Content-Length came.
@@ -209,9 +215,6 @@ class UpstreamConnection(asyncio.Protocol):
             self.interim = True
             return
         self.interim = False
-        route = exchange.route
-        if exchange.sent_at:
-            route.stats.upstream_seconds.observe(monotonic() - exchange.sent_at)
         if status == 101 and not exchange.upgrade:
             self._lost("switched protocols unasked")
             return
@@ -230,14 +233,10 @@ class UpstreamConnection(asyncio.Protocol):
             exchange.waited if exchange.cold else None,
             server.via,
         )
-        if close:
-            exchange.keep_alive = False
-        exchange.response_started = True
+        exchange.response_begins(close)
         self._sink = True
         self._out.append(head)
         self._unsent_head = True
-        if exchange.cold:
-            route.first_byte()
         if status == 101:
             self._upgrading = True
         elif exchange.is_head:
@@ -352,9 +351,11 @@ class UpstreamConnection(asyncio.Protocol):
         if exchange is None or not self._upgrading:
             self._lost("switched protocols unasked")
             return
-        self._tunnel = exchange.client
+        client = exchange.client
+        assert isinstance(client, ClientConnection)  # an HTTP/2 stream sends no Upgrade (h2 refuses the field)
+        self._tunnel = client
         self.exchange = None
-        exchange.client.start_tunnel(self)
+        client.start_tunnel(self)
         if rest and self.flow is not None:
             self.flow.to_client(rest)
 
@@ -400,7 +401,7 @@ class UpstreamConnection(asyncio.Protocol):
             if self._unsent_head:
                 self._out = []
                 self._unsent_head = False
-                exchange.response_started = False
+                exchange.response_withdrawn()
             self.exchange = None
             self.close()
             exchange.fail(502, f"the upstream {reason}")
@@ -426,32 +427,59 @@ class UpstreamConnection(asyncio.Protocol):
 
 
 class Endpoint:
-    """One address a route forwards to, with its admission count and idle keep-alive connections."""
+    """One address a route forwards to, with its admission count and its connections: idle keep-alive ones for
+    HTTP/1.1, multiplexed ones (`pool`) for HTTP/2 (adapter/proxy/h2upstream.py)."""
 
-    __slots__ = ("healthy", "host", "idle", "inflight", "literal", "port", "removed", "route")
+    __slots__ = (
+        "_dialing",
+        "cap",
+        "h2c",
+        "healthy",
+        "host",
+        "idle",
+        "inflight",
+        "literal",
+        "pool",
+        "port",
+        "removed",
+        "route",
+    )
 
-    def __init__(self, route: Route, host: str, port: int) -> None:
+    def __init__(self, route: Route, host: str, port: int, h2c: bool = False) -> None:
         self.route = route
         self.host = host
         self.port = port
         self.literal = endpoint_refusal(host) != NOT_AN_IP  # an IP address, judged where it came from
         self.inflight = 0
+        # How many requests it takes at once: the route's endpoint_concurrency, or less when an HTTP/2 upstream's
+        # SETTINGS_MAX_CONCURRENT_STREAMS says so.
+        self.cap = route.limits.endpoint_concurrency
         # False after a failed connect, until a probe connects again.
         self.healthy = True
         self.removed = False
         self.idle: list[UpstreamConnection] = []
+        self.h2c = h2c
+        self.pool: list[H2UpstreamConnection] = []
+        self._dialing: asyncio.Task[UpstreamConnection | H2UpstreamConnection | None] | None = None
 
     def __repr__(self) -> str:
         return f"Endpoint({self.host}:{self.port})"
 
-    def dispatch(self, exchange: Exchange) -> UpstreamConnection | None:
-        """An idle connection bound to `exchange`, or None: a new one is dialled and attached once connected."""
+    def dispatch(self, exchange: Exchange) -> UpstreamConnection | H2UpstreamStream | None:
+        """A connection (HTTP/2: a stream) bound to `exchange`, or None: one is dialled and attached once
+        connected."""
+        if self.h2c:
+            for connection in self.pool:
+                if connection.has_room():
+                    return connection.open_stream(exchange)
+            self.route.spawn(self._stream_for(exchange))
+            return None
         idle = self.idle
         while idle:
-            connection = idle.pop()
-            if not connection.closed:
-                connection.use_for(exchange)
-                return connection
+            pooled = idle.pop()
+            if not pooled.closed:
+                pooled.use_for(exchange)
+                return pooled
         self.route.spawn(self._connect_for(exchange))
         return None
 
@@ -460,13 +488,42 @@ class Endpoint:
         if connection is None:
             self.route.connect_failed(self, exchange)
             return
-        if exchange.state != ASSIGNED or exchange.endpoint is not self or exchange.upstream is not None:
+        if not self._waiting(exchange):
             self.release(connection)  # the request ended meanwhile (timeout, client gone)
             return
+        assert isinstance(connection, UpstreamConnection)
         connection.use_for(exchange)
         exchange.attach(connection)
 
-    async def connect(self, within: float) -> UpstreamConnection | None:
+    async def _stream_for(self, exchange: Exchange) -> None:
+        """HTTP/2: one dial at a time per endpoint, shared by every request waiting for it."""
+        while True:
+            if self._dialing is None or self._dialing.done():
+                self._dialing = self.route.spawn(self.connect(self.route.limits.connect_timeout))
+            connection = await asyncio.shield(self._dialing)
+            if connection is None:
+                self.route.connect_failed(self, exchange)
+                return
+            assert isinstance(connection, H2UpstreamConnection)
+            self.release(connection)
+            if not self._waiting(exchange):
+                return
+            for pooled in self.pool:
+                if pooled.has_room():
+                    exchange.attach(pooled.open_stream(exchange))
+                    return
+
+    def _waiting(self, exchange: Exchange) -> bool:
+        """Whether `exchange` still waits for a connection to this endpoint."""
+        return exchange.state == ASSIGNED and exchange.endpoint is self and exchange.upstream is None
+
+    def streams_allowed(self, streams: int) -> None:
+        """An HTTP/2 upstream said how many streams it serves at once: that is this endpoint's concurrency."""
+        before, self.cap = self.cap, min(self.route.limits.endpoint_concurrency, streams)
+        if self.cap > before:
+            self.route.pump()
+
+    async def connect(self, within: float) -> UpstreamConnection | H2UpstreamConnection | None:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(within):
@@ -478,13 +535,18 @@ class Endpoint:
         self.route.connect_counter("ok").inc()
         return connection
 
-    async def _dial(self, loop: asyncio.AbstractEventLoop, hosts: list[str]) -> UpstreamConnection:
+    def _protocol(self) -> UpstreamConnection | H2UpstreamConnection:
+        return H2UpstreamConnection(self) if self.h2c else UpstreamConnection(self)
+
+    async def _dial(
+        self, loop: asyncio.AbstractEventLoop, hosts: list[str]
+    ) -> UpstreamConnection | H2UpstreamConnection:
         """A connection to the first of `hosts` that answers, each tried in turn (as create_connection tries each
         address of a name it resolves itself: one A record of several down must not fail every connect)."""
         errors = []
         for host in hosts:
             try:
-                _, connection = await loop.create_connection(lambda: UpstreamConnection(self), host, self.port)
+                _, connection = await loop.create_connection(self._protocol, host, self.port)
             except OSError as err:
                 errors.append(f"{host}: {err}")
                 continue
@@ -510,17 +572,34 @@ class Endpoint:
             raise OSError(f"{self.host} resolves only to addresses that may not be endpoints: {', '.join(answers)}")
         return allowed
 
-    def release(self, connection: UpstreamConnection) -> None:
+    def release(self, connection: UpstreamConnection | H2UpstreamConnection) -> None:
+        if isinstance(connection, H2UpstreamConnection):
+            if self.removed or connection.closed or connection.going_away:
+                if not connection.streams:
+                    connection.close()
+            elif connection not in self.pool:
+                self.pool.append(connection)
+            return
         if self.removed or connection.closed or len(self.idle) >= self.route.limits.max_idle_connections:
             connection.close()
         else:
             self.idle.append(connection)
 
-    def forget(self, connection: UpstreamConnection) -> None:
-        if connection in self.idle:
+    def forget(self, connection: UpstreamConnection | H2UpstreamConnection) -> None:
+        if isinstance(connection, H2UpstreamConnection):
+            if connection in self.pool:
+                self.pool.remove(connection)
+        elif connection in self.idle:
             self.idle.remove(connection)
 
     def close_idle(self) -> None:
+        """Close the connections no request uses (an HTTP/2 connection carrying streams goes on until they end)."""
         idle, self.idle = self.idle, []
         for connection in idle:
             connection.close()
+        pool, self.pool = self.pool, []
+        for h2_connection in pool:
+            if h2_connection.streams:
+                h2_connection.going_away = True  # closed by its last stream's end
+            else:
+                h2_connection.close()

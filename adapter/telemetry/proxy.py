@@ -132,6 +132,12 @@ LIMIT_HITS = Counter(
     "Requests answered or connections closed because a limit or timeout ran out, by the config key that sets it",
     ["route", "limit"],
 )
+H2_GOAWAYS = Counter(
+    "zeroscale_proxy_http2_goaways_total",
+    "HTTP/2 client connections the proxy ended with GOAWAY, by its error code (ENHANCE_YOUR_CALM: a flood or rapid "
+    "reset; PROTOCOL_ERROR: a broken frame or a header block over the limits; NO_ERROR: idle or draining)",
+    ["code"],
+)
 OPEN_TUNNELS = Gauge(
     "zeroscale_proxy_open_tunnels", "Upgraded (WebSocket) connections open through the route", ["route"]
 )

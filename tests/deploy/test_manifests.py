@@ -121,7 +121,7 @@ def test_every_example_hpa_metric_is_served_by_its_config() -> None:
         metric["name"] for fragment in EXAMPLE_CONFIGS for metric in yaml.safe_load(fragment.read_text())["metrics"]
     }
     hpas = [obj for path in EXAMPLES for obj in example_objects(path) if obj["kind"] == "HorizontalPodAutoscaler"]
-    assert len(hpas) == 6
+    assert len(hpas) == 7
     for hpa in hpas:
         for metric in hpa["spec"]["metrics"]:
             assert metric["external"]["metric"]["name"] in served

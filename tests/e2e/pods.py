@@ -40,6 +40,10 @@ class Pod(ThreadingHTTPServer):
     def port(self) -> int:
         return int(self.server_address[1])
 
+    def ready(self) -> bool:
+        """Its readiness probe: it answers from the moment it exists (it listens before its constructor returns)."""
+        return True
+
     def stop(self) -> None:
         """Stop listening (a connection not yet accepted is refused); requests being answered still finish."""
         self.shutdown()

@@ -11,11 +11,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from http.client import HTTPConnection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from adapter.children import port_outside_ephemeral
 from tests.e2e.cluster import (
     ENDPOINTSLICE_API,
     ControlPlane,
@@ -29,7 +27,8 @@ from tests.e2e.cluster import (
     wait_hpa_total,
     wait_replicas,
 )
-from tests.e2e.fixtures import Adapter, Installed, Timeline, kube_api
+from tests.e2e.file_routes import start_proxy, wake_route
+from tests.e2e.fixtures import Adapter, Installed, Timeline
 from tests.e2e.install import endpoint_slice
 from tests.e2e.processes import Zeroscale
 from tests.fixtures.redis_servers import RedisProcess
@@ -93,16 +92,7 @@ def upstream() -> Iterator[Upstream]:
 def proxy(
     plane: ControlPlane, kube: Kube, installed: Installed, counts_port: int, workdir: Path
 ) -> Iterator[Zeroscale]:
-    port = port_outside_ephemeral()
-    route: dict[str, Any] = {
-        "name": NAME,
-        "hosts": [HOST],
-        "upstream": {"service": NAME, "namespace": NAMESPACE, "port": "http"},
-        "target": {"namespace": NAMESPACE, "kind": "Deployment", "name": NAME},
-        # Before v1.37 the HPA records no ScaledToZero: `wake: scale` would take every zero for a person's.
-        "wake": "scale" if kube.records_scaled_to_zero() else "always",
-        "readiness": "endpointslice",
-    }
+    route = wake_route(kube, NAMESPACE, NAME, HOST, "http")
     stopped = {
         **route,
         "name": STOPPED,
@@ -110,19 +100,7 @@ def proxy(
         "upstream": {**route["upstream"], "service": STOPPED},
         "target": {**route["target"], "name": STOPPED},
     }
-    config = {
-        "proxy": {
-            "bind": "127.0.0.1",
-            "port": port,
-            "admin_bind": "127.0.0.1",
-            "admin_port": port_outside_ephemeral(),
-            "kubernetes": kube_api(plane, installed.proxy_token),
-            "routes": [route, stopped],
-        },
-        "grpc": {"counts": {"enabled": True, "bind": "127.0.0.1", "port": counts_port}},
-    }
-    (workdir / "proxy").mkdir(exist_ok=True)
-    process = Zeroscale("proxy", workdir / "proxy", config, port).start()
+    process = start_proxy(plane, installed, counts_port, workdir / "proxy", [route, stopped])
     yield process
     process.stop()
 

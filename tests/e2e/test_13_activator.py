@@ -35,7 +35,7 @@ from tests.e2e.cluster import ENDPOINTSLICE_API, ControlPlane, Kube, Watch, depl
 from tests.e2e.dataplane import ClientRun, DataPlane
 from tests.e2e.fixtures import Installed, Timeline, kube_api
 from tests.e2e.kubelet_standin import KubeletStandIn
-from tests.e2e.pods import answer_of
+from tests.e2e.pods import Pod, answer_of
 from tests.e2e.processes import Zeroscale
 from tests.fixtures.manifests import DEPLOY, kustomize
 
@@ -210,7 +210,7 @@ class Cycle:
 
 
 @pytest.fixture
-def app(kube: Kube, installed: Installed) -> Iterator[KubeletStandIn]:
+def app(kube: Kube, installed: Installed) -> Iterator[KubeletStandIn[Pod]]:
     """The Deployment, its two Services, the proxy's grants for mode activator and the kubelet stand-in running its
     pods."""
     kube.namespace(NAMESPACE)
@@ -225,7 +225,7 @@ def app(kube: Kube, installed: Installed) -> Iterator[KubeletStandIn]:
         ]
     )
     kubelet = KubeletStandIn(
-        kube, NAMESPACE, DEPLOYMENT, PODS_SERVICE, "http", start_delay=START_DELAY, pre_stop=PRE_STOP
+        kube, NAMESPACE, DEPLOYMENT, PODS_SERVICE, "http", pod=Pod, start_delay=START_DELAY, pre_stop=PRE_STOP
     )
     try:
         yield kubelet
@@ -244,7 +244,7 @@ def app(kube: Kube, installed: Installed) -> Iterator[KubeletStandIn]:
 
 @pytest.fixture
 def proxies(
-    plane: ControlPlane, kube: Kube, installed: Installed, dataplane: DataPlane, app: KubeletStandIn, workdir: Path
+    plane: ControlPlane, kube: Kube, installed: Installed, dataplane: DataPlane, app: KubeletStandIn[Pod], workdir: Path
 ) -> Iterator[Proxies]:
     main_port, admin_port, activator_port = (port_outside_ephemeral("0.0.0.0") for _ in range(3))
     replicas: list[Proxy] = []
@@ -294,7 +294,7 @@ def proxies(
 
 
 def test_continuous_traffic_through_warm_zero_warm_cycles_loses_nothing_and_answers_nothing_twice(
-    kube: Kube, dataplane: DataPlane, app: KubeletStandIn, proxies: Proxies, timeline: Timeline
+    kube: Kube, dataplane: DataPlane, app: KubeletStandIn[Pod], proxies: Proxies, timeline: Timeline
 ) -> None:
     log = SliceLog()
     selector = f"kubernetes.io%2Fservice-name%3D{SERVICE}"
@@ -430,7 +430,7 @@ def _warm_window(run: ClientRun, proxies: Proxies, since: float) -> Cycle:
     return Cycle(warm_from, warm_to, {name: after[name] - before[name] for name in after})
 
 
-def _through_zero(kube: Kube, app: KubeletStandIn, log: SliceLog, proxies: Proxies, cycle: Cycle) -> None:
+def _through_zero(kube: Kube, app: KubeletStandIn[Pod], log: SliceLog, proxies: Proxies, cycle: Cycle) -> None:
     """Scale to 0 and wait until the proxies woke it and the slices list the new pod; times the cycle's events."""
     scaled = time.time()
     kube.kubectl("scale", "-n", NAMESPACE, f"deployment/{DEPLOYMENT}", "--replicas=0")

@@ -60,4 +60,6 @@ async def test_one_request_enters_each_module_once_per_direction(proxy: Proxy) -
     forward = walk.between(("route.py", "submit"), ("flow.py", "pair"))
     back = walk.between(("upstream.py", "data_received"), ("client.py", "exchange_finished"))
     assert not [module for module, seen in Counter(forward).items() if seen > 1], forward
-    assert not [module for module, seen in Counter(back).items() if seen > 1], back
+    # Back, the exchange is told twice, each time a fact it owns: its response began, then it is done.
+    allowed = {"exchange.py": 2}
+    assert not [module for module, seen in Counter(back).items() if seen > allowed.get(module, 1)], back
