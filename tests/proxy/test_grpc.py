@@ -184,6 +184,36 @@ async def test_a_plain_http2_request_gets_the_proxys_http_answer_not_a_grpc_stat
     assert response.body == b"the workload did not become ready in 0.3 s (limits.hold_timeout)\n"
 
 
+async def test_a_call_held_when_the_proxy_drains_is_forwarded_within_the_grace_period() -> None:
+    port = refused_port()
+    async with running_proxy([h2c_route("g", f"127.0.0.1:{port}")]) as proxy, echo_client(proxy.port) as client:
+        call = client.unary(b"held through the drain", timeout=DEADLINE)
+        await until(lambda: proxy.routes["default/g"].counts.held == 1)
+        draining = asyncio.create_task(proxy.shutdown(grace=DEADLINE))
+        await until(lambda: proxy.data.draining)  # listeners closed, GOAWAY sent (stop_delay is 0)
+        server = await EchoServer(port).start()
+        try:
+            assert await call == b"held through the drain"
+            await asyncio.wait_for(draining, DEADLINE)  # drained: nothing was left to cut off
+        finally:
+            await server.stop()
+        assert server.calls == {"Unary": 1}
+
+
+async def test_a_call_still_held_when_the_grace_period_ends_is_unavailable() -> None:
+    async with (
+        running_proxy([h2c_route("g", f"127.0.0.1:{refused_port()}")]) as proxy,
+        echo_client(proxy.port) as client,
+    ):
+        call = client.unary(b"held past the grace period", timeout=DEADLINE)
+        await until(lambda: proxy.routes["default/g"].counts.held == 1)
+        await proxy.shutdown(grace=0.3)
+        with pytest.raises(grpc.aio.AioRpcError) as cut:
+            await call
+        assert cut.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "shutting down" in str(cut.value.details())
+
+
 async def test_the_servers_status_details_and_trailing_metadata_are_relayed() -> None:
     server = await EchoServer().start()
     try:
@@ -239,10 +269,11 @@ async def test_http1_client_to_an_h2c_upstream() -> None:
 
 async def test_http2_client_to_an_http1_upstream(upstream: Upstream) -> None:
     async with running_proxy([route("web", upstream.address)]) as proxy:
+        authority = f"127.0.0.1:{proxy.port}"
         curl = await asyncio.create_subprocess_exec(
             *("curl", "--http2-prior-knowledge", "--silent", "--show-error", "--max-time", "10"),
             *("--data-binary", "hello h1", "--write-out", "\n%{http_code} %{http_version}"),
-            f"http://127.0.0.1:{proxy.port}/echo?q=1",
+            f"http://{authority}/echo?q=1",
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
@@ -252,4 +283,4 @@ async def test_http2_client_to_an_http1_upstream(upstream: Upstream) -> None:
     assert status == b"200 2"  # answered over HTTP/2
     assert body == b"hello h1"
     assert [(seen.method, seen.path, seen.body) for seen in upstream.requests] == [("POST", "/echo?q=1", b"hello h1")]
-    assert upstream.requests[0].headers["host"] == f"127.0.0.1:{proxy.port}"  # :authority becomes Host
+    assert upstream.requests[0].headers["host"] == authority  # :authority becomes Host
