@@ -16,7 +16,7 @@ import pytest
 from tests.fixtures.grpc_echo import EchoClient, EchoServer, echo_client, messages, method_path
 from tests.fixtures.h2_peers import H2Upstream, grpc_message, grpc_request, h2_request
 from tests.fixtures.netutil import refused_port
-from tests.fixtures.proxy import get, post, request, route, running_proxy, until
+from tests.fixtures.proxy import Responses, get, post, request, route, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
 
 # Every call's own deadline: long enough for any hold in these tests, short enough that a lost call fails the test
@@ -263,6 +263,27 @@ async def test_http1_client_to_an_h2c_upstream() -> None:
             ("POST", b"hello h2c"),
             ("GET", b""),
         ]
+    finally:
+        await upstream.stop()
+
+
+async def test_an_h2c_upstream_ending_its_response_with_an_empty_data_frame() -> None:
+    upstream = await H2Upstream().start()
+    try:
+        async with running_proxy([h2c_route("web", upstream.address)]) as proxy:
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            responses = Responses(reader)
+            try:
+                writer.write(post(b"ends apart", "/echo?empty_end=1"))
+                first = await responses.next()
+                writer.write(get("/echo?empty_end=1"))
+                second = await responses.next()
+            finally:
+                writer.close()
+        # Whole (its length), and the connections on both sides still good for the next request.
+        assert (first.status, first.body, second.status) == (200, b"ends apart", 200)
+        assert [seen.header(":path") for seen in upstream.requests] == ["/echo?empty_end=1"] * 2
+        assert len(upstream.open) <= 1
     finally:
         await upstream.stop()
 
