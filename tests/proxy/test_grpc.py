@@ -92,6 +92,36 @@ async def test_every_kind_of_call_to_a_warm_server() -> None:
         await server.stop()
 
 
+async def test_calls_over_the_endpoint_concurrency_wait_and_take_each_freed_stream_at_once() -> None:
+    server = await EchoServer().start()
+    try:
+        routes = [h2c_route("g", server.address, limits={"endpoint_concurrency": 2})]
+        async with running_proxy(routes) as proxy, echo_client(proxy.port) as client:
+            sleepy = [("x-sleep", "0.05")]
+            calls = [client.unary(b"%d" % index, timeout=DEADLINE, metadata=sleepy) for index in range(8)]
+            # Streams end and new ones go out while handling the same read from the upstream.
+            assert await asyncio.gather(*calls) == [b"%d" % index for index in range(8)]
+        assert server.calls == {"Unary": 8}
+        assert server.peak == 2
+    finally:
+        await server.stop()
+
+
+async def test_the_servers_max_concurrent_streams_bounds_the_calls_sent_to_it() -> None:
+    # The route allows more (endpoint_concurrency 100): the server's SETTINGS are the endpoint's concurrency.
+    port = refused_port()
+    async with running_proxy([h2c_route("g", f"127.0.0.1:{port}")]) as proxy, echo_client(proxy.port) as client:
+        calls = [client.unary(b"%d" % index, timeout=DEADLINE, metadata=[("x-sleep", "0.1")]) for index in range(8)]
+        await until(lambda: proxy.routes["default/g"].counts.held == 8)
+        server = await EchoServer(port, max_concurrent_streams=2).start()
+        try:
+            assert await asyncio.gather(*calls) == [b"%d" % index for index in range(8)]
+        finally:
+            await server.stop()
+        assert server.calls == {"Unary": 8}
+        assert server.peak == 2
+
+
 async def test_a_call_cancelled_while_held_is_removed_and_never_reaches_the_server() -> None:
     port = refused_port()
     async with running_proxy([h2c_route("g", f"127.0.0.1:{port}")]) as proxy, echo_client(proxy.port) as client:
