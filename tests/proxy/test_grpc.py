@@ -23,6 +23,7 @@ from tests.fixtures.upstream_app import Upstream
 # instead of hanging it.
 DEADLINE = 10.0
 UNARY_CALLS = 20
+CALLS = 16  # through a server that takes two at once
 
 
 def h2c_route(name: str, address: str, **overrides: Any) -> dict[str, Any]:
@@ -98,27 +99,31 @@ async def test_calls_over_the_endpoint_concurrency_wait_and_take_each_freed_stre
         routes = [h2c_route("g", server.address, limits={"endpoint_concurrency": 2})]
         async with running_proxy(routes) as proxy, echo_client(proxy.port) as client:
             sleepy = [("x-sleep", "0.05")]
-            calls = [client.unary(b"%d" % index, timeout=DEADLINE, metadata=sleepy) for index in range(8)]
+            calls = [client.unary(b"%d" % index, timeout=DEADLINE, metadata=sleepy) for index in range(CALLS)]
             # Streams end and new ones go out while handling the same read from the upstream.
-            assert await asyncio.gather(*calls) == [b"%d" % index for index in range(8)]
-        assert server.calls == {"Unary": 8}
+            assert await asyncio.gather(*calls) == [b"%d" % index for index in range(CALLS)]
+        assert server.calls == {"Unary": CALLS}
         assert server.peak == 2
     finally:
         await server.stop()
 
 
 async def test_the_servers_max_concurrent_streams_bounds_the_calls_sent_to_it() -> None:
-    # The route allows more (endpoint_concurrency 100): the server's SETTINGS are the endpoint's concurrency.
+    # The route allows more (endpoint_concurrency 100): the server's SETTINGS are the endpoint's concurrency. Many
+    # calls: grpc's server refuses a stream for a moment after the one before ended (REFUSED_STREAM), and each
+    # such stream must be sent again, never answered as lost.
     port = refused_port()
     async with running_proxy([h2c_route("g", f"127.0.0.1:{port}")]) as proxy, echo_client(proxy.port) as client:
-        calls = [client.unary(b"%d" % index, timeout=DEADLINE, metadata=[("x-sleep", "0.1")]) for index in range(8)]
-        await until(lambda: proxy.routes["default/g"].counts.held == 8)
+        calls = [
+            client.unary(b"%d" % index, timeout=DEADLINE, metadata=[("x-sleep", "0.05")]) for index in range(CALLS)
+        ]
+        await until(lambda: proxy.routes["default/g"].counts.held == CALLS)
         server = await EchoServer(port, max_concurrent_streams=2).start()
         try:
-            assert await asyncio.gather(*calls) == [b"%d" % index for index in range(8)]
+            assert await asyncio.gather(*calls) == [b"%d" % index for index in range(CALLS)]
         finally:
             await server.stop()
-        assert server.calls == {"Unary": 8}
+        assert server.calls == {"Unary": CALLS}
         assert server.peak == 2
 
 
