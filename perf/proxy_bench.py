@@ -13,10 +13,15 @@
     runs the route warm and leading; the proxy's CPU per request meanwhile) and switch times (a pod turning
     ready -> the Service's slice lists it; spec.replicas set to 0 -> the slice lists the proxy). (a)'s
     `zeroscale` is also the cost of the counting sidecar in a pod: the bench runs the proxy in sidecar mode.
+(f) HTTP/2 warm path: h2load (prior-knowledge h2c) at 1 stream and at 64 streams over 4 connections against an
+    h2c upstream (an nginx worker on a `listen ... http2` port) directly, through nginx `grpc_pass` (h2c to the
+    upstream, its connections kept) and through `zeroscale proxy` (its upstream h2c), interleaved, ROUNDS rounds;
+    medians, ratios as in (a) (perf/proxy_h2.py).
+(g) Memory: RSS growth of the proxy process while it holds 10,000 HTTP/2 streams, 100 on each of 100 connections.
 
-Run: python perf/proxy_bench.py   (needs nginx and wrk; last line:
+Run: python perf/proxy_bench.py   (needs nginx, wrk and h2load; last line:
 ratio_vs_nginx=<x> added_p50_us=<y> wake_p99_ms=<z> held_10k_rss_mib=<w> pipelined_rss_mib=<v>
-activator_added_p50_us=<a> switch_p99_ms=<b>)
+activator_added_p50_us=<a> switch_p99_ms=<b> h2_ratio_vs_nginx=<c> h2_added_p50_us=<d> h2_held_kib_per_stream=<e>)
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from functools import partial
 from pathlib import Path
@@ -43,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import activator  # noqa: E402  (perf/activator.py: this directory is on sys.path)
+import proxy_h2  # noqa: E402
 
 from adapter.children import listening, on_a_free_port, wait_ready_blocking  # noqa: E402
 from tests.fixtures.netutil import refused_port  # noqa: E402
@@ -55,6 +61,9 @@ WAKE_TRIALS = 100
 HELD = 10_000
 PIPELINING_CONNECTIONS = 100
 PIPELINED_BYTES = 256 * 1024
+H2_CONNECTIONS = 100  # (g): HELD streams over these, HELD / H2_CONNECTIONS on each (http2.max_concurrent_streams)
+# A sidecar whose upstream speaks h2c.
+H2C_UPSTREAM = {"ZEROSCALE_PROXY__SIDECAR__PROTOCOL": "h2c"}
 _UNITS = {"us": 1.0, "ms": 1000.0, "s": 1_000_000.0}
 
 
@@ -147,29 +156,85 @@ def wrk(port: int, connections: int) -> tuple[float, float, float]:
 UPSTREAM = 'server { listen 127.0.0.1:{port}; location / { return 200 "hello from upstream\\n"; } }'
 
 
-def warm_path() -> dict[tuple[str, int], list[tuple[float, float, float]]]:
-    results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
-    with nginx(UPSTREAM) as up:
-        proxy_block = (
-            f"upstream up {{ server 127.0.0.1:{up}; keepalive 128; }}\n"
-            "server { listen 127.0.0.1:{port}; location / { proxy_pass http://up; "
-            'proxy_http_version 1.1; proxy_set_header Connection ""; } }'
-        )
-        with nginx(proxy_block) as via_nginx, zeroscale_proxy(up) as (ours, _, _):
-            targets = {"direct": up, "nginx": via_nginx, "zeroscale": ours}
-            for port in targets.values():
-                wrk(port, 64)  # warm-up: connections, caches
-            for round_number in range(1, ROUNDS + 1):
-                for connections in CONNECTIONS:
-                    for name, port in targets.items():
-                        figures = wrk(port, connections)
-                        results.setdefault((name, connections), []).append(figures)
-                        print(
-                            f"round {round_number} {name:9s} c={connections:<3d} "
-                            f"{figures[0]:9.0f} req/s  p50 {figures[1]:8.0f} us  p99 {figures[2]:8.0f} us",
-                            flush=True,
-                        )
-    return results
+def nginx_proxy(upstream: int) -> str:
+    """nginx `proxy_pass` in front of `upstream`, HTTP/1.1 on both sides, upstream connections kept (keepalive)."""
+    return (
+        f"upstream up {{ server 127.0.0.1:{upstream}; keepalive 128; }}\n"
+        "server { listen 127.0.0.1:{port}; location / { proxy_pass http://up; "
+        'proxy_http_version 1.1; proxy_set_header Connection ""; } }'
+    )
+
+
+Figures = tuple[float, float, float]  # requests/s, p50 us, p99 us
+
+
+def interleaved(
+    targets: dict[str, int], load: Callable[[int, int], Figures], levels: tuple[int, ...], label: str
+) -> dict[tuple[str, int], Figures]:
+    """`load(port, level)` on each target at each level (connections or streams, printed as `label`), interleaved,
+    ROUNDS rounds after one warm-up run each; the medians of each (target, level), printed."""
+    results: dict[tuple[str, int], list[Figures]] = {}
+    for port in targets.values():
+        load(port, levels[-1])  # warm-up: connections, caches
+    for round_number in range(1, ROUNDS + 1):
+        for level in levels:
+            for name, port in targets.items():
+                figures = load(port, level)
+                results.setdefault((name, level), []).append(figures)
+                print(f"round {round_number} {name:9s} {_figures(label, level, figures)}", flush=True)
+    median = {key: _median(runs) for key, runs in results.items()}
+    for level in levels:
+        for name in targets:
+            print(f"median {name:9s} {_figures(label, level, median[(name, level)])}")
+    return median
+
+
+def _median(runs: list[Figures]) -> Figures:
+    rps, p50, p99 = (statistics.median(column) for column in zip(*runs, strict=True))
+    return rps, p50, p99
+
+
+def _figures(label: str, level: int, figures: Figures) -> str:
+    rps, p50, p99 = figures
+    return f"{label}={level:<3d} {rps:9.0f} req/s  p50 {p50:8.0f} us  p99 {p99:8.0f} us"
+
+
+def compare(median: dict[tuple[str, int], Figures], unit: str) -> tuple[float, float]:
+    """Zeroscale against nginx and direct, printed; (req/s ratio to nginx at 64, added p50 over direct at 1)."""
+    ratio = median[("zeroscale", 64)][0] / median[("nginx", 64)][0]
+    ratio_direct = median[("zeroscale", 64)][0] / median[("direct", 64)][0]
+    added_p50 = median[("zeroscale", 1)][1] - median[("direct", 1)][1]
+    nginx_added_p50 = median[("nginx", 1)][1] - median[("direct", 1)][1]
+    p99_ratio = median[("zeroscale", 64)][2] / median[("nginx", 64)][2]
+    print(
+        f"req/s at 64 {unit}: {ratio:.2f} of nginx, {ratio_direct:.2f} of direct; "
+        f"added p50 at 1 {unit[:-1]}: {added_p50:.0f} us (nginx adds {nginx_added_p50:.0f} us); "
+        f"p99 at 64 {unit}: {p99_ratio:.2f}x nginx's"
+    )
+    return ratio, added_p50
+
+
+def warm_path() -> dict[tuple[str, int], Figures]:
+    """(a): wrk over HTTP/1.1 against the upstream directly, nginx and Zeroscale."""
+    with (
+        nginx(UPSTREAM) as up,
+        nginx(nginx_proxy(up)) as via_nginx,
+        zeroscale_proxy(up) as (ours, _, _),
+    ):
+        targets = {"direct": up, "nginx": via_nginx, "zeroscale": ours}
+        return interleaved(targets, wrk, CONNECTIONS, "c")
+
+
+def h2_path() -> dict[tuple[str, int], Figures]:
+    """(f): h2load over h2c against an h2c upstream directly, nginx (grpc_pass) and Zeroscale (an h2c route)."""
+    load = partial(proxy_h2.h2load, seconds=SECONDS)
+    with (
+        nginx(proxy_h2.UPSTREAM) as up,
+        nginx(proxy_h2.nginx_proxy(up)) as via_nginx,
+        zeroscale_proxy(up, **H2C_UPSTREAM) as (ours, _, _),
+    ):
+        targets = {"direct": up, "nginx": via_nginx, "zeroscale": ours}
+        return interleaved(targets, load, tuple(proxy_h2.LOADS), "streams")
 
 
 async def answer_once(
@@ -222,6 +287,14 @@ def held_count(admin: int) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+def wait_held(admin: int, count: int, timeout: float = 60) -> float:
+    """The route's held count once it reaches `count`, or what it is after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while (held := held_count(admin)) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return held
+
+
 def held_memory() -> tuple[float, int]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = HELD + 1000
@@ -236,8 +309,7 @@ def held_memory() -> tuple[float, int]:
     with zeroscale_proxy(refused_port(), **limits) as (port, admin, process):
         warm = socket.create_connection(("127.0.0.1", port))
         warm.sendall(b"GET /warm HTTP/1.1\r\nHost: bench\r\n\r\n")
-        while held_count(admin) < 1:
-            time.sleep(0.05)
+        wait_held(admin, 1)
         before = rss_kib(process.pid)
         sockets = [warm]
         request = b"GET /idle HTTP/1.1\r\nHost: bench\r\n\r\n"
@@ -245,10 +317,7 @@ def held_memory() -> tuple[float, int]:
             sock = socket.create_connection(("127.0.0.1", port))
             sock.sendall(request)
             sockets.append(sock)
-        deadline = time.monotonic() + 60
-        while held_count(admin) < HELD and time.monotonic() < deadline:
-            time.sleep(0.2)
-        held = held_count(admin)
+        held = wait_held(admin, HELD)
         time.sleep(1)
         after = rss_kib(process.pid)
         for sock in sockets:
@@ -261,8 +330,7 @@ def pipelined_memory() -> int:
     with zeroscale_proxy(refused_port(), ZEROSCALE_PROXY__SIDECAR__PROBE_INTERVAL="0.5") as (port, admin, process):
         warm = socket.create_connection(("127.0.0.1", port))
         warm.sendall(b"GET /warm HTTP/1.1\r\nHost: bench\r\n\r\n")
-        while held_count(admin) < 1:
-            time.sleep(0.05)
+        wait_held(admin, 1)
         before = rss_kib(process.pid)
         one = b"GET /pipelined HTTP/1.1\r\nHost: bench\r\n\r\n"
         flood = b"GET /held HTTP/1.1\r\nHost: bench\r\n\r\n" + one * (PIPELINED_BYTES // len(one))
@@ -281,27 +349,42 @@ def pipelined_memory() -> int:
     return after - before
 
 
+def held_streams_memory() -> tuple[float, int, dict[str, int]]:
+    """(g): (streams held, RSS growth in KiB, what the proxy answered instead of holding) while HELD HTTP/2 streams
+    wait over H2_CONNECTIONS connections, beyond one held stream before."""
+    limits = {
+        **H2C_UPSTREAM,
+        "ZEROSCALE_PROXY__SIDECAR__LIMITS__MAX_HELD_REQUESTS": str(HELD * 2),
+        "ZEROSCALE_PROXY__SIDECAR__LIMITS__HOLD_TIMEOUT": "600",
+        "ZEROSCALE_PROXY__SIDECAR__PROBE_INTERVAL": "0.5",
+        "ZEROSCALE_PROXY__HTTP2__MAX_CONCURRENT_STREAMS": str(HELD // H2_CONNECTIONS),
+    }
+    with zeroscale_proxy(refused_port(), **limits) as (port, admin, process):
+        return asyncio.run(_hold_streams(port, admin, process.pid))
+
+
+async def _hold_streams(port: int, admin: int, pid: int) -> tuple[float, int, dict[str, int]]:
+    warm, streams = proxy_h2.HeldStreams(), proxy_h2.HeldStreams()
+    try:
+        await warm.open(port, 1, 1)
+        await asyncio.to_thread(wait_held, admin, 1)
+        before = rss_kib(pid)
+        await streams.open(port, H2_CONNECTIONS, HELD // H2_CONNECTIONS)
+        held = await asyncio.to_thread(wait_held, admin, 1 + HELD) - 1
+        await asyncio.sleep(1)
+        after = rss_kib(pid)
+    finally:
+        await asyncio.gather(warm.close(), streams.close())
+    return held, after - before, {**warm.answered, **streams.answered}
+
+
 def main() -> None:
-    for tool in ("nginx", "wrk"):
+    for tool in ("nginx", "wrk", "h2load"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is needed (scripts/setup-system.sh installs it)")
     print(f"(a) warm path: wrk {SECONDS}s per run, {ROUNDS} rounds interleaved", flush=True)
-    results = warm_path()
-    median = {key: tuple(statistics.median(run[i] for run in runs) for i in range(3)) for key, runs in results.items()}
-    for connections in CONNECTIONS:
-        for name in ("direct", "nginx", "zeroscale"):
-            rps, p50, p99 = median[(name, connections)]
-            print(f"median {name:9s} c={connections:<3d} {rps:9.0f} req/s  p50 {p50:8.0f} us  p99 {p99:8.0f} us")
-    ratio = median[("zeroscale", 64)][0] / median[("nginx", 64)][0]
-    ratio_direct = median[("zeroscale", 64)][0] / median[("direct", 64)][0]
-    added_p50 = median[("zeroscale", 1)][1] - median[("direct", 1)][1]
-    nginx_added_p50 = median[("nginx", 1)][1] - median[("direct", 1)][1]
-    p99_ratio = median[("zeroscale", 64)][2] / median[("nginx", 64)][2]
-    print(
-        f"req/s at 64 connections: {ratio:.2f} of nginx, {ratio_direct:.2f} of direct; "
-        f"added p50 at 1 connection: {added_p50:.0f} us (nginx adds {nginx_added_p50:.0f} us); "
-        f"p99 at 64 connections: {p99_ratio:.2f}x nginx's"
-    )
+    median = warm_path()
+    ratio, added_p50 = compare(median, "connections")
 
     print(f"(b) wake detection: {WAKE_TRIALS} cold starts, upstream listen() -> first forwarded byte", flush=True)
     upstream_port = refused_port()  # each trial's upstream listens there with SO_REUSEPORT
@@ -342,9 +425,19 @@ def main() -> None:
             )
         switch_p99 = max(figures["switch_pods_p99_ms"], figures["switch_proxy_p99_ms"])
         activator_figures = f"activator_added_p50_us={activator_added:.0f} switch_p99_ms={switch_p99:.1f}"
+    print(f"(f) HTTP/2 warm path: h2load {SECONDS}s per run, {ROUNDS} rounds interleaved, h2c", flush=True)
+    h2_ratio, h2_added_p50 = compare(h2_path(), "streams")
+    print(f"(g) memory: {HELD} held HTTP/2 streams over {H2_CONNECTIONS} connections", flush=True)
+    streams, streams_kib, answered = held_streams_memory()
+    kib_per_stream = streams_kib / HELD
+    print(f"held {streams:.0f} streams; RSS growth {streams_kib / 1024:.1f} MiB ({kib_per_stream:.2f} KiB each)")
+    if answered:
+        print(f"answered instead of held: {answered}")
     print(
         f"ratio_vs_nginx={ratio:.2f} added_p50_us={added_p50:.0f} wake_p99_ms={wake_p99:.1f} "
-        f"held_10k_rss_mib={growth_mib:.1f} pipelined_rss_mib={pipelined_mib:.1f} {activator_figures}"
+        f"held_10k_rss_mib={growth_mib:.1f} pipelined_rss_mib={pipelined_mib:.1f} {activator_figures} "
+        f"h2_ratio_vs_nginx={h2_ratio:.2f} h2_added_p50_us={h2_added_p50:.0f} "
+        f"h2_held_kib_per_stream={kib_per_stream:.2f}"
     )
 
 
