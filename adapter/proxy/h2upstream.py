@@ -116,7 +116,8 @@ class H2UpstreamConnection(asyncio.Protocol):
 
     def _event(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.DataReceived):
-            self.h2.increment_flow_control_window(event.flow_controlled_length)
+            if event.flow_controlled_length:  # an empty DATA frame (END_STREAM alone) uses no window to give back
+                self.h2.increment_flow_control_window(event.flow_controlled_length)
             stream = self.streams.get(event.stream_id)
             if stream is not None:
                 stream.on_data(event.data or b"", event.flow_controlled_length)
@@ -352,7 +353,9 @@ class H2UpstreamStream:
         return self.closed
 
     def _reopen(self, size: int) -> None:
-        with contextlib.suppress(h2.exceptions.StreamClosedError):
+        # KeyError: h2 drops a closed stream from `streams` whenever it counts the open ones (a new stream sent while
+        # this read's events are handled), and increment_flow_control_window looks it up without a check.
+        with contextlib.suppress(h2.exceptions.StreamClosedError, KeyError):
             self.connection.h2.increment_flow_control_window(size, stream_id=self.stream_id)
 
     # --- what the exchange and the sweeper call ---
