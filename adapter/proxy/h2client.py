@@ -33,6 +33,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 import httptools
+import hyperframe.frame
 
 from adapter.proxy.exchange import DONE, Exchange
 from adapter.proxy.h2conn import Outbox, h2_connection
@@ -94,6 +95,8 @@ class H2ClientConnection(asyncio.Protocol):
         self.streams: dict[int, H2Stream] = {}
         self._closed = False
         self._going_away = False
+        # The last stream a draining GOAWAY said is taken (None: none sent); newer ones are refused.
+        self._last_stream: int | None = None
         # When the frame being read must be complete, or the idle connection closes (monotonic, 0: none); the
         # server's sweeper checks it, as it checks every connection's.
         self.deadline = monotonic() + config.header_timeout
@@ -196,6 +199,11 @@ class H2ClientConnection(asyncio.Protocol):
 
     def _request(self, stream_id: int, headers: Fields, ended: bool) -> None:
         """A stream's request head (`ended`: and no body follows it)."""
+        if self._last_stream is not None and stream_id > self._last_stream:
+            # Opened after the draining GOAWAY said which streams are taken: refused, so the client may send it
+            # again elsewhere (RFC 9113 8.7: a refused stream was not processed).
+            self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            return
         stream = self.streams[stream_id] = H2Stream(self, stream_id)
         if len(headers) > self._max_headers:
             stream.refuse(431, f"the request has more than {self._max_headers} headers (proxy.max_headers)")
@@ -333,8 +341,13 @@ class H2ClientConnection(asyncio.Protocol):
             return
         if not self._going_away:
             self._going_away = True
-            self.h2.close_connection(h2.errors.ErrorCodes.NO_ERROR)
+            self._last_stream = self.h2.highest_inbound_stream_id
+            # Written here, not by h2.close_connection: that would put h2 in its CLOSED state, in which it sends
+            # nothing more, not even the answers of the streams this GOAWAY lets finish.
             self.flush()
+            goaway = hyperframe.frame.GoAwayFrame(stream_id=0, last_stream_id=self._last_stream, error_code=0)
+            self.transport.write(goaway.serialize())
+            telemetry.H2_GOAWAYS.labels("NO_ERROR").inc()
         if not self.streams:
             self._close()
 
