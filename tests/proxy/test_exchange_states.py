@@ -1,0 +1,684 @@
+"""Every edge of the exchange's state diagram (adapter/proxy/exchange.py), for an HTTP/1.1 request and an HTTP/2
+stream, without a socket: the way uvicorn tests its protocols, a fake transport at each end and explicit clocks.
+
+The ends are the real ones: a ClientConnection fed request bytes (it hands an HTTP/2 connection over to a real
+H2ClientConnection, fed frames an `h2` client connection built), a real Route with no endpoint or with one whose
+connections are FakeTransports too (tests/proxy/socketless.py: the loop hands the dialling Endpoint one, or refuses).
+
+Two clocks, as the proxy has two:
+
+- the loop's, for what it schedules (an exchange's hold timer, a dial's `asyncio.timeout`, the route's prober):
+  these tests run on `VirtualClockLoop` (LOOP_FACTORIES below, honoured by tests/fixtures/proxy.py's loop hook),
+  whose time moves only by `clock.advance(ms)`, so "held at 249 ms, answered at 250 ms" is exact;
+- `time.monotonic`, for the deadlines the server's sweeper checks (body, response): a test reads the monotonic time
+  around the moment a deadline starts and calls the connection's `check_deadlines(now)` with explicit values, a
+  millisecond before and at it, as the sweeper would.
+
+Each test asserts the route's counts as they changed ((held, inflight) after every change, the pending count the
+HPA scales on), that they and the held bytes end at zero, and that the client was answered exactly once: one
+response, nothing written after the connection's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from time import monotonic
+from typing import Any, Protocol
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import httptools
+import pytest
+from prometheus_client import REGISTRY
+
+from adapter.config.proxy import ProxyConfig
+from adapter.config.route import RouteConfig
+from adapter.proxy.client import ClientConnection
+from adapter.proxy.exchange import QUEUED
+from adapter.proxy.route import Route
+from adapter.proxy.routing import Router
+from adapter.proxy.server import ProxyServer
+from adapter.proxy.table import Listener
+from tests.proxy.socketless import FakeTransport, VirtualClockLoop
+
+LOOP_FACTORIES = {"virtual_clock": VirtualClockLoop}
+
+ENDPOINT = ("10.0.0.1", 8080)
+CLIENT = ("192.0.2.7", 51000)
+HOLD_MS = 250
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+# --- the proxy's side: a server that listens nowhere, one route ---
+
+
+class Stage:
+    """One route (`default/held`) as the proxy serves it, and what its counts did."""
+
+    def __init__(self, clock: VirtualClockLoop, *, endpoint: bool, limits: dict[str, Any]) -> None:
+        self.clock = clock
+        self.server = ProxyServer(ProxyConfig(port=0, admin_port=0))
+        config = RouteConfig.model_validate(
+            {
+                "name": "held",
+                "upstream": {"address": f"{ENDPOINT[0]}:{ENDPOINT[1]}"},
+                "wake": "none",
+                "readiness": "probe",
+                "limits": {"hold_timeout": HOLD_MS / 1000, **limits},
+            }
+        )
+        self.route = Route(config)
+        self.listener = Listener(Router([(config.hosts, config.path_prefix, self.route)]))
+        # (held, inflight) after every change, the first being the counts as they were.
+        self.counts: list[tuple[int, int]] = []
+        self.route.counts.subscribe(lambda _route, held, inflight: self.counts.append((held, inflight)))
+        if endpoint:
+            self.route.set_endpoints([ENDPOINT])
+
+    def connect(self) -> FakeTransport:
+        """A client connection accepted by the proxy."""
+        connection = ClientConnection(self.server, self.listener)
+        transport = FakeTransport(connection, CLIENT)
+        connection.connection_made(transport)
+        return transport
+
+    def upstream(self, index: int = -1) -> FakeTransport:
+        """The `index`-th connection the proxy dialled."""
+        return self.clock.dialled[index][1]
+
+    @property
+    def now(self) -> tuple[int, int]:
+        return self.route.counts.held, self.route.counts.inflight
+
+    def assert_idle(self) -> None:
+        counts = self.route.counts
+        assert (counts.held, counts.inflight, counts.held_bytes) == (0, 0, 0)
+        assert not self.route.queue
+        assert self.route.assigned == 0
+        assert all(endpoint.inflight == 0 for endpoint in self.route.endpoints)
+        for _, transport in self.clock.dialled:
+            assert transport.late == []
+
+
+Stages = Callable[..., Stage]
+
+
+@pytest.fixture
+async def clock() -> VirtualClockLoop:
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualClockLoop)
+    return loop
+
+
+@pytest.fixture
+async def stages(clock: VirtualClockLoop) -> AsyncIterator[Stages]:
+    made: list[Stage] = []
+
+    def stage(*, endpoint: bool = False, **limits: Any) -> Stage:
+        made.append(Stage(clock, endpoint=endpoint, limits=limits))
+        return made[-1]
+
+    yield stage
+    for each in made:
+        await each.route.close()
+
+
+# --- the client's side: one request, in either protocol ---
+
+
+@dataclass
+class Answer:
+    status: int
+    fields: dict[str, str]
+    body: bytes
+    trailers: dict[str, str] = field(default_factory=dict)
+
+
+class Caller(Protocol):
+    """One request of a client, and what it was answered."""
+
+    def get(self, path: bytes = b"/", extra: list[tuple[bytes, bytes]] | None = None) -> None: ...
+
+    def post(self, body: bytes) -> None: ...
+
+    def gone(self) -> None:
+        """The client goes away: HTTP/1.1 closes its connection, HTTP/2 resets the stream."""
+
+    def sweep(self, now: float) -> None:
+        """The server's sweeper checks the client connection's deadlines at `now` (monotonic)."""
+
+    def answers(self) -> list[Answer]: ...
+
+
+class _H1Reader:
+    """httptools callbacks collecting every response in some bytes."""
+
+    def __init__(self) -> None:
+        self.done: list[Answer] = []
+        self._fields: dict[str, str] = {}
+        self._body: list[bytes] = []
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._fields[name.decode().lower()] = value.decode()
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.done.append(Answer(self.parser.get_status_code(), self._fields, b"".join(self._body)))
+        self._fields, self._body = {}, []
+
+
+class H1Caller:
+    def __init__(self, stage: Stage) -> None:
+        self.transport = stage.connect()
+        self._received = b""
+
+    def get(self, path: bytes = b"/", extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        lines = b"".join(b"%b: %b\r\n" % pair for pair in extra or [])
+        self.transport.feed(b"GET %b HTTP/1.1\r\nHost: app.example\r\n%b\r\n" % (path, lines))
+
+    def post(self, body: bytes) -> None:
+        self.transport.feed(b"POST / HTTP/1.1\r\nHost: app.example\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
+
+    def gone(self) -> None:
+        self.transport.hang_up()
+
+    def sweep(self, now: float) -> None:
+        self.transport.protocol.check_deadlines(now)  # type: ignore[attr-defined]
+
+    def answers(self) -> list[Answer]:
+        assert self.transport.late == [], "written after the connection's end"
+        self._received += self.transport.take()
+        reader = _H1Reader()
+        reader.parser.feed_data(self._received)
+        return reader.done
+
+
+class H2Client:
+    """A client's HTTP/2 connection: h2's client side, its frames fed to the proxy, the proxy's read back."""
+
+    def __init__(self, stage: Stage) -> None:
+        self.transport = stage.connect()
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        self.h2.initiate_connection()
+        self.events: dict[int, list[h2.events.Event]] = {}
+
+    def send(self) -> None:
+        self.transport.feed(self.h2.data_to_send())
+
+    def read(self) -> None:
+        assert self.transport.late == [], "written after the connection's end"
+        for event in self.h2.receive_data(self.transport.take()):
+            stream_id = getattr(event, "stream_id", 0)
+            if stream_id:
+                self.events.setdefault(stream_id, []).append(event)
+
+
+class H2Caller:
+    def __init__(self, stage: Stage, connection: H2Client | None = None) -> None:
+        self.client = connection or H2Client(stage)
+        self.stream_id = 0
+
+    def request(self, fields: list[tuple[bytes, bytes]], body: bytes = b"") -> None:
+        h2c = self.client.h2
+        self.stream_id = h2c.get_next_available_stream_id()
+        h2c.send_headers(self.stream_id, fields, end_stream=not body)
+        if body:
+            h2c.send_data(self.stream_id, body, end_stream=True)
+        self.client.send()
+
+    def get(self, path: bytes = b"/", extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        self.request([*_h2_head(b"GET", path), *(extra or [])])
+
+    def post(self, body: bytes) -> None:
+        self.request([*_h2_head(b"POST", b"/"), (b"content-length", b"%d" % len(body))], body)
+
+    def grpc(self, message: bytes, timeout: bytes | None = None) -> None:
+        """A unary gRPC call (its message in gRPC's length-prefixed framing)."""
+        fields = [*_h2_head(b"POST", b"/demo.Echo/Say"), (b"content-type", b"application/grpc"), (b"te", b"trailers")]
+        if timeout is not None:
+            fields.append((b"grpc-timeout", timeout))
+        self.request(fields, b"\0" + len(message).to_bytes(4, "big") + message)
+
+    def gone(self) -> None:
+        self.client.h2.reset_stream(self.stream_id, h2.errors.ErrorCodes.CANCEL)
+        self.client.send()
+
+    def sweep(self, now: float) -> None:
+        self.client.transport.protocol.check_deadlines(now)  # type: ignore[attr-defined]
+
+    def answers(self) -> list[Answer]:
+        """The stream's responses; one that ended is asserted to have ended once, by END_STREAM or by RST_STREAM."""
+        self.client.read()
+        found: list[Answer] = []
+        ends = 0
+        for event in self.client.events.get(self.stream_id, []):
+            if isinstance(event, h2.events.ResponseReceived):
+                fields = {name.decode(): value.decode() for name, value in event.headers or []}
+                found.append(Answer(int(fields.pop(":status")), fields, b""))
+            elif isinstance(event, h2.events.DataReceived):
+                found[-1].body += event.data or b""
+            elif isinstance(event, h2.events.TrailersReceived):
+                found[-1].trailers = {name.decode(): value.decode() for name, value in event.headers or []}
+            elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
+                ends += 1
+        assert ends <= 1
+        assert not found or ends == 1, "an answer whose stream never ended"
+        return found
+
+
+def _h2_head(method: bytes, path: bytes) -> list[tuple[bytes, bytes]]:
+    return [(b":method", method), (b":scheme", b"http"), (b":authority", b"app.example"), (b":path", path)]
+
+
+CALLERS: dict[str, Callable[[Stage], Caller]] = {"http1": H1Caller, "h2": H2Caller}
+both = pytest.mark.parametrize("protocol", sorted(CALLERS))
+
+
+def one_answer(caller: Caller) -> Answer:
+    answers = caller.answers()
+    assert len(answers) == 1, answers
+    return answers[0]
+
+
+# --- NEW -> QUEUED -> DONE (fail) ---
+
+
+@both
+async def test_held_while_no_endpoint_then_504_at_the_hold_timeouts_millisecond(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages()
+    caller = CALLERS[protocol](stage)
+    caller.get()
+    await clock.settle()
+    assert stage.now == (1, 0)
+    assert stage.route.queue[0].state == QUEUED
+    await clock.advance(HOLD_MS - 1)
+    assert caller.answers() == []
+    await clock.advance(1)
+    answer = one_answer(caller)
+    assert (answer.status, answer.body) == (504, b"the workload did not become ready in 0.25 s (limits.hold_timeout)\n")
+    assert clock.ms == HOLD_MS
+    stage.assert_idle()
+    assert stage.counts == [(0, 0), (1, 0), (0, 0)]
+    await clock.advance(10 * HOLD_MS)
+    assert len(caller.answers()) == 1
+
+
+@both
+async def test_one_over_max_held_requests_is_503_and_the_held_one_stays(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(max_held_requests=1, retry_after=7)
+    held, refused = CALLERS[protocol](stage), CALLERS[protocol](stage)
+    held.get()
+    refused.get()
+    await clock.settle()
+    answer = one_answer(refused)
+    assert answer.status == 503
+    assert answer.fields["retry-after"] == "7"
+    assert answer.body == b"the proxy already holds 1 requests for this route (limits.max_held_requests)\n"
+    assert held.answers() == []
+    assert stage.now == (1, 0)
+    held.gone()
+    await clock.settle()
+    stage.assert_idle()
+    assert stage.counts == [(0, 0), (1, 0), (0, 0)]
+
+
+# --- NEW -> ASSIGNED -> DONE (response_done) ---
+
+
+@both
+async def test_sent_at_once_to_a_ready_endpoint_and_done_with_the_response(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(endpoint=True)
+    caller = CALLERS[protocol](stage)
+    caller.get(b"/now")
+    assert stage.now == (0, 1)
+    await clock.settle()
+    upstream = stage.upstream()
+    assert upstream.take().startswith(b"GET /now HTTP/1.1\r\n")
+    upstream.feed(OK)
+    answer = one_answer(caller)
+    assert (answer.status, answer.body) == (200, b"ok")
+    assert "x-zeroscale-cold-start" not in answer.fields
+    stage.assert_idle()
+    assert stage.counts == [(0, 0), (0, 1), (0, 0)]
+    assert stage.route.endpoints[0].idle == [upstream.protocol]  # pooled for the next request
+    assert clock.ms == 0
+
+
+# --- QUEUED -> ASSIGNED (pump) ---
+
+
+@both
+async def test_held_body_goes_out_whole_when_an_endpoint_appears_and_no_504_follows(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages()
+    caller = CALLERS[protocol](stage)
+    caller.post(b"x" * 100)
+    await clock.settle()
+    assert stage.now == (1, 0)
+    assert stage.route.counts.held_bytes == 100
+    await clock.advance(HOLD_MS - 1)
+    stage.route.set_endpoints([ENDPOINT])
+    assert stage.now == (0, 1)
+    await clock.settle()
+    upstream = stage.upstream()
+    assert upstream.take().endswith(b"\r\n\r\n" + b"x" * 100)
+    assert stage.route.counts.held_bytes == 0
+    await clock.advance(10 * HOLD_MS)  # the hold timer was cancelled when the request was sent
+    assert caller.answers() == []
+    upstream.feed(OK)
+    answer = one_answer(caller)
+    assert (answer.status, answer.fields["x-zeroscale-cold-start"]) == (200, "true")
+    stage.assert_idle()
+    assert stage.counts == [(0, 0), (1, 0), (0, 1), (0, 0)]
+
+
+# --- ASSIGNED -> QUEUED (retry) -> ASSIGNED ---
+
+
+@both
+async def test_a_refused_connect_holds_the_request_until_a_probe_connects(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(endpoint=True)
+    # The request's own dial, the prober's first at once and its second 10 ms later (probe_interval) are refused.
+    clock.refuse(ENDPOINT, times=3)
+    caller = CALLERS[protocol](stage)
+    caller.get()
+    assert stage.now == (0, 1)
+    await clock.settle()
+    assert stage.now == (1, 0)
+    assert stage.route.queue[0].cold
+    await clock.advance(19)
+    assert stage.now == (1, 0)
+    assert clock.dialled == []
+    await clock.advance(1)  # the prober's third dial connects: its connection takes the request
+    assert stage.now == (0, 1)
+    assert len(clock.dialled) == 1
+    upstream = stage.upstream()
+    assert upstream.take().startswith(b"GET / HTTP/1.1\r\n")
+    upstream.feed(OK)
+    assert one_answer(caller).status == 200
+    stage.assert_idle()
+    assert stage.counts == [(0, 0), (0, 1), (1, 0), (0, 1), (0, 0)]
+
+
+@both
+async def test_a_refused_connect_keeps_the_hold_timeout_from_when_it_was_first_held(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(endpoint=True)
+    clock.refuse(ENDPOINT)
+    caller = CALLERS[protocol](stage)
+    caller.get()
+    await clock.advance(HOLD_MS - 1)
+    assert caller.answers() == []
+    await clock.advance(1)
+    assert one_answer(caller).status == 504
+    stage.assert_idle()
+    assert stage.counts == [(0, 0), (0, 1), (1, 0), (0, 0)]
+
+
+@both
+async def test_a_stale_pooled_connection_sends_the_request_again_on_a_new_one(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(endpoint=True)
+    first = CALLERS[protocol](stage)
+    first.get()
+    await clock.settle()
+    stale = stage.upstream()
+    stale.take()
+    stale.feed(OK)
+    assert one_answer(first).status == 200
+    retries = metric("zeroscale_proxy_retries_total", route="default/held")
+    caller = CALLERS[protocol](stage)
+    caller.get(b"/again")
+    assert stale.take().startswith(b"GET /again HTTP/1.1\r\n")  # on the pooled connection, at once
+    stale.hang_up()  # it had been closed by the upstream: no byte of an answer
+    await clock.settle()
+    fresh = stage.upstream()
+    assert fresh is not stale
+    assert fresh.take().startswith(b"GET /again HTTP/1.1\r\n")
+    fresh.feed(OK)
+    assert one_answer(caller).status == 200
+    assert metric("zeroscale_proxy_retries_total", route="default/held") == retries + 1
+    stage.assert_idle()
+    assert stage.counts[-5:] == [(0, 0), (0, 1), (1, 0), (0, 1), (0, 0)]
+
+
+# --- ASSIGNED -> DONE (fail) ---
+
+
+@both
+async def test_a_request_the_upstream_may_have_acted_on_is_not_sent_again_but_answered_502(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(endpoint=True)
+    caller = CALLERS[protocol](stage)
+    caller.post(b"once")
+    await clock.settle()
+    upstream = stage.upstream()
+    assert upstream.take().endswith(b"once")
+    upstream.hang_up()
+    await clock.settle()
+    answer = one_answer(caller)
+    assert (answer.status, answer.body) == (502, b"the upstream closed the connection before answering\n")
+    assert len(clock.dialled) == 1
+    stage.assert_idle()
+
+
+@both
+async def test_the_sweeper_answers_504_at_the_response_timeout(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(endpoint=True, response_timeout=2.0)
+    caller = CALLERS[protocol](stage)
+    before = monotonic()
+    caller.get()
+    await clock.settle()  # sent whole: the response is due 2 s from now
+    after = monotonic()
+    caller.sweep(before + 2.0 - 0.001)
+    assert caller.answers() == []
+    caller.sweep(after + 2.0)
+    answer = one_answer(caller)
+    assert (answer.status, answer.body) == (504, b"the upstream did not answer in 2 s (limits.response_timeout)\n")
+    await clock.settle()
+    assert stage.upstream().is_closing()
+    stage.assert_idle()
+
+
+@both
+async def test_the_sweeper_answers_408_when_a_held_body_stops_at_the_body_timeout(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(body_timeout=3.0)
+    caller = CALLERS[protocol](stage)
+    before = monotonic()
+    if isinstance(caller, H2Caller):
+        caller.client.h2.send_headers(1, [*_h2_head(b"POST", b"/"), (b"content-length", b"10")])
+        caller.client.h2.send_data(1, b"half")
+        caller.client.send()
+        caller.stream_id = 1
+    else:
+        assert isinstance(caller, H1Caller)
+        caller.transport.feed(b"POST / HTTP/1.1\r\nHost: app.example\r\nContent-Length: 10\r\n\r\nhalf")
+    after = monotonic()
+    await clock.settle()
+    assert (stage.now, stage.route.counts.held_bytes) == ((1, 0), 4)
+    caller.sweep(before + 3.0 - 0.001)
+    assert caller.answers() == []
+    caller.sweep(after + 3.0)
+    assert one_answer(caller).status == 408
+    stage.assert_idle()
+
+
+# --- DONE by the client going away ---
+
+
+@both
+async def test_a_client_gone_while_held_leaves_nothing_held_and_no_timer(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages()
+    caller = CALLERS[protocol](stage)
+    caller.post(b"y" * 100)
+    await clock.settle()
+    assert stage.route.counts.held_bytes == 100
+    gone = metric("zeroscale_proxy_error_responses_total", route="default/held", code="499")
+    caller.gone()
+    await clock.settle()
+    stage.assert_idle()
+    assert metric("zeroscale_proxy_error_responses_total", route="default/held", code="499") == gone + 1
+    await clock.advance(10 * HOLD_MS)
+    assert caller.answers() == []
+    assert stage.counts == [(0, 0), (1, 0), (0, 0)]
+
+
+@both
+async def test_a_client_gone_while_connecting_leaves_the_new_connection_unused_in_the_pool(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(endpoint=True)
+    caller = CALLERS[protocol](stage)
+    caller.get()
+    caller.gone()  # before the dial completes
+    stage.assert_idle()
+    await clock.settle()
+    upstream = stage.upstream()
+    assert upstream.take() == b""
+    assert stage.route.endpoints[0].idle == [upstream.protocol]
+    assert stage.counts == [(0, 0), (0, 1), (0, 0)]
+
+
+@both
+async def test_a_client_gone_while_the_upstream_answers_closes_that_connection(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(endpoint=True)
+    caller = CALLERS[protocol](stage)
+    caller.get()
+    await clock.settle()
+    upstream = stage.upstream()
+    upstream.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
+    caller.gone()
+    await clock.settle()
+    assert upstream.is_closing()  # its framing is lost mid-response: never pooled
+    assert stage.route.endpoints[0].idle == []
+    stage.assert_idle()
+
+
+async def test_http1_connection_lost_while_pipelined_requests_wait_ends_each(
+    stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages()
+    caller = H1Caller(stage)
+    caller.transport.feed(b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\n")
+    await clock.settle()
+    assert stage.now == (1, 0)  # the second waits behind the first, unparsed
+    caller.gone()
+    await clock.settle()
+    stage.assert_idle()
+
+
+async def test_h2_connection_lost_ends_every_held_stream(stages: Stages, clock: VirtualClockLoop) -> None:
+    stage = stages()
+    client = H2Client(stage)
+    callers = [H2Caller(stage, client) for _ in range(3)]
+    for caller in callers:
+        caller.get()
+    await clock.settle()
+    assert stage.now == (3, 0)
+    client.transport.hang_up()
+    await clock.settle()
+    stage.assert_idle()
+    await clock.advance(10 * HOLD_MS)
+    assert stage.counts[-1] == (0, 0)
+
+
+# --- DONE by tunnel_opened (HTTP/1.1 only: an HTTP/2 stream carries no Upgrade) ---
+
+
+async def test_an_upgrade_leaves_the_counts_for_the_tunnel_count(stages: Stages, clock: VirtualClockLoop) -> None:
+    stage = stages(endpoint=True)
+    caller = H1Caller(stage)
+    caller.get(b"/ws", [(b"Connection", b"Upgrade"), (b"Upgrade", b"websocket")])
+    await clock.settle()
+    upstream = stage.upstream()
+    assert b"Upgrade: websocket" in upstream.take()
+    upstream.feed(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+    assert caller.transport.take().startswith(b"HTTP/1.1 101 ")
+    assert stage.route.tunnels == 1
+    stage.assert_idle()
+    caller.transport.feed(b"frame")
+    assert upstream.take() == b"frame"
+    caller.gone()
+    await clock.settle()
+    assert stage.route.tunnels == 0
+    assert upstream.is_closing()
+
+
+# --- gRPC: the proxy's own answers are statuses (trailers-only) ---
+
+
+def _grpc_status(answer: Answer) -> tuple[int, str, str, bytes]:
+    fields = answer.fields
+    return answer.status, fields["grpc-status"], fields["grpc-message"], answer.body
+
+
+@pytest.mark.parametrize(
+    ("grpc_timeout", "held_ms", "message"),
+    [
+        (b"100m", 100, "the call's grpc-timeout (0.1 s) ran out while it was held"),
+        (None, HOLD_MS, "the workload did not become ready in 0.25 s (limits.hold_timeout)"),
+    ],
+)
+async def test_a_held_grpc_call_ends_deadline_exceeded_at_its_deadline(
+    grpc_timeout: bytes | None, held_ms: int, message: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages()
+    caller = H2Caller(stage)
+    caller.grpc(b"hello", grpc_timeout)
+    await clock.settle()
+    assert stage.route.counts.held_bytes == 10
+    await clock.advance(held_ms - 1)
+    assert caller.answers() == []
+    await clock.advance(1)
+    assert _grpc_status(one_answer(caller)) == (200, "4", message, b"")  # DEADLINE_EXCEEDED, no DATA
+    stage.assert_idle()
+
+
+async def test_a_grpc_call_over_max_held_requests_is_unavailable_and_its_neighbour_stays_held(
+    stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(max_held_requests=1)
+    client = H2Client(stage)
+    held, refused = H2Caller(stage, client), H2Caller(stage, client)
+    held.grpc(b"first")
+    refused.grpc(b"second")
+    await clock.settle()
+    status = _grpc_status(one_answer(refused))
+    assert status == (200, "14", "the proxy already holds 1 requests for this route (limits.max_held_requests)", b"")
+    assert held.answers() == []
+    assert stage.now == (1, 0)
+    held.gone()
+    await clock.settle()
+    stage.assert_idle()
+
