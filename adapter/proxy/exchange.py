@@ -69,6 +69,7 @@ class Exchange:
         "head",
         "held_at",
         "hold_timeout",
+        "hold_until",
         "http10",
         "is_head",
         "keep_alive",
@@ -138,6 +139,8 @@ class Exchange:
         # When the request was first held (monotonic), and how long it waited before going upstream.
         self.held_at = 0.0
         self.waited = 0.0
+        # When the hold runs out (the loop's time), set at the first hold: `timer` fires then while it waits.
+        self.hold_until = 0.0
         self.cold = False
         self.timer: asyncio.TimerHandle | None = None
         self.sent_at = 0.0
@@ -212,16 +215,19 @@ class Exchange:
     def to_queue(self, *, cold: bool) -> Endpoint | None:
         """NEW or ASSIGNED -> QUEUED (held; `cold`: while no endpoint is usable). Returns the endpoint it left.
 
-        The hold deadline starts the first time only: a retried request keeps the time it was first held.
+        The hold deadline is set the first time only: a retried request keeps the deadline of its first hold (the
+        timer, cancelled when the request was sent, is armed again for that same time).
         """
         if self.state == NEW:
             self._hold_bytes(self.body_size)
         endpoint, self.endpoint = self.endpoint, None
         self.state = QUEUED
+        loop = asyncio.get_running_loop()
         if not self.held_at:
             self.held_at = monotonic()
-            loop = asyncio.get_running_loop()
-            self.timer = loop.call_later(self.hold_timeout or self.route.limits.hold_timeout, self.hold_expired)
+            self.hold_until = loop.time() + (self.hold_timeout or self.route.limits.hold_timeout)
+        if self.timer is None:
+            self.timer = loop.call_at(self.hold_until, self.hold_expired)
         if cold:
             self.cold = True
         return endpoint

@@ -682,3 +682,27 @@ async def test_a_grpc_call_over_max_held_requests_is_unavailable_and_its_neighbo
     await clock.settle()
     stage.assert_idle()
 
+
+@both
+async def test_a_request_sent_after_its_hold_and_sent_back_keeps_its_hold_deadline(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    """Held at 0 ms, sent at 100 ms, its connection lost unanswered at 150 ms, and its endpoint gone: it is held
+    again, and still answered 504 at 250 ms, the deadline of its first hold."""
+    stage = stages()
+    caller = CALLERS[protocol](stage)
+    caller.get()
+    await clock.advance(100)
+    stage.route.set_endpoints([ENDPOINT])
+    await clock.advance(50)
+    upstream = stage.upstream()
+    assert upstream.take().startswith(b"GET / HTTP/1.1\r\n")
+    clock.refuse(ENDPOINT)
+    upstream.hang_up()
+    await clock.settle()
+    assert stage.now == (1, 0)
+    await clock.advance(HOLD_MS - 150 - 1)
+    assert caller.answers() == []
+    await clock.advance(1)
+    assert one_answer(caller).status == 504
+    stage.assert_idle()
