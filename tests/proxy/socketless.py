@@ -6,7 +6,7 @@ only `advance` moves) and the I/O poller (there is no I/O; a poll that would wai
 nothing but the test's `advance` can make a timer due). Everything the proxy schedules (an exchange's hold timer,
 `asyncio.timeout` around a dial, the route's prober) therefore fires at exactly its virtual time, in order, so a
 test asserts "not at 249 ms, at 250 ms" without a wall clock. Dialling an endpoint (`create_connection`) hands the
-protocol a `FakeTransport` at once, or refuses as scripted by `refuse`.
+protocol a `FakeTransport`, at once or after the virtual time `slow` says, or refuses as scripted by `refuse`.
 
 `FakeTransport` is what a socket's transport does for a protocol, recorded: writes, pauses, write_eof, close and
 abort (which, as asyncio's transports do, end in the protocol's `connection_lost` on the next loop iteration). The
@@ -130,6 +130,7 @@ class VirtualClockLoop(asyncio.BaseEventLoop):
         self._now = 1000.0
         self.start = self._now
         self._refusing: dict[tuple[str, int], int] = {}
+        self._slow: dict[tuple[str, int], float] = {}
         # Every connection dialled, in order: (address, transport).
         self.dialled: list[tuple[tuple[str, int], FakeTransport]] = []
 
@@ -180,10 +181,16 @@ class VirtualClockLoop(asyncio.BaseEventLoop):
         """The next `times` dials to `address` are refused."""
         self._refusing[address] = times
 
+    def slow(self, address: tuple[str, int], ms: float) -> None:
+        """Dials to `address` connect `ms` milliseconds after they start."""
+        self._slow[address] = ms / 1000
+
     async def create_connection(  # type: ignore[override]  # the (factory, host, port) form the proxy uses
         self, protocol_factory: Callable[[], asyncio.BaseProtocol], host: str, port: int, **_: Any
     ) -> tuple[FakeTransport, asyncio.BaseProtocol]:
         address = (host, port)
+        if address in self._slow:
+            await asyncio.sleep(self._slow[address])
         if self._refusing.get(address, 0) > 0:
             self._refusing[address] -= 1
             raise ConnectionRefusedError(111, f"connect to {host}:{port} refused")

@@ -63,13 +63,13 @@ def metric(name: str, **labels: str) -> float:
 class Stage:
     """One route (`default/held`) as the proxy serves it, and what its counts did."""
 
-    def __init__(self, clock: VirtualClockLoop, *, endpoint: bool, limits: dict[str, Any]) -> None:
+    def __init__(self, clock: VirtualClockLoop, *, endpoint: bool, upstream: str, limits: dict[str, Any]) -> None:
         self.clock = clock
         self.server = ProxyServer(ProxyConfig(port=0, admin_port=0))
         config = RouteConfig.model_validate(
             {
                 "name": "held",
-                "upstream": {"address": f"{ENDPOINT[0]}:{ENDPOINT[1]}"},
+                "upstream": {"address": f"{ENDPOINT[0]}:{ENDPOINT[1]}", "protocol": upstream},
                 "wake": "none",
                 "readiness": "probe",
                 "limits": {"hold_timeout": HOLD_MS / 1000, **limits},
@@ -80,6 +80,8 @@ class Stage:
         # (held, inflight) after every change, the first being the counts as they were.
         self.counts: list[tuple[int, int]] = []
         self.route.counts.subscribe(lambda _route, held, inflight: self.counts.append((held, inflight)))
+        self._peer = H2Upstream if upstream == "h2c" else H1Upstream
+        self._upstreams: dict[int, H1Upstream | H2Upstream] = {}
         if endpoint:
             self.route.set_endpoints([ENDPOINT])
 
@@ -90,9 +92,17 @@ class Stage:
         connection.connection_made(transport)
         return transport
 
-    def upstream(self, index: int = -1) -> FakeTransport:
-        """The `index`-th connection the proxy dialled."""
-        return self.clock.dialled[index][1]
+    def upstream(self, index: int = -1) -> H1Upstream | H2Upstream:
+        """The upstream's end of the `index`-th connection the proxy dialled."""
+        transport = self.clock.dialled[index][1]
+        if id(transport) not in self._upstreams:
+            self._upstreams[id(transport)] = self._peer(transport)
+        return self._upstreams[id(transport)]
+
+    def pooled(self) -> list[Any]:
+        """The endpoint's connections no request holds (HTTP/1.1), or kept for new streams (HTTP/2)."""
+        endpoint = self.route.endpoints[0]
+        return [*endpoint.idle, *endpoint.pool]
 
     @property
     def now(self) -> tuple[int, int]:
@@ -122,13 +132,116 @@ async def clock() -> VirtualClockLoop:
 async def stages(clock: VirtualClockLoop) -> AsyncIterator[Stages]:
     made: list[Stage] = []
 
-    def stage(*, endpoint: bool = False, **limits: Any) -> Stage:
-        made.append(Stage(clock, endpoint=endpoint, limits=limits))
+    def stage(*, endpoint: bool = False, upstream: str = "http1", **limits: Any) -> Stage:
+        made.append(Stage(clock, endpoint=endpoint, upstream=upstream, limits=limits))
         return made[-1]
 
     yield stage
     for each in made:
         await each.route.close()
+
+
+# --- the upstream's side: one connection, in either protocol ---
+
+
+@dataclass
+class Seen:
+    method: bytes
+    path: bytes
+    body: bytes = b""
+
+
+class _H1RequestReader:
+    """httptools callbacks collecting every request in some bytes."""
+
+    def __init__(self) -> None:
+        self.done: list[Seen] = []
+        self.parser = httptools.HttpRequestParser(self)
+
+    def on_url(self, url: bytes) -> None:
+        self.done.append(Seen(self.parser.get_method(), url))
+
+    def on_body(self, body: bytes) -> None:
+        self.done[-1].body += body
+
+
+class H1Upstream:
+    def __init__(self, transport: FakeTransport) -> None:
+        self.transport = transport
+        self._received = b""
+
+    def requests(self) -> list[Seen]:
+        """Every request received on the connection so far."""
+        self._received += self.transport.take()
+        reader = _H1RequestReader()
+        reader.parser.feed_data(self._received)
+        return reader.done
+
+    def respond(self, body: bytes = b"ok", *, length: int | None = None) -> None:
+        """A response to the latest request: `body` of a Content-Length (`length`: a larger one, the body cut short)."""
+        size = len(body) if length is None else length
+        self.transport.feed(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (size, body))
+
+    def hang_up(self) -> None:
+        self.transport.hang_up()
+
+    def cancelled(self) -> bool:
+        """The latest request was given up: its connection closed (its framing is lost)."""
+        return self.transport.is_closing() or self.transport.lost
+
+
+class H2Upstream:
+    """An HTTP/2 server's end (h2's server side) of a connection the proxy dialled."""
+
+    def __init__(self, transport: FakeTransport) -> None:
+        self.transport = transport
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+        self.h2.initiate_connection()
+        self.seen: dict[int, Seen] = {}
+        self.reset: set[int] = set()
+
+    def _exchange(self) -> None:
+        """Read what the proxy sent, answer what h2 answers by itself (SETTINGS, their ACKs, WINDOW_UPDATE)."""
+        data = self.transport.take()
+        # After our GOAWAY what still comes is not read (h2 refuses frames on a closed connection).
+        events = (
+            [] if self.h2.state_machine.state is h2.connection.ConnectionState.CLOSED else self.h2.receive_data(data)
+        )
+        for event in events:
+            if isinstance(event, h2.events.RequestReceived):
+                fields = dict(event.headers or [])
+                self.seen[event.stream_id or 0] = Seen(fields[b":method"], fields[b":path"])
+            elif isinstance(event, h2.events.DataReceived):
+                self.seen[event.stream_id or 0].body += event.data or b""
+                self.h2.acknowledge_received_data(event.flow_controlled_length or 0, event.stream_id or 0)
+            elif isinstance(event, h2.events.StreamReset):
+                self.reset.add(event.stream_id or 0)
+        self._send()
+
+    def _send(self) -> None:
+        data = self.h2.data_to_send()
+        if data and not self.transport.lost:
+            self.transport.feed(data)
+
+    def requests(self) -> list[Seen]:
+        self._exchange()
+        return list(self.seen.values())
+
+    def respond(self, body: bytes = b"ok", *, length: int | None = None) -> None:
+        self._exchange()
+        stream_id = max(self.seen)
+        size = len(body) if length is None else length
+        self.h2.send_headers(stream_id, [(b":status", b"200"), (b"content-length", b"%d" % size)])
+        self.h2.send_data(stream_id, body, end_stream=length is None)
+        self._send()
+
+    def hang_up(self) -> None:
+        self.transport.hang_up()
+
+    def cancelled(self) -> bool:
+        """The latest request was given up: its stream reset (the connection goes on for others)."""
+        self._exchange()
+        return max(self.seen) in self.reset and not self.transport.is_closing()
 
 
 # --- the client's side: one request, in either protocol ---
@@ -283,6 +396,10 @@ def _h2_head(method: bytes, path: bytes) -> list[tuple[bytes, bytes]]:
 
 CALLERS: dict[str, Callable[[Stage], Caller]] = {"http1": H1Caller, "h2": H2Caller}
 both = pytest.mark.parametrize("protocol", sorted(CALLERS))
+# The client's protocol and the upstream's (the route's upstream.protocol).
+each_pair = pytest.mark.parametrize(
+    ("protocol", "upstream"), [(c, u) for c in sorted(CALLERS) for u in ("http1", "h2c")]
+)
 
 
 def one_answer(caller: Caller) -> Answer:
@@ -340,35 +457,36 @@ async def test_one_over_max_held_requests_is_503_and_the_held_one_stays(
 # --- NEW -> ASSIGNED -> DONE (response_done) ---
 
 
-@both
+@each_pair
 async def test_sent_at_once_to_a_ready_endpoint_and_done_with_the_response(
-    protocol: str, stages: Stages, clock: VirtualClockLoop
+    protocol: str, upstream: str, stages: Stages, clock: VirtualClockLoop
 ) -> None:
-    stage = stages(endpoint=True)
+    stage = stages(endpoint=True, upstream=upstream)
     caller = CALLERS[protocol](stage)
     caller.get(b"/now")
     assert stage.now == (0, 1)
     await clock.settle()
-    upstream = stage.upstream()
-    assert upstream.take().startswith(b"GET /now HTTP/1.1\r\n")
-    upstream.feed(OK)
+    peer = stage.upstream()
+    assert peer.requests() == [Seen(b"GET", b"/now")]
+    peer.respond()
+    await clock.settle()
     answer = one_answer(caller)
     assert (answer.status, answer.body) == (200, b"ok")
     assert "x-zeroscale-cold-start" not in answer.fields
     stage.assert_idle()
     assert stage.counts == [(0, 0), (0, 1), (0, 0)]
-    assert stage.route.endpoints[0].idle == [upstream.protocol]  # pooled for the next request
+    assert stage.pooled() == [peer.transport.protocol]  # kept for the next request
     assert clock.ms == 0
 
 
 # --- QUEUED -> ASSIGNED (pump) ---
 
 
-@both
+@each_pair
 async def test_held_body_goes_out_whole_when_an_endpoint_appears_and_no_504_follows(
-    protocol: str, stages: Stages, clock: VirtualClockLoop
+    protocol: str, upstream: str, stages: Stages, clock: VirtualClockLoop
 ) -> None:
-    stage = stages()
+    stage = stages(upstream=upstream)
     caller = CALLERS[protocol](stage)
     caller.post(b"x" * 100)
     await clock.settle()
@@ -378,12 +496,13 @@ async def test_held_body_goes_out_whole_when_an_endpoint_appears_and_no_504_foll
     stage.route.set_endpoints([ENDPOINT])
     assert stage.now == (0, 1)
     await clock.settle()
-    upstream = stage.upstream()
-    assert upstream.take().endswith(b"\r\n\r\n" + b"x" * 100)
+    peer = stage.upstream()
+    assert peer.requests() == [Seen(b"POST", b"/", b"x" * 100)]
     assert stage.route.counts.held_bytes == 0
-    await clock.advance(10 * HOLD_MS)  # the hold timer was cancelled when the request was sent
+    await clock.advance(10 * HOLD_MS)
     assert caller.answers() == []
-    upstream.feed(OK)
+    peer.respond()
+    await clock.settle()
     answer = one_answer(caller)
     assert (answer.status, answer.fields["x-zeroscale-cold-start"]) == (200, "true")
     stage.assert_idle()
@@ -393,11 +512,11 @@ async def test_held_body_goes_out_whole_when_an_endpoint_appears_and_no_504_foll
 # --- ASSIGNED -> QUEUED (retry) -> ASSIGNED ---
 
 
-@both
+@each_pair
 async def test_a_refused_connect_holds_the_request_until_a_probe_connects(
-    protocol: str, stages: Stages, clock: VirtualClockLoop
+    protocol: str, upstream: str, stages: Stages, clock: VirtualClockLoop
 ) -> None:
-    stage = stages(endpoint=True)
+    stage = stages(endpoint=True, upstream=upstream)
     # The request's own dial, the prober's first at once and its second 10 ms later (probe_interval) are refused.
     clock.refuse(ENDPOINT, times=3)
     caller = CALLERS[protocol](stage)
@@ -412,9 +531,10 @@ async def test_a_refused_connect_holds_the_request_until_a_probe_connects(
     await clock.advance(1)  # the prober's third dial connects: its connection takes the request
     assert stage.now == (0, 1)
     assert len(clock.dialled) == 1
-    upstream = stage.upstream()
-    assert upstream.take().startswith(b"GET / HTTP/1.1\r\n")
-    upstream.feed(OK)
+    peer = stage.upstream()
+    assert peer.requests() == [Seen(b"GET", b"/")]
+    peer.respond()
+    await clock.settle()
     assert one_answer(caller).status == 200
     stage.assert_idle()
     assert stage.counts == [(0, 0), (0, 1), (1, 0), (0, 1), (0, 0)]
@@ -436,28 +556,29 @@ async def test_a_refused_connect_keeps_the_hold_timeout_from_when_it_was_first_h
     assert stage.counts == [(0, 0), (0, 1), (1, 0), (0, 0)]
 
 
-@both
+@each_pair
 async def test_a_stale_pooled_connection_sends_the_request_again_on_a_new_one(
-    protocol: str, stages: Stages, clock: VirtualClockLoop
+    protocol: str, upstream: str, stages: Stages, clock: VirtualClockLoop
 ) -> None:
-    stage = stages(endpoint=True)
+    stage = stages(endpoint=True, upstream=upstream)
     first = CALLERS[protocol](stage)
     first.get()
     await clock.settle()
     stale = stage.upstream()
-    stale.take()
-    stale.feed(OK)
+    stale.respond()
+    await clock.settle()
     assert one_answer(first).status == 200
     retries = metric("zeroscale_proxy_retries_total", route="default/held")
     caller = CALLERS[protocol](stage)
     caller.get(b"/again")
-    assert stale.take().startswith(b"GET /again HTTP/1.1\r\n")  # on the pooled connection, at once
+    assert stale.requests()[-1] == Seen(b"GET", b"/again")  # on the pooled connection, at once
     stale.hang_up()  # it had been closed by the upstream: no byte of an answer
     await clock.settle()
     fresh = stage.upstream()
     assert fresh is not stale
-    assert fresh.take().startswith(b"GET /again HTTP/1.1\r\n")
-    fresh.feed(OK)
+    assert fresh.requests() == [Seen(b"GET", b"/again")]
+    fresh.respond()
+    await clock.settle()
     assert one_answer(caller).status == 200
     assert metric("zeroscale_proxy_retries_total", route="default/held") == retries + 1
     stage.assert_idle()
@@ -467,17 +588,17 @@ async def test_a_stale_pooled_connection_sends_the_request_again_on_a_new_one(
 # --- ASSIGNED -> DONE (fail) ---
 
 
-@both
+@each_pair
 async def test_a_request_the_upstream_may_have_acted_on_is_not_sent_again_but_answered_502(
-    protocol: str, stages: Stages, clock: VirtualClockLoop
+    protocol: str, upstream: str, stages: Stages, clock: VirtualClockLoop
 ) -> None:
-    stage = stages(endpoint=True)
+    stage = stages(endpoint=True, upstream=upstream)
     caller = CALLERS[protocol](stage)
     caller.post(b"once")
     await clock.settle()
-    upstream = stage.upstream()
-    assert upstream.take().endswith(b"once")
-    upstream.hang_up()
+    peer = stage.upstream()
+    assert peer.requests() == [Seen(b"POST", b"/", b"once")]
+    peer.hang_up()
     await clock.settle()
     answer = one_answer(caller)
     assert (answer.status, answer.body) == (502, b"the upstream closed the connection before answering\n")
@@ -485,11 +606,11 @@ async def test_a_request_the_upstream_may_have_acted_on_is_not_sent_again_but_an
     stage.assert_idle()
 
 
-@both
+@each_pair
 async def test_the_sweeper_answers_504_at_the_response_timeout(
-    protocol: str, stages: Stages, clock: VirtualClockLoop
+    protocol: str, upstream: str, stages: Stages, clock: VirtualClockLoop
 ) -> None:
-    stage = stages(endpoint=True, response_timeout=2.0)
+    stage = stages(endpoint=True, upstream=upstream, response_timeout=2.0)
     caller = CALLERS[protocol](stage)
     before = monotonic()
     caller.get()
@@ -501,7 +622,7 @@ async def test_the_sweeper_answers_504_at_the_response_timeout(
     answer = one_answer(caller)
     assert (answer.status, answer.body) == (504, b"the upstream did not answer in 2 s (limits.response_timeout)\n")
     await clock.settle()
-    assert stage.upstream().is_closing()
+    assert stage.upstream().cancelled()
     stage.assert_idle()
 
 
@@ -552,36 +673,36 @@ async def test_a_client_gone_while_held_leaves_nothing_held_and_no_timer(
     assert stage.counts == [(0, 0), (1, 0), (0, 0)]
 
 
-@both
+@each_pair
 async def test_a_client_gone_while_connecting_leaves_the_new_connection_unused_in_the_pool(
-    protocol: str, stages: Stages, clock: VirtualClockLoop
+    protocol: str, upstream: str, stages: Stages, clock: VirtualClockLoop
 ) -> None:
-    stage = stages(endpoint=True)
+    stage = stages(endpoint=True, upstream=upstream)
     caller = CALLERS[protocol](stage)
     caller.get()
     caller.gone()  # before the dial completes
     stage.assert_idle()
     await clock.settle()
-    upstream = stage.upstream()
-    assert upstream.take() == b""
-    assert stage.route.endpoints[0].idle == [upstream.protocol]
+    peer = stage.upstream()
+    assert peer.requests() == []
+    assert stage.pooled() == [peer.transport.protocol]
     assert stage.counts == [(0, 0), (0, 1), (0, 0)]
 
 
-@both
-async def test_a_client_gone_while_the_upstream_answers_closes_that_connection(
-    protocol: str, stages: Stages, clock: VirtualClockLoop
+@each_pair
+async def test_a_client_gone_while_the_upstream_answers_gives_that_request_up_upstream(
+    protocol: str, upstream: str, stages: Stages, clock: VirtualClockLoop
 ) -> None:
-    stage = stages(endpoint=True)
+    stage = stages(endpoint=True, upstream=upstream)
     caller = CALLERS[protocol](stage)
     caller.get()
     await clock.settle()
-    upstream = stage.upstream()
-    upstream.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
+    peer = stage.upstream()
+    peer.respond(b"half", length=10)
+    await clock.settle()
     caller.gone()
     await clock.settle()
-    assert upstream.is_closing()  # its framing is lost mid-response: never pooled
-    assert stage.route.endpoints[0].idle == []
+    assert peer.cancelled()  # HTTP/1.1: the connection's framing is lost, closed; HTTP/2: the stream reset
     stage.assert_idle()
 
 
@@ -621,7 +742,7 @@ async def test_an_upgrade_leaves_the_counts_for_the_tunnel_count(stages: Stages,
     caller = H1Caller(stage)
     caller.get(b"/ws", [(b"Connection", b"Upgrade"), (b"Upgrade", b"websocket")])
     await clock.settle()
-    upstream = stage.upstream()
+    upstream = stage.upstream().transport
     assert b"Upgrade: websocket" in upstream.take()
     upstream.feed(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
     assert caller.transport.take().startswith(b"HTTP/1.1 101 ")
@@ -683,26 +804,96 @@ async def test_a_grpc_call_over_max_held_requests_is_unavailable_and_its_neighbo
     stage.assert_idle()
 
 
-@both
+@each_pair
 async def test_a_request_sent_after_its_hold_and_sent_back_keeps_its_hold_deadline(
-    protocol: str, stages: Stages, clock: VirtualClockLoop
+    protocol: str, upstream: str, stages: Stages, clock: VirtualClockLoop
 ) -> None:
     """Held at 0 ms, sent at 100 ms, its connection lost unanswered at 150 ms, and its endpoint gone: it is held
     again, and still answered 504 at 250 ms, the deadline of its first hold."""
-    stage = stages()
+    stage = stages(upstream=upstream)
     caller = CALLERS[protocol](stage)
     caller.get()
     await clock.advance(100)
     stage.route.set_endpoints([ENDPOINT])
     await clock.advance(50)
-    upstream = stage.upstream()
-    assert upstream.take().startswith(b"GET / HTTP/1.1\r\n")
+    peer = stage.upstream()
+    assert peer.requests() == [Seen(b"GET", b"/")]
     clock.refuse(ENDPOINT)
-    upstream.hang_up()
+    peer.hang_up()
     await clock.settle()
     assert stage.now == (1, 0)
     await clock.advance(HOLD_MS - 150 - 1)
     assert caller.answers() == []
     await clock.advance(1)
     assert one_answer(caller).status == 504
+    stage.assert_idle()
+
+
+# --- the dial's own time: ASSIGNED while connecting ---
+
+
+@each_pair
+async def test_a_held_request_still_connecting_at_its_hold_deadline_is_answered_504_then(
+    protocol: str, upstream: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(upstream=upstream)
+    clock.slow(ENDPOINT, 500)
+    caller = CALLERS[protocol](stage)
+    caller.get()
+    await clock.advance(100)
+    stage.route.set_endpoints([ENDPOINT])
+    assert stage.now == (0, 1)  # assigned, connecting
+    await clock.advance(HOLD_MS - 100 - 1)
+    assert caller.answers() == []
+    await clock.advance(1)
+    assert one_answer(caller).status == 504
+    stage.assert_idle()
+    await clock.advance(600 - HOLD_MS)  # the dial completes: the connection is kept, nothing sent on it
+    peer = stage.upstream()
+    assert peer.requests() == []
+    assert stage.pooled() == [peer.transport.protocol]
+
+
+@each_pair
+async def test_a_dial_over_the_connect_timeout_holds_the_request_from_then_on(
+    protocol: str, upstream: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(endpoint=True, upstream=upstream, connect_timeout=0.1)
+    clock.slow(ENDPOINT, 1000)
+    caller = CALLERS[protocol](stage)
+    caller.get()
+    await clock.advance(99)
+    assert stage.now == (0, 1)
+    await clock.advance(1)
+    assert stage.now == (1, 0)
+    assert not stage.route.has_usable()
+    await clock.advance(HOLD_MS - 1)  # the prober's dials time out too
+    assert caller.answers() == []
+    await clock.advance(1)
+    assert one_answer(caller).status == 504
+    assert clock.ms == 100 + HOLD_MS
+    stage.assert_idle()
+    assert clock.dialled == []
+
+
+# --- held bytes: the bounds on bodies buffered while held ---
+
+
+@both
+async def test_held_bodies_over_their_bounds_are_413_and_503(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(max_held_body_bytes=1000, max_held_bytes=1500, retry_after=3)
+    too_large, held, over_route = (CALLERS[protocol](stage) for _ in range(3))
+    too_large.post(b"x" * 1001)
+    held.post(b"y" * 900)
+    over_route.post(b"z" * 900)
+    await clock.settle()
+    assert one_answer(too_large).status == 413
+    answer = one_answer(over_route)
+    assert (answer.status, answer.fields["retry-after"]) == (503, "3")
+    assert held.answers() == []
+    assert (stage.now, stage.route.counts.held_bytes) == ((1, 0), 900)
+    held.gone()
+    await clock.settle()
     stage.assert_idle()
