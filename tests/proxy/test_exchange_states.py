@@ -897,3 +897,53 @@ async def test_held_bodies_over_their_bounds_are_413_and_503(
     held.gone()
     await clock.settle()
     stage.assert_idle()
+
+
+# --- HTTP/2 upstreams: a stream the upstream did not process is sent again, whatever its method ---
+
+
+def _refuse_stream(peer: H2Upstream) -> None:
+    peer.h2.reset_stream(max(peer.seen), h2.errors.ErrorCodes.REFUSED_STREAM)
+
+
+def _go_away(peer: H2Upstream) -> None:
+    peer.h2.close_connection(last_stream_id=0)
+
+
+@pytest.mark.parametrize("method", [b"GET", b"POST"])
+@pytest.mark.parametrize(
+    ("unprocessed", "again_on"),
+    [(_refuse_stream, "a new stream"), (_go_away, "a new connection")],
+    ids=["REFUSED_STREAM", "GOAWAY"],
+)
+@both
+async def test_a_stream_the_upstream_did_not_process_is_sent_again(
+    protocol: str,
+    unprocessed: Callable[[H2Upstream], None],
+    again_on: str,
+    method: bytes,
+    stages: Stages,
+    clock: VirtualClockLoop,
+) -> None:
+    """RFC 9113 8.7: a stream refused, or above the last stream a GOAWAY says was processed, was not acted on."""
+    stage = stages(endpoint=True, upstream="h2c")
+    caller = CALLERS[protocol](stage)
+    caller.get() if method == b"GET" else caller.post(b"body")
+    await clock.settle()
+    peer = stage.upstream()
+    assert isinstance(peer, H2Upstream)
+    request = peer.requests()[0]
+    assert request.method == method
+    unprocessed(peer)
+    peer.requests()
+    await clock.settle()
+    assert caller.answers() == []
+    again = stage.upstream()
+    assert isinstance(again, H2Upstream)
+    assert (again is peer) == (again_on == "a new stream")
+    assert again.requests()[-1] == request
+    again.respond()
+    await clock.settle()
+    assert one_answer(caller).status == 200
+    stage.assert_idle()
+    assert stage.counts == [(0, 0), (0, 1), (1, 0), (0, 1), (0, 0)]
