@@ -651,6 +651,51 @@ async def test_the_sweeper_answers_408_when_a_held_body_stops_at_the_body_timeou
     stage.assert_idle()
 
 
+# --- QUEUED -> DONE (fail) by the route or the server ---
+
+
+@both
+async def test_a_refused_wake_answers_every_held_request_503(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages()
+    callers = [CALLERS[protocol](stage) for _ in range(2)]
+    for caller in callers:
+        caller.get()
+    await clock.settle()
+    stage.route.wake_refused("the target was scaled to 0 by hand")
+    for caller in callers:
+        answer = one_answer(caller)
+        assert (answer.status, answer.body) == (503, b"the target was scaled to 0 by hand\n")
+    stage.assert_idle()
+    assert stage.counts == [(0, 0), (1, 0), (2, 0), (1, 0), (0, 0)]
+
+
+async def test_a_refused_wake_is_unavailable_to_a_held_grpc_call(stages: Stages, clock: VirtualClockLoop) -> None:
+    stage = stages()
+    caller = H2Caller(stage)
+    caller.grpc(b"hello")
+    await clock.settle()
+    stage.route.wake_refused("the target was scaled to 0 by hand")
+    assert _grpc_status(one_answer(caller)) == (200, "14", "the target was scaled to 0 by hand", b"")
+    stage.assert_idle()
+
+
+@both
+async def test_the_end_of_the_grace_period_answers_a_held_request_503(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages()
+    caller = CALLERS[protocol](stage)
+    caller.get()
+    await clock.settle()
+    for connection in list(stage.server.connections):
+        connection.shut_down()
+    answer = one_answer(caller)
+    assert (answer.status, answer.body) == (503, b"the proxy is shutting down\n")
+    stage.assert_idle()
+
+
 # --- DONE by the client going away ---
 
 
