@@ -31,6 +31,7 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import h2.settings
 import httptools
 import pytest
 from prometheus_client import REGISTRY
@@ -512,6 +513,60 @@ async def test_held_body_goes_out_whole_when_an_endpoint_appears_and_no_504_foll
     assert (answer.status, answer.fields["x-zeroscale-cold-start"]) == (200, "true")
     stage.assert_idle()
     assert stage.counts == [(0, 0), (1, 0), (0, 1), (0, 0)]
+
+
+@each_pair
+async def test_a_request_finding_its_endpoint_full_is_held_until_the_one_before_it_is_answered(
+    protocol: str, upstream: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(endpoint=True, upstream=upstream, endpoint_concurrency=1)
+    first, second = CALLERS[protocol](stage), CALLERS[protocol](stage)
+    first.get(b"/1")
+    second.get(b"/2")
+    await clock.settle()
+    assert stage.now == (1, 1)
+    assert not stage.route.queue[0].cold  # held for room, not for a cold start
+    peer = stage.upstream()
+    assert peer.requests() == [Seen(b"GET", b"/1")]
+    peer.respond()
+    await clock.settle()
+    assert one_answer(first).status == 200
+    assert stage.now == (0, 1)
+    assert peer.requests()[-1] == Seen(b"GET", b"/2")  # on the same connection
+    peer.respond()
+    await clock.settle()
+    answer = one_answer(second)
+    assert (answer.status, "x-zeroscale-cold-start" in answer.fields) == (200, False)
+    stage.assert_idle()
+    # The first leaves its slot, then the pump gives it to the second.
+    assert stage.counts == [(0, 0), (0, 1), (1, 1), (1, 0), (0, 1), (0, 0)]
+    assert len(clock.dialled) == 1
+
+
+@both
+async def test_an_h2_upstreams_max_concurrent_streams_is_its_endpoints_concurrency(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(endpoint=True, upstream="h2c")
+    first, second = CALLERS[protocol](stage), CALLERS[protocol](stage)
+    first.get(b"/1")
+    await clock.settle()
+    peer = stage.upstream()
+    assert isinstance(peer, H2Upstream)
+    peer.h2.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1})
+    peer.requests()
+    await clock.settle()
+    assert stage.route.endpoints[0].cap == 1
+    second.get(b"/2")
+    assert stage.now == (1, 1)
+    peer.respond()
+    await clock.settle()
+    assert one_answer(first).status == 200
+    assert peer.requests()[-1] == Seen(b"GET", b"/2")
+    peer.respond()
+    await clock.settle()
+    assert one_answer(second).status == 200
+    stage.assert_idle()
 
 
 # --- ASSIGNED -> QUEUED (retry) -> ASSIGNED ---
