@@ -22,7 +22,7 @@ response, nothing written after the connection's end.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from time import monotonic
 from typing import Any, Protocol
@@ -63,9 +63,11 @@ def metric(name: str, **labels: str) -> float:
 class Stage:
     """One route (`default/held`) as the proxy serves it, and what its counts did."""
 
-    def __init__(self, clock: VirtualClockLoop, *, endpoint: bool, upstream: str, limits: dict[str, Any]) -> None:
+    def __init__(
+        self, clock: VirtualClockLoop, *, endpoint: bool, upstream: str, proxy: dict[str, Any], limits: dict[str, Any]
+    ) -> None:
         self.clock = clock
-        self.server = ProxyServer(ProxyConfig(port=0, admin_port=0))
+        self.server = ProxyServer(ProxyConfig(port=0, admin_port=0, **proxy))
         config = RouteConfig.model_validate(
             {
                 "name": "held",
@@ -132,8 +134,10 @@ async def clock() -> VirtualClockLoop:
 async def stages(clock: VirtualClockLoop) -> AsyncIterator[Stages]:
     made: list[Stage] = []
 
-    def stage(*, endpoint: bool = False, upstream: str = "http1", **limits: Any) -> Stage:
-        made.append(Stage(clock, endpoint=endpoint, upstream=upstream, limits=limits))
+    def stage(
+        *, endpoint: bool = False, upstream: str = "http1", proxy: dict[str, Any] | None = None, **limits: Any
+    ) -> Stage:
+        made.append(Stage(clock, endpoint=endpoint, upstream=upstream, proxy=proxy or {}, limits=limits))
         return made[-1]
 
     yield stage
@@ -347,8 +351,9 @@ class H2Caller:
         h2c = self.client.h2
         self.stream_id = h2c.get_next_available_stream_id()
         h2c.send_headers(self.stream_id, fields, end_stream=end and not body)
-        if body:
-            h2c.send_data(self.stream_id, body, end_stream=end)
+        size = h2c.max_outbound_frame_size
+        for at in range(0, len(body), size):
+            h2c.send_data(self.stream_id, body[at : at + size], end_stream=end and at + size >= len(body))
         self.client.send()
 
     def get(self, path: bytes = b"/", extra: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -1040,3 +1045,55 @@ async def test_a_stream_the_upstream_did_not_process_is_sent_again(
     assert one_answer(caller).status == 200
     stage.assert_idle()
     assert stage.counts == [(0, 0), (0, 1), (1, 0), (0, 1), (0, 0)]
+
+
+# --- HTTP/2 flow control: what a paused stream read is given back to the connection ---
+
+
+_WINDOW = 65535  # a stream's: its first DATA frame is acknowledged at once, the rest read while paused
+
+
+async def _sent_once_connected(stage: Stage, clock: VirtualClockLoop, caller: H2Caller, upload: int) -> None:
+    clock.slow(ENDPOINT, 1)
+    caller.post(b"x" * _WINDOW)
+    await clock.advance(1)  # connected: the body goes upstream, reading resumes
+    peer = stage.upstream()
+    assert peer.requests() == [Seen(b"POST", b"/", b"x" * _WINDOW)]
+    peer.transport.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+    await clock.settle()
+    assert one_answer(caller).status == 200
+
+
+async def _reset_by_the_client(stage: Stage, clock: VirtualClockLoop, caller: H2Caller, upload: int) -> None:
+    clock.slow(ENDPOINT, 60_000)
+    caller.post(b"x" * _WINDOW)
+    caller.gone()
+    await clock.settle()
+
+
+async def _answered_by_the_proxy(stage: Stage, clock: VirtualClockLoop, caller: H2Caller, upload: int) -> None:
+    # Each upload to a new endpoint, that refuses: held again, over max_held_body_bytes, 413.
+    endpoint = (ENDPOINT[0], 10_000 + upload)
+    clock.refuse(endpoint)
+    stage.route.set_endpoints([endpoint])
+    caller.post(b"x" * _WINDOW)
+    await clock.settle()
+    assert one_answer(caller).status == 413
+
+
+@pytest.mark.parametrize("upload", [_sent_once_connected, _reset_by_the_client, _answered_by_the_proxy])
+async def test_body_read_while_a_stream_is_paused_is_given_back_to_the_connections_window(
+    upload: Callable[[Stage, VirtualClockLoop, H2Caller, int], Awaitable[None]], stages: Stages, clock: VirtualClockLoop
+) -> None:
+    """A stream connecting upstream with more than max_held_body_bytes stops acknowledging its body (reading paused);
+    what arrives meanwhile must still be given back to the connection's window once the stream goes on, or ends,
+    whether or not the request ended meanwhile: else each such upload keeps up to a stream's window (64 KiB) of the
+    connection's 16 MiB, and after a few hundred the client can send no byte on any stream of that connection."""
+    resets = {"http2": {"max_stream_resets": 1000}}  # not the rapid-reset defence under test here
+    stage = stages(endpoint=True, max_held_body_bytes=0, proxy=resets)
+    client = H2Client(stage)
+    for index in range(400):
+        client.read()  # the proxy's WINDOW_UPDATEs
+        assert client.h2.outbound_flow_control_window >= _WINDOW, f"upload {index}"
+        await upload(stage, clock, H2Caller(stage, client), index)
+    stage.assert_idle()
