@@ -274,6 +274,9 @@ class Caller(Protocol):
 
     def answers(self) -> list[Answer]: ...
 
+    def cut_off(self) -> bool:
+        """The response was cut off: HTTP/1.1 aborts the connection, HTTP/2 resets the stream."""
+
 
 class _H1Reader:
     """httptools callbacks collecting every response in some bytes."""
@@ -313,6 +316,9 @@ class H1Caller:
 
     def sweep(self, now: float) -> None:
         self.transport.protocol.check_deadlines(now)  # type: ignore[attr-defined]
+
+    def cut_off(self) -> bool:
+        return self.transport.aborted
 
     def answers(self) -> list[Answer]:
         assert self.transport.late == [], "written after the connection's end"
@@ -376,6 +382,10 @@ class H2Caller:
 
     def sweep(self, now: float) -> None:
         self.client.transport.protocol.check_deadlines(now)  # type: ignore[attr-defined]
+
+    def cut_off(self) -> bool:
+        self.client.read()
+        return any(isinstance(event, h2.events.StreamReset) for event in self.client.events.get(self.stream_id, []))
 
     def answers(self) -> list[Answer]:
         """The stream's responses; one that ended is asserted to have ended once, by END_STREAM or by RST_STREAM."""
@@ -668,6 +678,26 @@ async def test_a_request_the_upstream_may_have_acted_on_is_not_sent_again_but_an
     answer = one_answer(caller)
     assert (answer.status, answer.body) == (502, b"the upstream closed the connection before answering\n")
     assert len(clock.dialled) == 1
+    stage.assert_idle()
+
+
+@each_pair
+async def test_a_response_the_upstream_breaks_off_is_cut_off_for_the_client(
+    protocol: str, upstream: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage = stages(endpoint=True, upstream=upstream)
+    caller = CALLERS[protocol](stage)
+    caller.get()
+    await clock.settle()
+    peer = stage.upstream()
+    peer.respond(b"half", length=10)
+    await clock.settle()
+    broken = metric("zeroscale_proxy_error_responses_total", route="default/held", code="502")
+    peer.hang_up()
+    await clock.settle()
+    assert caller.cut_off()
+    assert metric("zeroscale_proxy_error_responses_total", route="default/held", code="502") == broken + 1
+    assert len(clock.dialled) == 1  # begun to answer: never sent again
     stage.assert_idle()
 
 
