@@ -6,7 +6,8 @@ explicit: once DONE, nothing else writes for it. Only the exchange changes its s
 for a transition (`to_queue`, `to_endpoint`), everything else ends it (`fail`, `client_gone`,
 `response_done`, `tunnel_opened`, `upstream_lost`)::
 
-                 submit: no room                 retry (connect failed, stale connection)
+                                                 retry (connect failed, stale connection,
+                 submit: no room                 an HTTP/2 stream the upstream did not process)
         NEW ----------------------> QUEUED <----------------------------------+
          |                            |                                       |
          | submit: an endpoint        | pump: an endpoint has room            |
@@ -69,7 +70,9 @@ class Exchange:
         "head",
         "held_at",
         "hold_timeout",
+        "hold_until",
         "http10",
+        "idempotent",
         "is_head",
         "keep_alive",
         "pool_upstream",
@@ -127,7 +130,9 @@ class Exchange:
         self.body: list[bytes] = []
         self.body_size = 0
         self.body_done = False
-        # Body pieces already written, kept (small, idempotent requests only) to re-send on another endpoint.
+        # Body pieces already written, kept (small, idempotent requests only, or any sent on an HTTP/2 stream) to
+        # re-send on another endpoint.
+        self.idempotent = idempotent
         self.replay: list[bytes] | None = [] if idempotent else None
         self.replay_size = 0
         self.state = NEW
@@ -138,6 +143,8 @@ class Exchange:
         # When the request was first held (monotonic), and how long it waited before going upstream.
         self.held_at = 0.0
         self.waited = 0.0
+        # When the hold runs out (the loop's time), set at the first hold: `timer` fires then while it waits.
+        self.hold_until = 0.0
         self.cold = False
         self.timer: asyncio.TimerHandle | None = None
         self.sent_at = 0.0
@@ -212,16 +219,19 @@ class Exchange:
     def to_queue(self, *, cold: bool) -> Endpoint | None:
         """NEW or ASSIGNED -> QUEUED (held; `cold`: while no endpoint is usable). Returns the endpoint it left.
 
-        The hold deadline starts the first time only: a retried request keeps the time it was first held.
+        The hold deadline is set the first time only: a retried request keeps the deadline of its first hold (the
+        timer, cancelled when the request was sent, is armed again for that same time).
         """
         if self.state == NEW:
             self._hold_bytes(self.body_size)
         endpoint, self.endpoint = self.endpoint, None
         self.state = QUEUED
+        loop = asyncio.get_running_loop()
         if not self.held_at:
             self.held_at = monotonic()
-            loop = asyncio.get_running_loop()
-            self.timer = loop.call_later(self.hold_timeout or self.route.limits.hold_timeout, self.hold_expired)
+            self.hold_until = loop.time() + (self.hold_timeout or self.route.limits.hold_timeout)
+        if self.timer is None:
+            self.timer = loop.call_at(self.hold_until, self.hold_expired)
         if cold:
             self.cold = True
         return endpoint
@@ -289,6 +299,10 @@ class Exchange:
             return
         head = self.head if isinstance(self.head, list) else h2_head_of_h1(self.head, self.content_length)
         self.frame = False
+        if self.replay is None and not self.attempts:
+            # The upstream may refuse the stream unprocessed (REFUSED_STREAM, GOAWAY): then any request may be sent
+            # again (RFC 9113 8.7), so its bytes are kept whatever its method.
+            self.replay = []
         self.flow.link(upstream)
         upstream.send_head(head)
         for piece in self.replay or ():
@@ -332,18 +346,20 @@ class Exchange:
         """The head that came was refused before any of it reached the client: the proxy answers instead."""
         self.response_started = False
 
-    def retriable(self) -> bool:
-        """No byte reached an upstream, or an idempotent request whose bytes we still have got no response byte."""
+    def retriable(self, unprocessed: bool) -> bool:
+        """No byte reached an upstream, or no response byte came, we still have the request's bytes, and the upstream
+        did not act on them: it said so (`unprocessed`), or the method is idempotent."""
         if self.response_started or self.attempts >= _MAX_ATTEMPTS:
             return False
-        return not self.written or self.replay is not None
+        return not self.written or (self.replay is not None and (self.idempotent or unprocessed))
 
-    def upstream_lost(self, reason: str, *, replied: bool) -> None:
-        """The upstream connection broke before the response was complete (`replied`: after some of it came)."""
+    def upstream_lost(self, reason: str, *, replied: bool, unprocessed: bool = False) -> None:
+        """The upstream connection broke before the response was complete (`replied`: after some of it came;
+        `unprocessed`: an HTTP/2 upstream said it did not process the stream)."""
         self.upstream = None
         if self.state == DONE:
             return
-        if not replied and self.retriable():
+        if not replied and self.retriable(unprocessed):
             telemetry.RETRIES.labels(self.route.name).inc()
             self.route.retry(self)
         elif self.response_started:

@@ -469,6 +469,8 @@ class H2Stream:
     def reset_by_client(self) -> None:
         self.ended = self.request_ended = True
         self.gone()
+        if self._unacked:
+            self._acknowledge()
 
     def gone(self) -> None:
         exchange, self.exchange = self.exchange, None
@@ -535,10 +537,15 @@ class H2Stream:
     def _resume(self, reason: int) -> None:
         if self._pauses & reason:
             self._pauses &= ~reason
-            if not self._pauses and self._unacked and not self.request_ended:
-                unacked, self._unacked = self._unacked, 0
-                self.connection.h2.acknowledge_received_data(unacked, self.stream_id)
-                self.connection.outbox.flush_soon()
+            if not self._pauses and self._unacked:
+                self._acknowledge()
+
+    def _acknowledge(self) -> None:
+        """The body bytes read while paused are taken: their room goes back to the connection's window (always: they
+        were received) and to the stream's (h2 skips that once the client's side of the stream has ended)."""
+        unacked, self._unacked = self._unacked, 0
+        self.connection.h2.acknowledge_received_data(unacked, self.stream_id)
+        self.connection.outbox.flush_soon()
 
     # --- the flow: to the upstream ---
 
@@ -729,4 +736,6 @@ class H2Stream:
                 with contextlib.suppress(h2.exceptions.ProtocolError):
                     self.connection.h2.reset_stream(self.stream_id, h2.errors.ErrorCodes.NO_ERROR)
                 self.request_ended = True
+            if self._unacked:
+                self._acknowledge()
             self.connection.stream_closed(self)

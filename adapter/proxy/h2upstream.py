@@ -155,7 +155,7 @@ class H2UpstreamConnection(asyncio.Protocol):
         self.endpoint.forget(self)
         for stream_id, stream in list(self.streams.items()):
             if stream_id > last_stream_id:
-                stream.lost("went away before processing the request", replied=False)
+                stream.lost("went away before processing the request", replied=False, unprocessed=True)
         if not self.streams:
             self.close()
 
@@ -324,18 +324,18 @@ class H2UpstreamStream:
         self.closed = True
         self.connection.stream_done(self)
         if code == h2.errors.ErrorCodes.REFUSED_STREAM:
-            self.lost("refused the stream", replied=False)
+            self.lost("refused the stream", replied=False, unprocessed=True)
         else:
             self.lost(f"reset the stream ({h2.errors.ErrorCodes(code).name})", replied=self.response_started)
 
-    def lost(self, reason: str, *, replied: bool) -> None:
+    def lost(self, reason: str, *, replied: bool, unprocessed: bool = False) -> None:
         self.closed = True
         self.deadline = 0.0
         self.connection.stream_done(self)
         exchange, self.exchange = self.exchange, None
         self.flow = None
         if exchange is not None:
-            exchange.upstream_lost(reason, replied=replied)
+            exchange.upstream_lost(reason, replied=replied, unprocessed=unprocessed)
 
     # --- as a transport, for the flow: back-pressure on this stream alone ---
 
