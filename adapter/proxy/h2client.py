@@ -367,6 +367,7 @@ class H2ClientConnection(asyncio.Protocol):
 
     def _close(self) -> None:
         if not self._closed:
+            self.flush()  # what this turn made (the last answers) goes before the close, not after it
             self._closed = True
             self.transport.close()
 

@@ -181,6 +181,7 @@ class H2UpstreamConnection(asyncio.Protocol):
 
     def close(self) -> None:
         if not self.closed:
+            self.flush()  # what this turn made (a stream's end, a reset) goes before the close, not after it
             self.closed = True
             self.transport.close()
 
