@@ -57,6 +57,9 @@ class H2UpstreamConnection(asyncio.Protocol):
         self.closed = False
         # The peer sent GOAWAY: streams it took finish, no new one starts here.
         self.going_away = False
+        # Whether the peer's first SETTINGS came (True), or the connection ended first (False): no stream is opened
+        # before, since until then its SETTINGS_MAX_CONCURRENT_STREAMS is unknown, and streams over it are refused.
+        self.settled: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
     # --- asyncio callbacks ---
 
@@ -99,6 +102,8 @@ class H2UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if not self.settled.done():
+            self.settled.set_result(False)
         self.endpoint.forget(self)
         self._fail_all("closed the connection")
 
@@ -146,6 +151,8 @@ class H2UpstreamConnection(asyncio.Protocol):
             changed = event.changed_settings.get(h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS)
             if changed is not None and changed.new_value is not None:
                 self.endpoint.streams_allowed(changed.new_value)
+            if not self.settled.done():
+                self.settled.set_result(True)
         elif isinstance(event, h2.events.ConnectionTerminated):
             self._going_away(event.last_stream_id or 0)
 
@@ -162,7 +169,7 @@ class H2UpstreamConnection(asyncio.Protocol):
     # --- what the endpoint calls ---
 
     def has_room(self) -> bool:
-        if self.closed or self.going_away:
+        if self.closed or self.going_away or not self.settled.done():
             return False
         return len(self.streams) < self.h2.remote_settings.max_concurrent_streams
 

@@ -550,8 +550,21 @@ class Endpoint:
             except OSError as err:
                 errors.append(f"{host}: {err}")
                 continue
+            if isinstance(connection, H2UpstreamConnection) and not await self._settled(connection):
+                errors.append(f"{host}: closed the connection before its HTTP/2 SETTINGS")
+                continue
             return connection
         raise OSError("; ".join(errors))
+
+    @staticmethod
+    async def _settled(connection: H2UpstreamConnection) -> bool:
+        """Connected once the peer's SETTINGS came (h2upstream.H2UpstreamConnection.settled); a dial given up meanwhile
+        (the connect timeout) closes the connection it made."""
+        try:
+            return await connection.settled
+        except BaseException:
+            connection.close()
+            raise
 
     async def _resolve(self, loop: asyncio.AbstractEventLoop) -> list[str]:
         """The addresses the name resolves to that may be endpoints, in the resolver's order
