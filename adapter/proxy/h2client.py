@@ -79,6 +79,7 @@ class H2ClientConnection(asyncio.Protocol):
         config = server.config
         self._settings = config.http2
         self._max_headers = config.max_headers
+        self._max_header_bytes = config.max_header_bytes
         self._peer = peer
         self._node = b'"[%b]"' % peer if b":" in peer else peer
         self.h2 = h2.connection.H2Connection(
@@ -110,6 +111,7 @@ class H2ClientConnection(asyncio.Protocol):
         """Take the connection over with what was read of it (the preface, maybe more)."""
         self.h2.initiate_connection()
         self.h2.increment_flow_control_window(_CONNECTION_WINDOW - 65535)
+        self.flush()  # the SETTINGS the connection must begin with, whatever reading `data` queues and drops
         self.data_received(data)
 
     # --- asyncio callbacks ---
@@ -259,11 +261,27 @@ class H2ClientConnection(asyncio.Protocol):
 
     def _protocol_error(self, err: h2.exceptions.ProtocolError) -> None:
         reason = type(err).__name__
-        if isinstance(err, h2.exceptions.DenialOfServiceError):
+        message = f"HTTP/2 protocol error: {err}"
+        if isinstance(err, h2.exceptions.TooManyStreamsError):
+            telemetry.LIMIT_HITS.labels("", "http2.max_concurrent_streams").inc()
+            message = (
+                f"more than {self._settings.max_concurrent_streams} streams open at once "
+                "(proxy.http2.max_concurrent_streams)"
+            )
+        elif isinstance(err, h2.exceptions.DenialOfServiceError):
             telemetry.LIMIT_HITS.labels("", "max_header_bytes").inc()
+            message = self._header_block_message
         telemetry.REFUSED_MESSAGES.labels("request", f"h2_{reason}").inc()
         code = getattr(err, "error_code", None) or h2.errors.ErrorCodes.PROTOCOL_ERROR
-        self._goaway(code, f"HTTP/2 protocol error: {err}")
+        # h2 has queued a GOAWAY that says nothing of why (and closed its state): this one, saying it, replaces it.
+        self.h2.clear_outbound_data_buffer()
+        self._reopen()
+        self._goaway(code, message)
+
+    def _reopen(self) -> None:
+        """h2 closes its connection state machine on a GOAWAY either way (sent or received: python-hyper/h2#1181),
+        after which it would take or send no frame."""
+        self.h2.state_machine.state = h2.connection.ConnectionState.SERVER_OPEN
 
     def _goaway(self, code: int, message: str) -> None:
         """End the connection: GOAWAY saying why, then closed (its streams are cut off)."""
@@ -275,10 +293,27 @@ class H2ClientConnection(asyncio.Protocol):
 
     # --- deadlines (the server's sweeper) ---
 
+    @property
+    def _header_block_message(self) -> str:
+        return f"a header block of more than {self._max_header_bytes} bytes (proxy.max_header_bytes)"
+
     def _read_progress(self, progressed: bool) -> None:
-        """A read that completed a frame ends the frame's deadline; one that did not starts it (if not started)."""
+        """A read that completed a frame ends the frame's deadline, or starts a new one for a frame or header block
+        begun after it; a read that completed nothing starts it (if not started). A header block past
+        max_header_bytes ends the connection."""
+        # What h2 keeps unparsed: part of a frame, and a header block's frames until its END_HEADERS (up to 64 of
+        # them: a megabyte). HPACK-encoded, a header list is no larger than decoded: a longer block is refused now.
+        buffered = self.h2.incoming_buffer
+        block = buffered._headers_buffer
+        if block and sum(len(frame.data) for frame in block) > self._max_header_bytes:
+            telemetry.LIMIT_HITS.labels("", "max_header_bytes").inc()
+            self._goaway(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, self._header_block_message)
+            return
         if progressed:
-            if self._partial or not self.deadline:
+            if buffered._data or block:
+                self._partial = True
+                self.deadline = monotonic() + self.server.config.header_timeout
+            elif self._partial or not self.deadline:
                 self._partial = False
                 self.deadline = 0.0 if self.streams else monotonic() + self.server.config.idle_timeout
         elif not self._partial:
@@ -694,5 +729,6 @@ class H2Stream:
                 # Answered before the request was whole: the client may stop sending it (RFC 9113 8.1).
                 with contextlib.suppress(h2.exceptions.ProtocolError):
                     self.connection.h2.reset_stream(self.stream_id, h2.errors.ErrorCodes.NO_ERROR)
+                self.connection.flush()
                 self.request_ended = True
             self.connection.stream_closed(self)

@@ -1,0 +1,337 @@
+"""Hostile HTTP/2 is normal input: each known attack class against the proxy's HTTP/2 listener, with what must hold
+for it. The defence fires (GOAWAY with its code, RST_STREAM, or the connection closed) within a bound and is counted;
+another client, HTTP/1.1 and HTTP/2, is answered during and after; and nothing of the attack stays behind (no client
+connection, no pending request, the upstream connection freed). Limits are set low so that each case is quick."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from hyperframe.frame import (
+    ContinuationFrame,
+    DataFrame,
+    ExtensionFrame,
+    Frame,
+    GoAwayFrame,
+    HeadersFrame,
+    PingFrame,
+    PriorityFrame,
+    RstStreamFrame,
+    SettingsFrame,
+)
+from prometheus_client import REGISTRY
+
+from adapter.proxy.app import Proxy
+from tests.fixtures.proxy import get, request, route, running_proxy, until
+from tests.fixtures.upstream_app import Upstream
+from tests.security.h2_peer import PREFACE, RawPeer, h2_get, request_fields
+from tests.security.h11_upstream import H11Upstream
+
+ROUTE = "default/app"
+HEADER_TIMEOUT = 0.4
+# The sweeper checks deadlines every quarter of the shortest timeout: a deadline fires at most 25% late; the rest
+# is the test's own scheduling on a shared machine.
+LATE = HEADER_TIMEOUT * 0.25 + 0.5
+HTTP2 = {"max_concurrent_streams": 8, "max_stream_resets": 40, "max_control_frames": 100, "abuse_window": 10}
+ENHANCE_YOUR_CALM, PROTOCOL_ERROR, NO_ERROR, INTERNAL_ERROR = 0xB, 0x1, 0x0, 0x2
+
+
+@asynccontextmanager
+async def attacked(address: str, **settings: Any) -> AsyncIterator[Proxy]:
+    """The proxy with one route to `address` and every limit and deadline small."""
+    limits = {"body_timeout": HEADER_TIMEOUT}
+    settings = {
+        "header_timeout": HEADER_TIMEOUT,
+        "send_timeout": HEADER_TIMEOUT,
+        "idle_timeout": 5,
+        "http2": HTTP2,
+        **settings,
+    }
+    async with running_proxy([route("app", address, limits=limits)], **settings) as server:
+        yield server
+
+
+def hits(limit: str, route_key: str = "") -> float:
+    return REGISTRY.get_sample_value("zeroscale_proxy_limit_hits_total", {"route": route_key, "limit": limit}) or 0.0
+
+
+def goaways(code: str) -> float:
+    return REGISTRY.get_sample_value("zeroscale_proxy_http2_goaways_total", {"code": code}) or 0.0
+
+
+async def bystanders(server: Proxy) -> None:
+    """Another client's requests, one HTTP/1.1 and one HTTP/2, answered as usual."""
+    assert (await request(server.port, get("/echo?bystander=1"), within=3)).status == 200
+    assert (await h2_get(server.port, "/echo?bystander=2", within=3))[0] == 200
+
+
+async def settled(server: Proxy) -> None:
+    """Nothing of the attack is left: no client connection and no pending request on the route."""
+    counts = server.routes[ROUTE].counts
+    await until(lambda: not server.data.connections and counts.pending == 0, within=3)
+
+
+async def flood(peer: RawPeer, frames: list[bytes], batch: int = 10) -> int:
+    """Write `frames` in batches, letting the proxy (and bystanders) run between them, until the proxy closes the
+    connection; how many were written."""
+    for start in range(0, len(frames), batch):
+        peer.write(b"".join(frames[start : start + batch]))
+        if not await peer.drain():
+            return start
+        await asyncio.sleep(0.001)
+    return len(frames)
+
+
+async def test_rapid_reset_is_goaway_enhance_your_calm_and_cancels_the_streams(upstream: Upstream) -> None:
+    """CVE-2023-44487: streams opened and reset at once cost the client nothing and the server a request each."""
+    async with attacked(upstream.address) as server:
+        before = hits("http2.max_stream_resets"), goaways("ENHANCE_YOUR_CALM")
+        peer = await RawPeer.connect(server.port)
+        opened = [peer.headers(n, "/slow?s=2") + RstStreamFrame(n, 0x8).serialize() for n in range(1, 2000, 2)]
+        start = time.monotonic()
+        _, goaway = await asyncio.gather(asyncio.gather(flood(peer, opened), bystanders(server)), peer.goaway(within=3))
+        elapsed = time.monotonic() - start
+        assert goaway.error_code == ENHANCE_YOUR_CALM
+        assert b"proxy.http2.max_stream_resets" in goaway.additional_data
+        assert await peer.closed(within=1) < 1
+        assert elapsed < 1
+        assert (hits("http2.max_stream_resets"), goaways("ENHANCE_YOUR_CALM")) == (before[0] + 1, before[1] + 1)
+        await settled(server)
+        # The reset streams' requests were withdrawn before they reached the upstream, or cut off there.
+        attacked_requests = [seen for seen in upstream.requests if seen.path == "/slow?s=2"]
+        assert len(attacked_requests) <= HTTP2["max_stream_resets"] + 1
+        peer.close()
+        await bystanders(server)
+
+
+async def test_made_you_reset_counts_the_resets_the_client_provokes(upstream: Upstream) -> None:
+    """MadeYouReset (CVE-2025-8671): frames that make the server reset the stream itself (here DATA after the
+    request's END_STREAM) count as the client's resets, and their requests are withdrawn too."""
+    async with attacked(upstream.address) as server:
+        peer = await RawPeer.connect(server.port)
+        provoked = [peer.headers(n, "/slow?s=2") + DataFrame(n, b"x").serialize() for n in range(1, 2000, 2)]
+        _, goaway = await asyncio.gather(
+            asyncio.gather(flood(peer, provoked), bystanders(server)), peer.goaway(within=3)
+        )
+        assert goaway.error_code == ENHANCE_YOUR_CALM
+        assert b"proxy.http2.max_stream_resets" in goaway.additional_data
+        await settled(server)
+        peer.close()
+
+
+async def test_continuation_flood_is_goaway_once_the_block_passes_max_header_bytes(upstream: Upstream) -> None:
+    """CVE-2024-27316 and kin: a header block that never ends, sent as fast as the proxy reads it. HPACK-encoded, a
+    header list is no larger than decoded, so the block is refused as soon as its bytes pass proxy.max_header_bytes,
+    long before h2's own bound (64 CONTINUATION frames: a megabyte per connection)."""
+    async with attacked(upstream.address, max_header_bytes=4096) as server:
+        before = hits("max_header_bytes"), goaways("ENHANCE_YOUR_CALM")
+        peer = await RawPeer.connect(server.port)
+        head = HeadersFrame(1, peer.block(request_fields())).serialize()
+        filler = ContinuationFrame(1, b"\x00" * 1024).serialize()
+        start = time.monotonic()
+        _, goaway = await asyncio.gather(
+            asyncio.gather(flood(peer, [head] + [filler] * 1000, batch=1), bystanders(server)), peer.goaway(within=3)
+        )
+        assert time.monotonic() - start < 1
+        assert goaway.error_code == ENHANCE_YOUR_CALM
+        assert b"proxy.max_header_bytes" in goaway.additional_data
+        assert (hits("max_header_bytes"), goaways("ENHANCE_YOUR_CALM")) == (before[0] + 1, before[1] + 1)
+        assert await peer.closed(within=1) < 1
+        await settled(server)
+
+
+async def test_hpack_bomb_is_goaway_at_max_header_bytes_without_decoding_it_all(upstream: Upstream) -> None:
+    """A header block of a few KB that decodes to megabytes: one 4 KB field put in the dynamic table, then
+    referenced a thousand times by its one-byte index."""
+    async with attacked(upstream.address) as server:
+        before = hits("max_header_bytes"), goaways("ENHANCE_YOUR_CALM")
+        peer = await RawPeer.connect(server.port)
+        seed = peer.block([*request_fields(), ("x-bomb", "b" * 4000)])
+        bomb = HeadersFrame(1, seed + b"\xbe" * 1000)  # 0xbe: the indexed field 62, the newest in the dynamic table
+        bomb.flags.add("END_HEADERS")
+        bomb.flags.add("END_STREAM")
+        start = time.monotonic()
+        peer.send(bomb)
+        goaway = await peer.goaway(within=2)
+        assert time.monotonic() - start < 0.5
+        assert goaway.error_code == ENHANCE_YOUR_CALM
+        assert b"proxy.max_header_bytes" in goaway.additional_data
+        assert (hits("max_header_bytes"), goaways("ENHANCE_YOUR_CALM")) == (before[0] + 1, before[1] + 1)
+        assert await peer.closed(within=1) < 1
+        assert [seen for seen in upstream.requests if "x-bomb" in seen.headers] == []
+        await bystanders(server)
+        await settled(server)
+
+
+CONTROL_FLOODS: dict[str, Frame] = {
+    "settings": SettingsFrame(0),
+    "ping": PingFrame(0, b"12345678"),
+    "priority": PriorityFrame(1, depends_on=0, stream_weight=15),
+    "unknown": ExtensionFrame(0xFA, 0),
+}
+
+
+@pytest.mark.parametrize("kind", list(CONTROL_FLOODS))
+async def test_control_frame_floods_are_goaway_enhance_your_calm(upstream: Upstream, kind: str) -> None:
+    """SETTINGS, PING (each answered: the answers pile up in a client that does not read), PRIORITY and unknown
+    frames: cheap to send, some work each, no request."""
+    async with attacked(upstream.address) as server:
+        before = hits("http2.max_control_frames"), goaways("ENHANCE_YOUR_CALM")
+        peer = await RawPeer.connect(server.port)
+        frame = CONTROL_FLOODS[kind].serialize()
+        start = time.monotonic()
+        _, goaway = await asyncio.gather(
+            asyncio.gather(flood(peer, [frame] * 100_000, batch=50), bystanders(server)), peer.goaway(within=3)
+        )
+        assert time.monotonic() - start < 1
+        assert goaway.error_code == ENHANCE_YOUR_CALM
+        assert b"proxy.http2.max_control_frames" in goaway.additional_data
+        # Answers (SETTINGS ACK, PING ACK) went only for the frames within the limit.
+        answered = [f for f in peer.received if isinstance(f, SettingsFrame | PingFrame) and "ACK" in f.flags]
+        assert len(answered) <= HTTP2["max_control_frames"] + 1
+        assert (hits("http2.max_control_frames"), goaways("ENHANCE_YOUR_CALM")) == (before[0] + 1, before[1] + 1)
+        assert await peer.closed(within=1) < 1
+        await settled(server)
+
+
+async def test_a_zero_window_stall_resets_the_stream_after_send_timeout_and_frees_the_upstream() -> None:
+    """A client that lets a response start and never opens its window for the body: the stream is reset after
+    proxy.send_timeout, the upstream connection (paused with the rest of the response unread) is closed, and the
+    client's connection goes on."""
+    body = 4 * 1024 * 1024
+    big = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % body + b"z" * body
+    small = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    stand_in = await H11Upstream(reply=lambda seen: big if seen.target == b"/big" else small).start()
+    try:
+        async with attacked(stand_in.address) as server:
+            before = hits("send_timeout", ROUTE)
+            peer = await RawPeer.connect(server.port, {SettingsFrame.INITIAL_WINDOW_SIZE: 0})
+            peer.write(peer.headers(1, "/big"))
+            start = time.monotonic()
+            await peer.until(lambda f: isinstance(f, HeadersFrame) and f.stream_id == 1, within=2)
+            stalled = next(seen.connection for seen in stand_in.requests if seen.target == b"/big")
+            await bystanders(server)  # while the stalled stream waits
+            reset = await peer.reset(1, within=HEADER_TIMEOUT + LATE)
+            assert reset.error_code == INTERNAL_ERROR
+            assert HEADER_TIMEOUT <= time.monotonic() - start < HEADER_TIMEOUT + LATE
+            assert hits("send_timeout", ROUTE) == before + 1
+            await until(lambda: stalled not in stand_in.open and server.routes[ROUTE].counts.pending == 0)
+            # The connection itself is still served: a new stream on it is answered (its window is open).
+            peer.send(SettingsFrame(0, {SettingsFrame.INITIAL_WINDOW_SIZE: 65535}))
+            peer.write(peer.headers(3, "/big"))
+            answered = await peer.until(lambda f: isinstance(f, DataFrame) and f.stream_id == 3, within=2)
+            assert answered is not None
+            peer.close()
+            await bystanders(server)
+            await settled(server)
+    finally:
+        await stand_in.stop()
+
+
+async def test_more_streams_than_max_concurrent_streams_is_goaway_naming_the_limit(upstream: Upstream) -> None:
+    async with attacked(upstream.address) as server:
+        before = hits("http2.max_concurrent_streams"), goaways("PROTOCOL_ERROR")
+        peer = await RawPeer.connect(server.port)
+        limit = HTTP2["max_concurrent_streams"]
+        peer.write(b"".join(peer.headers(n, "/slow?s=3") for n in range(1, 2 * limit + 1, 2)))
+        await until(lambda: server.routes[ROUTE].counts.pending == limit)
+        await bystanders(server)
+        peer.write(peer.headers(2 * limit + 1, "/slow?s=3"))
+        goaway = await peer.goaway(within=1)
+        assert goaway.error_code == PROTOCOL_ERROR
+        assert b"proxy.http2.max_concurrent_streams" in goaway.additional_data
+        assert (hits("http2.max_concurrent_streams"), goaways("PROTOCOL_ERROR")) == (before[0] + 1, before[1] + 1)
+        assert await peer.closed(within=1) < 1
+        await settled(server)
+        assert len([seen for seen in upstream.requests if seen.path == "/slow?s=3"]) <= limit
+        await bystanders(server)
+
+
+@pytest.mark.parametrize(
+    ("continued", "beside"),
+    [(False, False), (True, False), (False, True)],
+    ids=["silence", "slow-continuations", "begun-after-a-frame-beside-an-open-stream"],
+)
+async def test_a_header_block_that_never_ends_is_closed_after_header_timeout(
+    upstream: Upstream, continued: bool, beside: bool
+) -> None:
+    """HEADERS without END_HEADERS, then silence, or CONTINUATIONs too slow to finish it (each one that does not end
+    the block leaves its deadline as it was). Beside: the block begins in the same read as a whole frame, while
+    another stream of the connection waits for its response: neither stands for progress on the block."""
+    async with attacked(upstream.address) as server:
+        before = hits("header_timeout"), goaways("PROTOCOL_ERROR")
+        peer = await RawPeer.connect(server.port)
+        if beside:
+            peer.write(peer.headers(1, "/slow?s=5"))
+            await until(lambda: server.routes[ROUTE].counts.pending == 1)
+        unfinished = HeadersFrame(3, peer.block(request_fields())).serialize()
+        peer.write((PingFrame(0, b"p" * 8).serialize() if beside else b"") + unfinished)
+        start = time.monotonic()
+        for _ in range(3 if continued else 0):
+            await asyncio.sleep(HEADER_TIMEOUT / 4)
+            peer.send(ContinuationFrame(3, b""))
+        await bystanders(server)
+        goaway = await peer.goaway(within=HEADER_TIMEOUT + LATE)
+        assert HEADER_TIMEOUT <= time.monotonic() - start < HEADER_TIMEOUT + LATE
+        assert goaway.error_code == PROTOCOL_ERROR
+        assert b"proxy.header_timeout" in goaway.additional_data
+        assert (hits("header_timeout"), goaways("PROTOCOL_ERROR")) == (before[0] + 1, before[1] + 1)
+        assert await peer.closed(within=1) < 1
+        await settled(server)
+
+
+@pytest.mark.parametrize(
+    ("sent", "after", "code"),
+    [
+        (PREFACE[:10], HEADER_TIMEOUT, None),
+        (PREFACE, HEADER_TIMEOUT, PROTOCOL_ERROR),
+        (PREFACE + SettingsFrame(0).serialize(), 1.0, NO_ERROR),
+    ],
+    ids=["part-of-the-preface", "the-preface-alone", "preface-and-settings-then-idle"],
+)
+async def test_a_connection_that_stops_early_is_closed_after_its_timeout(
+    upstream: Upstream, sent: bytes, after: float, code: int | None
+) -> None:
+    """Part of the preface (still an HTTP/1.1 connection: closed at header_timeout, nothing answered), the
+    preface without the SETTINGS that must follow (GOAWAY at header_timeout), a connection with nothing in flight
+    (GOAWAY NO_ERROR at idle_timeout)."""
+    async with attacked(upstream.address, idle_timeout=1.0) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        peer = RawPeer(reader, writer)
+        peer.write(sent)
+        start = time.monotonic()
+        await bystanders(server)
+        await peer.closed(within=after + LATE)
+        assert after <= time.monotonic() - start < after + LATE
+        goaway_codes = [f.error_code for f in peer.received if isinstance(f, GoAwayFrame)]
+        assert goaway_codes == ([] if code is None else [code])
+        peer.close()
+        await settled(server)
+
+
+async def test_a_request_body_that_stops_is_408_after_body_timeout(upstream: Upstream) -> None:
+    async with attacked(upstream.address) as server:
+        before = hits("body_timeout", ROUTE)
+        peer = await RawPeer.connect(server.port)
+        head = HeadersFrame(1, peer.block([*request_fields("/echo", "POST"), ("content-length", "100")]))
+        head.flags.add("END_HEADERS")
+        peer.send(head, DataFrame(1, b"x" * 10))
+        start = time.monotonic()
+        await bystanders(server)
+        await peer.until(lambda f: isinstance(f, HeadersFrame) and f.stream_id == 1, within=2)
+        assert peer.heads[1][0][b":status"] == b"408"
+        assert HEADER_TIMEOUT <= time.monotonic() - start < HEADER_TIMEOUT + LATE
+        assert hits("body_timeout", ROUTE) == before + 1
+        await peer.reset(1, within=1)  # the rest of the body is not wanted
+        await until(lambda: server.routes[ROUTE].counts.pending == 0)
+        # The connection goes on.
+        peer.write(peer.headers(3, "/echo?after"))
+        await peer.until(lambda f: isinstance(f, HeadersFrame) and f.stream_id == 3, within=2)
+        assert peer.heads[3][0][b":status"] == b"200"
+        peer.close()
+        await settled(server)
