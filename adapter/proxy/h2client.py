@@ -96,6 +96,8 @@ class H2ClientConnection(asyncio.Protocol):
         self.streams: dict[int, H2Stream] = {}
         self._closed = False
         self._going_away = False
+        # The last stream taken when the proxy said GOAWAY while streams may still finish (None: not said).
+        self._last_stream: int | None = None
         # When the frame being read must be complete, or the idle connection closes (monotonic, 0: none); the
         # server's sweeper checks it, as it checks every connection's.
         self.deadline = monotonic() + config.header_timeout
@@ -190,11 +192,17 @@ class H2ClientConnection(asyncio.Protocol):
                 )
         elif isinstance(event, h2.events.ConnectionTerminated):
             self._going_away = True
-            if not self.streams:
+            if self.streams and event.error_code == h2.errors.ErrorCodes.NO_ERROR:
+                self._reopen()  # the client is closing: the streams it waits for still finish
+            else:
                 self._close()
 
     def _request(self, stream_id: int, headers: Fields, ended: bool) -> None:
         """A stream's request head (`ended`: and no body follows it)."""
+        if self._last_stream is not None and stream_id > self._last_stream:
+            # Opened after the proxy's GOAWAY: refused unprocessed, so the client may retry it (RFC 9113 8.7).
+            self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            return
         stream = self.streams[stream_id] = H2Stream(self, stream_id)
         if len(headers) > self._max_headers:
             stream.refuse(431, f"the request has more than {self._max_headers} headers (proxy.max_headers)")
@@ -280,7 +288,7 @@ class H2ClientConnection(asyncio.Protocol):
 
     def _reopen(self) -> None:
         """h2 closes its connection state machine on a GOAWAY either way (sent or received: python-hyper/h2#1181),
-        after which it would take or send no frame."""
+        after which it would take or send no frame; RFC 9113 6.8 lets the streams before the GOAWAY finish."""
         self.h2.state_machine.state = h2.connection.ConnectionState.SERVER_OPEN
 
     def _goaway(self, code: int, message: str) -> None:
@@ -362,7 +370,9 @@ class H2ClientConnection(asyncio.Protocol):
             return
         if not self._going_away:
             self._going_away = True
+            self._last_stream = self.h2.highest_inbound_stream_id
             self.h2.close_connection(h2.errors.ErrorCodes.NO_ERROR)
+            self._reopen()
             self.flush()
         if not self.streams:
             self._close()

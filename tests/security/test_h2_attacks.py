@@ -38,7 +38,7 @@ HEADER_TIMEOUT = 0.4
 # is the test's own scheduling on a shared machine.
 LATE = HEADER_TIMEOUT * 0.25 + 0.5
 HTTP2 = {"max_concurrent_streams": 8, "max_stream_resets": 40, "max_control_frames": 100, "abuse_window": 10}
-ENHANCE_YOUR_CALM, PROTOCOL_ERROR, NO_ERROR, INTERNAL_ERROR = 0xB, 0x1, 0x0, 0x2
+ENHANCE_YOUR_CALM, PROTOCOL_ERROR, NO_ERROR, INTERNAL_ERROR, REFUSED_STREAM = 0xB, 0x1, 0x0, 0x2, 0x7
 
 
 @asynccontextmanager
@@ -334,4 +334,37 @@ async def test_a_request_body_that_stops_is_408_after_body_timeout(upstream: Ups
         await peer.until(lambda f: isinstance(f, HeadersFrame) and f.stream_id == 3, within=2)
         assert peer.heads[3][0][b":status"] == b"200"
         peer.close()
+        await settled(server)
+
+
+async def test_draining_sends_goaway_and_lets_an_open_stream_finish(upstream: Upstream) -> None:
+    """SIGTERM: GOAWAY NO_ERROR naming the last stream taken; that stream's response still comes within the grace
+    period, a stream opened after the GOAWAY is refused (REFUSED_STREAM: the client may retry it elsewhere)."""
+    async with attacked(upstream.address) as server:
+        peer = await RawPeer.connect(server.port)
+        peer.write(peer.headers(1, "/slow?s=0.5"))
+        await until(lambda: server.routes[ROUTE].counts.pending == 1)
+        drain = asyncio.create_task(server.shutdown(grace=5))
+        goaway = await peer.goaway(within=1)
+        assert (goaway.error_code, goaway.last_stream_id) == (NO_ERROR, 1)
+        peer.write(peer.headers(3, "/echo?late"))
+        assert (await peer.reset(3, within=1)).error_code == REFUSED_STREAM
+        await peer.closed(within=2)
+        answered = [f for f in peer.received if f.stream_id == 1 and isinstance(f, HeadersFrame | DataFrame)]
+        assert peer.heads[1][0][b":status"] == b"200"
+        assert "END_STREAM" in answered[-1].flags
+        await asyncio.wait_for(drain, 2)
+        assert [seen.path for seen in upstream.requests] == ["/slow?s=0.5"]
+
+
+async def test_a_client_goaway_lets_its_open_stream_finish(upstream: Upstream) -> None:
+    """A client saying GOAWAY (it will take no new streams: it is closing) still gets the responses it waits for;
+    then the connection closes."""
+    async with attacked(upstream.address) as server:
+        peer = await RawPeer.connect(server.port)
+        peer.write(peer.headers(1, "/slow?s=0.3"))
+        await until(lambda: server.routes[ROUTE].counts.pending == 1)
+        peer.send(GoAwayFrame(0, last_stream_id=0, error_code=NO_ERROR))
+        assert await peer.until(lambda f: isinstance(f, DataFrame) and "END_STREAM" in f.flags, within=2)
+        await peer.closed(within=1)
         await settled(server)
