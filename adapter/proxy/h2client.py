@@ -54,6 +54,10 @@ _CONNECTION_WINDOW = 16 * 1024 * 1024
 # Response bytes a stream keeps while the client's window is shut, before its upstream is paused.
 _STREAM_BUFFER = 64 * 1024
 _PAUSE_BODY, _PAUSE_UPSTREAM = 1, 2
+# The HPACK dynamic table the proxy's encoder keeps (RFC 7541's default), whatever larger SETTINGS_HEADER_TABLE_SIZE
+# the client's decoder offers: the encoder may use less (RFC 7541 4.2), and a table as large as offered (up to
+# 4 GiB) would keep every distinct response field the connection carried.
+_ENCODER_TABLE = 4096
 _CONTROL_EVENTS = (
     h2.events.PingReceived,
     h2.events.RemoteSettingsChanged,
@@ -183,6 +187,11 @@ class H2ClientConnection(asyncio.Protocol):
                 if stream is not None and stream.unsent:
                     stream.send_pending()
         elif isinstance(event, _CONTROL_EVENTS):
+            if (
+                isinstance(event, h2.events.RemoteSettingsChanged)
+                and self.h2.encoder.header_table_size > _ENCODER_TABLE
+            ):
+                self.h2.encoder.header_table_size = _ENCODER_TABLE
             self._controls += 1
             if self._count_window() and self._controls > self._settings.max_control_frames:
                 self._calm_down(

@@ -368,3 +368,24 @@ async def test_a_client_goaway_lets_its_open_stream_finish(upstream: Upstream) -
         assert await peer.until(lambda f: isinstance(f, DataFrame) and "END_STREAM" in f.flags, within=2)
         await peer.closed(within=1)
         await settled(server)
+
+
+async def test_a_huge_header_table_size_does_not_grow_the_proxys_encoder(upstream: Upstream) -> None:
+    """SETTINGS_HEADER_TABLE_SIZE is the client's decoder's room, up to 4 GiB: an encoder that used all of it would
+    keep every distinct response field of the connection (here each response's X-Seen-Path) in memory."""
+    async with attacked(upstream.address) as server:
+        peer = await RawPeer.connect(server.port, {SettingsFrame.HEADER_TABLE_SIZE: 2**31})
+        peer.decoder.max_allowed_table_size = 2**31
+        paths = [f"/echo?{n}={'p' * 1000}" for n in range(100)]
+        streams = HTTP2["max_concurrent_streams"]
+        peer.write(b"".join(peer.headers(2 * n + 1, path) for n, path in enumerate(paths[:streams])))
+        for n in range(len(paths)):  # one more stream each time one ends
+            await peer.until(lambda f: isinstance(f, DataFrame) and "END_STREAM" in f.flags, within=2)
+            if n + streams < len(paths):
+                peer.write(peer.headers(2 * (n + streams) + 1, paths[n + streams]))
+        assert [head[0][b"x-seen-path"] for _, head in sorted(peer.heads.items())] == [p.encode() for p in paths]
+        (connection,) = server.data.connections
+        table = connection.h2.encoder.header_table  # type: ignore[union-attr]
+        assert sum(32 + len(name) + len(value) for name, value in table.dynamic_entries) <= 4096
+        peer.close()
+        await settled(server)
