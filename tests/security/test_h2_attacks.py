@@ -23,6 +23,7 @@ from hyperframe.frame import (
     PriorityFrame,
     RstStreamFrame,
     SettingsFrame,
+    WindowUpdateFrame,
 )
 from prometheus_client import REGISTRY
 
@@ -33,10 +34,11 @@ from tests.security.h2_peer import PREFACE, RawPeer, h2_get, request_fields
 from tests.security.h11_upstream import H11Upstream
 
 ROUTE = "default/app"
-HEADER_TIMEOUT = 0.4
+# Every deadline of these tests: header, send, body (idle is longer: a quiet moment must not end a test).
+TIMEOUT = 0.4
 # The sweeper checks deadlines every quarter of the shortest timeout: a deadline fires at most 25% late; the rest
 # is the test's own scheduling on a shared machine.
-LATE = HEADER_TIMEOUT * 0.25 + 0.5
+LATE = TIMEOUT * 0.25 + 0.5
 HTTP2 = {"max_concurrent_streams": 8, "max_stream_resets": 40, "max_control_frames": 100, "abuse_window": 10}
 ENHANCE_YOUR_CALM, PROTOCOL_ERROR, NO_ERROR, INTERNAL_ERROR, REFUSED_STREAM = 0xB, 0x1, 0x0, 0x2, 0x7
 
@@ -44,10 +46,10 @@ ENHANCE_YOUR_CALM, PROTOCOL_ERROR, NO_ERROR, INTERNAL_ERROR, REFUSED_STREAM = 0x
 @asynccontextmanager
 async def attacked(address: str, **settings: Any) -> AsyncIterator[Proxy]:
     """The proxy with one route to `address` and every limit and deadline small."""
-    limits = {"body_timeout": HEADER_TIMEOUT}
+    limits = {"body_timeout": TIMEOUT}
     settings = {
-        "header_timeout": HEADER_TIMEOUT,
-        "send_timeout": HEADER_TIMEOUT,
+        "header_timeout": TIMEOUT,
+        "send_timeout": TIMEOUT,
         "idle_timeout": 5,
         "http2": HTTP2,
         **settings,
@@ -199,38 +201,72 @@ async def test_control_frame_floods_are_goaway_enhance_your_calm(upstream: Upstr
         await settled(server)
 
 
-async def test_a_zero_window_stall_resets_the_stream_after_send_timeout_and_frees_the_upstream() -> None:
-    """A client that lets a response start and never opens its window for the body: the stream is reset after
-    proxy.send_timeout, the upstream connection (paused with the rest of the response unread) is closed, and the
-    client's connection goes on."""
-    body = 4 * 1024 * 1024
+@asynccontextmanager
+async def big_responses() -> AsyncIterator[H11Upstream]:
+    """An upstream answering /big with 16 MB (more than any socket buffer takes), anything else with nothing."""
+    body = 16 * 1024 * 1024
     big = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % body + b"z" * body
     small = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
     stand_in = await H11Upstream(reply=lambda seen: big if seen.target == b"/big" else small).start()
     try:
-        async with attacked(stand_in.address) as server:
-            before = hits("send_timeout", ROUTE)
-            peer = await RawPeer.connect(server.port, {SettingsFrame.INITIAL_WINDOW_SIZE: 0})
-            peer.write(peer.headers(1, "/big"))
-            start = time.monotonic()
-            await peer.until(lambda f: isinstance(f, HeadersFrame) and f.stream_id == 1, within=2)
-            stalled = next(seen.connection for seen in stand_in.requests if seen.target == b"/big")
-            await bystanders(server)  # while the stalled stream waits
-            reset = await peer.reset(1, within=HEADER_TIMEOUT + LATE)
-            assert reset.error_code == INTERNAL_ERROR
-            assert HEADER_TIMEOUT <= time.monotonic() - start < HEADER_TIMEOUT + LATE
-            assert hits("send_timeout", ROUTE) == before + 1
-            await until(lambda: stalled not in stand_in.open and server.routes[ROUTE].counts.pending == 0)
-            # The connection itself is still served: a new stream on it is answered (its window is open).
-            peer.send(SettingsFrame(0, {SettingsFrame.INITIAL_WINDOW_SIZE: 65535}))
-            peer.write(peer.headers(3, "/big"))
-            answered = await peer.until(lambda f: isinstance(f, DataFrame) and f.stream_id == 3, within=2)
-            assert answered is not None
-            peer.close()
-            await bystanders(server)
-            await settled(server)
+        yield stand_in
     finally:
         await stand_in.stop()
+
+
+async def dribble(peer: RawPeer, stream_id: int) -> None:
+    """Open the stream's window a byte at a time, a little faster than the send timeout."""
+    while True:
+        await asyncio.sleep(TIMEOUT / 8)
+        peer.send(WindowUpdateFrame(stream_id, 1))
+
+
+@pytest.mark.parametrize("dribbled", [False, True], ids=["window-never-opened", "window-opened-a-byte-at-a-time"])
+async def test_a_zero_window_stall_resets_the_stream_after_send_timeout_and_frees_the_upstream(dribbled: bool) -> None:
+    """A client that lets a response start and never opens its window for the body, or opens it a byte at a time
+    (CVE-2019-9511, data dribble): the stream is reset once response bytes have waited proxy.send_timeout, the
+    upstream connection (paused with the rest of the response unread) is closed, and the client's connection
+    goes on."""
+    async with big_responses() as stand_in, attacked(stand_in.address) as server:
+        before = hits("send_timeout", ROUTE)
+        peer = await RawPeer.connect(server.port, {SettingsFrame.INITIAL_WINDOW_SIZE: 0})
+        peer.write(peer.headers(1, "/big"))
+        start = time.monotonic()
+        await peer.until(lambda f: isinstance(f, HeadersFrame) and f.stream_id == 1, within=2)
+        stalled = next(seen.connection for seen in stand_in.requests if seen.target == b"/big")
+        opener = asyncio.create_task(dribble(peer, 1)) if dribbled else None
+        await bystanders(server)  # while the stalled stream waits
+        reset = await peer.reset(1, within=TIMEOUT + LATE)
+        if opener is not None:
+            opener.cancel()
+        assert reset.error_code == INTERNAL_ERROR
+        assert TIMEOUT <= time.monotonic() - start < TIMEOUT + LATE
+        assert hits("send_timeout", ROUTE) == before + 1
+        await until(lambda: stalled not in stand_in.open and server.routes[ROUTE].counts.pending == 0)
+        # The connection itself is still served: a new stream on it is answered (its window is open).
+        peer.send(SettingsFrame(0, {SettingsFrame.INITIAL_WINDOW_SIZE: 65535}))
+        peer.write(peer.headers(3, "/big"))
+        assert await peer.until(lambda f: isinstance(f, DataFrame) and f.stream_id == 3, within=2)
+        peer.close()
+        await bystanders(server)
+        await settled(server)
+
+
+async def test_a_client_that_reads_nothing_loses_the_connection_after_send_timeout() -> None:
+    """Windows wide open and the socket never read: the proxy's send buffer fills; once it has stayed full for
+    proxy.send_timeout the connection is cut off, and the upstream connection with it."""
+    async with big_responses() as stand_in, attacked(stand_in.address) as server:
+        before = hits("send_timeout")
+        peer = await RawPeer.connect(server.port, {SettingsFrame.INITIAL_WINDOW_SIZE: 2**31 - 1})
+        peer.send(WindowUpdateFrame(0, 2**31 - 1 - 65535))
+        peer.write(peer.headers(1, "/big"))
+        await until(lambda: any(seen.target == b"/big" for seen in stand_in.requests))
+        stalled = stand_in.requests[-1].connection
+        await bystanders(server)
+        await until(lambda: hits("send_timeout") == before + 1, within=TIMEOUT + LATE + 1)
+        await until(lambda: stalled not in stand_in.open)
+        await settled(server)
+        peer.close()
 
 
 async def test_more_streams_than_max_concurrent_streams_is_goaway_naming_the_limit(upstream: Upstream) -> None:
@@ -273,11 +309,11 @@ async def test_a_header_block_that_never_ends_is_closed_after_header_timeout(
         peer.write((PingFrame(0, b"p" * 8).serialize() if beside else b"") + unfinished)
         start = time.monotonic()
         for _ in range(3 if continued else 0):
-            await asyncio.sleep(HEADER_TIMEOUT / 4)
+            await asyncio.sleep(TIMEOUT / 4)
             peer.send(ContinuationFrame(3, b""))
         await bystanders(server)
-        goaway = await peer.goaway(within=HEADER_TIMEOUT + LATE)
-        assert HEADER_TIMEOUT <= time.monotonic() - start < HEADER_TIMEOUT + LATE
+        goaway = await peer.goaway(within=TIMEOUT + LATE)
+        assert TIMEOUT <= time.monotonic() - start < TIMEOUT + LATE
         assert goaway.error_code == PROTOCOL_ERROR
         assert b"proxy.header_timeout" in goaway.additional_data
         assert (hits("header_timeout"), goaways("PROTOCOL_ERROR")) == (before[0] + 1, before[1] + 1)
@@ -288,8 +324,8 @@ async def test_a_header_block_that_never_ends_is_closed_after_header_timeout(
 @pytest.mark.parametrize(
     ("sent", "after", "code"),
     [
-        (PREFACE[:10], HEADER_TIMEOUT, None),
-        (PREFACE, HEADER_TIMEOUT, PROTOCOL_ERROR),
+        (PREFACE[:10], TIMEOUT, None),
+        (PREFACE, TIMEOUT, PROTOCOL_ERROR),
         (PREFACE + SettingsFrame(0).serialize(), 1.0, NO_ERROR),
     ],
     ids=["part-of-the-preface", "the-preface-alone", "preface-and-settings-then-idle"],
@@ -325,7 +361,7 @@ async def test_a_request_body_that_stops_is_408_after_body_timeout(upstream: Ups
         await bystanders(server)
         await peer.until(lambda f: isinstance(f, HeadersFrame) and f.stream_id == 1, within=2)
         assert peer.heads[1][0][b":status"] == b"408"
-        assert HEADER_TIMEOUT <= time.monotonic() - start < HEADER_TIMEOUT + LATE
+        assert TIMEOUT <= time.monotonic() - start < TIMEOUT + LATE
         assert hits("body_timeout", ROUTE) == before + 1
         await peer.reset(1, within=1)  # the rest of the body is not wanted
         await until(lambda: server.routes[ROUTE].counts.pending == 0)
