@@ -54,6 +54,8 @@ _CONNECTION_WINDOW = 16 * 1024 * 1024
 # Response bytes a stream keeps while the client's window is shut, before its upstream is paused.
 _STREAM_BUFFER = 64 * 1024
 _PAUSE_BODY, _PAUSE_UPSTREAM = 1, 2
+# The bytes of a read h2 parses at once (one frame at most).
+_READ_SLICE = 16 * 1024
 # The HPACK dynamic table the proxy's encoder keeps (RFC 7541's default), whatever larger SETTINGS_HEADER_TABLE_SIZE
 # the client's decoder offers: the encoder may use less (RFC 7541 4.2), and a table as large as offered (up to
 # 4 GiB) would keep every distinct response field the connection carried.
@@ -125,16 +127,22 @@ class H2ClientConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
-        try:
-            events = self.h2.receive_data(data)
-        except h2.exceptions.ProtocolError as err:
-            self._protocol_error(err)
-            return
-        for event in events:
-            self._event(event)
-            if self._closed:
+        progressed = False
+        view = memoryview(data)
+        # h2 parses all it is given before the proxy sees an event: given a slice at a time, a limit reached stops
+        # the parsing of the rest of a read (256 KiB of rapid resets is some 5,000 streams, 0.4 s of h2's time).
+        for start in range(0, len(view), _READ_SLICE):
+            try:
+                events = self.h2.receive_data(view[start : start + _READ_SLICE])
+            except h2.exceptions.ProtocolError as err:
+                self._protocol_error(err)
                 return
-        self._read_progress(bool(events))
+            for event in events:
+                self._event(event)
+                if self._closed:
+                    return
+            progressed = progressed or bool(events)
+        self._read_progress(progressed)
         self.flush()
 
     def eof_received(self) -> bool:
