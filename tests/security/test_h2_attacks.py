@@ -381,24 +381,30 @@ async def test_a_request_body_that_stops_is_408_after_body_timeout(upstream: Ups
         await settled(server)
 
 
-async def test_draining_sends_goaway_and_lets_an_open_stream_finish(upstream: Upstream) -> None:
+@pytest.mark.parametrize(("grace", "status"), [(5, b"200"), (0.3, b"503")], ids=["finishes", "outlasts-the-grace"])
+async def test_draining_sends_goaway_and_lets_an_open_stream_finish(
+    upstream: Upstream, grace: float, status: bytes
+) -> None:
     """SIGTERM: GOAWAY NO_ERROR naming the last stream taken; that stream's response still comes within the grace
-    period, a stream opened after the GOAWAY is refused (REFUSED_STREAM: the client may retry it elsewhere)."""
+    period (or a 503 once it is over), a stream opened after the GOAWAY is refused (REFUSED_STREAM: the client may
+    retry it elsewhere)."""
     async with attacked(upstream.address) as server:
         peer = await RawPeer.connect(server.port)
-        peer.write(peer.headers(1, "/slow?s=0.5"))
+        peer.write(peer.headers(1, "/slow?s=1"))
         await until(lambda: server.routes[ROUTE].counts.pending == 1)
-        drain = asyncio.create_task(server.shutdown(grace=5))
+        start = time.monotonic()
+        drain = asyncio.create_task(server.shutdown(grace=grace))
         goaway = await peer.goaway(within=1)
         assert (goaway.error_code, goaway.last_stream_id) == (NO_ERROR, 1)
         peer.write(peer.headers(3, "/echo?late"))
         assert (await peer.reset(3, within=1)).error_code == REFUSED_STREAM
         await peer.closed(within=2)
+        assert time.monotonic() - start < min(grace, 1) + LATE
         answered = [f for f in peer.received if f.stream_id == 1 and isinstance(f, HeadersFrame | DataFrame)]
-        assert peer.heads[1][0][b":status"] == b"200"
+        assert peer.heads[1][0][b":status"] == status
         assert "END_STREAM" in answered[-1].flags
         await asyncio.wait_for(drain, 2)
-        assert [seen.path for seen in upstream.requests] == ["/slow?s=0.5"]
+        assert [seen.path for seen in upstream.requests] == ["/slow?s=1"]
 
 
 async def test_a_client_goaway_lets_its_open_stream_finish(upstream: Upstream) -> None:
