@@ -113,6 +113,8 @@ class H2ClientConnection(asyncio.Protocol):
         self._window_start = monotonic()
         self._resets = 0
         self._controls = 0
+        # The PriorityUpdated event h2 repeats after the request (or trailers) whose HEADERS frame carried it.
+        self._headers_priority: h2.events.PriorityUpdated | None = None
         self._flush_soon = False
 
     def start(self, data: bytes) -> None:
@@ -177,6 +179,7 @@ class H2ClientConnection(asyncio.Protocol):
             elif event.flow_controlled_length:
                 self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id or 0)
         elif isinstance(event, h2.events.RequestReceived):
+            self._headers_priority = event.priority_updated
             fields = list(event.headers or [])
             self._request(event.stream_id or 0, fields, event.stream_ended is not None)
         elif isinstance(event, h2.events.StreamEnded):
@@ -184,6 +187,7 @@ class H2ClientConnection(asyncio.Protocol):
             if stream is not None:
                 stream.body_end()
         elif isinstance(event, h2.events.TrailersReceived):
+            self._headers_priority = event.priority_updated
             stream = self.streams.get(event.stream_id or 0)
             if stream is not None and stream.exchange is not None:
                 stream.exchange.trailers = list(event.headers or [])
@@ -195,6 +199,8 @@ class H2ClientConnection(asyncio.Protocol):
                 if stream is not None and stream.unsent:
                     stream.send_pending()
         elif isinstance(event, _CONTROL_EVENTS):
+            if event is self._headers_priority:
+                return  # the priority a HEADERS frame carried (nghttp2's client sends one with every request)
             if (
                 isinstance(event, h2.events.RemoteSettingsChanged)
                 and self.h2.encoder.header_table_size > _ENCODER_TABLE

@@ -53,12 +53,23 @@ class RawPeer:
         """A header block: the fields HPACK-encoded with this connection's encoder (its dynamic table)."""
         return bytes(self.encoder.encode(list(fields)))
 
-    def headers(self, stream_id: int, path: str = "/echo", *, end_stream: bool = True, method: str = "GET") -> bytes:
-        """A whole request head on `stream_id`, serialized."""
-        frame = HeadersFrame(stream_id, self.block(request_fields(path, method)))
+    def headers(
+        self,
+        stream_id: int,
+        path: str = "/echo",
+        *,
+        end_stream: bool = True,
+        method: str = "GET",
+        priority: bool = False,
+    ) -> bytes:
+        """A whole request head on `stream_id`, serialized (`priority`: with a PRIORITY flag and weight, as
+        nghttp2's client and browsers send every request)."""
+        frame = HeadersFrame(stream_id, self.block(request_fields(path, method)), depends_on=0, stream_weight=15)
         frame.flags.add("END_HEADERS")
         if end_stream:
             frame.flags.add("END_STREAM")
+        if priority:
+            frame.flags.add("PRIORITY")
         return frame.serialize()
 
     async def drain(self) -> bool:

@@ -209,6 +209,19 @@ async def test_control_frame_floods_are_goaway_enhance_your_calm(upstream: Upstr
         await settled(server)
 
 
+async def test_requests_whose_headers_carry_a_priority_are_not_control_frames(upstream: Upstream) -> None:
+    """nghttp2's client (and browsers) set the PRIORITY flag on every HEADERS frame: more requests than
+    max_control_frames on one connection are all answered."""
+    async with attacked(upstream.address) as server:
+        peer = await RawPeer.connect(server.port)
+        for n in range(1, 4 * HTTP2["max_control_frames"], 2):
+            peer.write(peer.headers(n, priority=True))
+            assert await peer.until(lambda f: isinstance(f, DataFrame) and "END_STREAM" in f.flags, within=2)
+        assert not [f for f in peer.received if isinstance(f, GoAwayFrame)]
+        peer.close()
+        await settled(server)
+
+
 @asynccontextmanager
 async def big_responses() -> AsyncIterator[H11Upstream]:
     """An upstream answering /big with 16 MB (more than any socket buffer takes), anything else with nothing."""
