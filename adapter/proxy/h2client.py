@@ -60,6 +60,7 @@ _READ_SLICE = 16 * 1024
 # the client's decoder offers: the encoder may use less (RFC 7541 4.2), and a table as large as offered (up to
 # 4 GiB) would keep every distinct response field the connection carried.
 _ENCODER_TABLE = 4096
+_GOAWAY_INPUTS = (h2.connection.ConnectionInputs.SEND_GOAWAY, h2.connection.ConnectionInputs.RECV_GOAWAY)
 _CONTROL_EVENTS = (
     h2.events.PingReceived,
     h2.events.RemoteSettingsChanged,
@@ -73,6 +74,18 @@ def _code_name(code: int) -> str:
         return h2.errors.ErrorCodes(code).name
     except ValueError:
         return str(code)
+
+
+class _GoawayKeepsOpen(h2.connection.H2ConnectionStateMachine):
+    """h2's connection state machine but for GOAWAY, sent or received: h2 closes the connection on one at once
+    (python-hyper/h2#1181) and refuses every frame after it, even later frames of the same read, where RFC 9113 6.8
+    lets the streams begun before it finish. The proxy ends the connection itself (`_close`), and refuses the
+    streams a client opens after the proxy's GOAWAY (`_last_stream`)."""
+
+    def process_input(self, input_: h2.connection.ConnectionInputs) -> list[h2.events.Event]:
+        if input_ in _GOAWAY_INPUTS:
+            return []
+        return super().process_input(input_)
 
 
 class H2ClientConnection(asyncio.Protocol):
@@ -99,6 +112,7 @@ class H2ClientConnection(asyncio.Protocol):
             },
         )
         self.h2.decoder.max_header_list_size = config.max_header_bytes
+        self.h2.state_machine = _GoawayKeepsOpen()
         self.streams: dict[int, H2Stream] = {}
         self._closed = False
         self._going_away = False
@@ -215,9 +229,8 @@ class H2ClientConnection(asyncio.Protocol):
                 )
         elif isinstance(event, h2.events.ConnectionTerminated):
             self._going_away = True
-            if self.streams and event.error_code == h2.errors.ErrorCodes.NO_ERROR:
-                self._reopen()  # the client is closing: the streams it waits for still finish
-            else:
+            # NO_ERROR: the client is closing, and the streams it waits for still finish.
+            if not self.streams or event.error_code != h2.errors.ErrorCodes.NO_ERROR:
                 self._close()
 
     def _request(self, stream_id: int, headers: Fields, ended: bool) -> None:
@@ -304,15 +317,9 @@ class H2ClientConnection(asyncio.Protocol):
             message = self._header_block_message
         telemetry.REFUSED_MESSAGES.labels("request", f"h2_{reason}").inc()
         code = getattr(err, "error_code", None) or h2.errors.ErrorCodes.PROTOCOL_ERROR
-        # h2 has queued a GOAWAY that says nothing of why (and closed its state): this one, saying it, replaces it.
+        # h2 has queued a GOAWAY that says nothing of why: this one, saying it, replaces it.
         self.h2.clear_outbound_data_buffer()
-        self._reopen()
         self._goaway(code, message)
-
-    def _reopen(self) -> None:
-        """h2 closes its connection state machine on a GOAWAY either way (sent or received: python-hyper/h2#1181),
-        after which it would take or send no frame; RFC 9113 6.8 lets the streams before the GOAWAY finish."""
-        self.h2.state_machine.state = h2.connection.ConnectionState.SERVER_OPEN
 
     def _goaway(self, code: int, message: str) -> None:
         """End the connection: GOAWAY saying why, then closed (its streams are cut off)."""
@@ -395,7 +402,6 @@ class H2ClientConnection(asyncio.Protocol):
             self._going_away = True
             self._last_stream = self.h2.highest_inbound_stream_id
             self.h2.close_connection(h2.errors.ErrorCodes.NO_ERROR)
-            self._reopen()
             self.flush()
         if not self.streams:
             self._close()
