@@ -291,12 +291,16 @@ async def test_a_client_that_reads_nothing_loses_the_connection_after_send_timeo
 
 
 async def test_more_streams_than_max_concurrent_streams_is_goaway_naming_the_limit(upstream: Upstream) -> None:
+    """SETTINGS_MAX_CONCURRENT_STREAMS said how many: one more ends the connection (h2 makes it a connection error),
+    and the streams it had are withdrawn."""
     async with attacked(upstream.address) as server:
         before = hits("http2.max_concurrent_streams"), goaways("PROTOCOL_ERROR")
         peer = await RawPeer.connect(server.port)
         limit = HTTP2["max_concurrent_streams"]
         peer.write(b"".join(peer.headers(n, "/slow?s=3") for n in range(1, 2 * limit + 1, 2)))
         await until(lambda: server.routes[ROUTE].counts.pending == limit)
+        (connection,) = server.data.connections
+        assert len(connection.streams) == limit  # type: ignore[union-attr]
         await bystanders(server)
         peer.write(peer.headers(2 * limit + 1, "/slow?s=3"))
         goaway = await peer.goaway(within=1)
@@ -343,21 +347,22 @@ async def test_a_header_block_that_never_ends_is_closed_after_header_timeout(
 
 
 @pytest.mark.parametrize(
-    ("sent", "after", "code"),
+    ("sent", "after", "code", "timed_out"),
     [
-        (PREFACE[:10], TIMEOUT, None),
-        (PREFACE, TIMEOUT, PROTOCOL_ERROR),
-        (PREFACE + SettingsFrame(0).serialize(), 1.0, NO_ERROR),
+        (PREFACE[:10], TIMEOUT, None, 0),
+        (PREFACE, TIMEOUT, PROTOCOL_ERROR, 1),
+        (PREFACE + SettingsFrame(0).serialize(), 1.0, NO_ERROR, 0),
     ],
     ids=["part-of-the-preface", "the-preface-alone", "preface-and-settings-then-idle"],
 )
 async def test_a_connection_that_stops_early_is_closed_after_its_timeout(
-    upstream: Upstream, sent: bytes, after: float, code: int | None
+    upstream: Upstream, sent: bytes, after: float, code: int | None, timed_out: int
 ) -> None:
     """Part of the preface (still an HTTP/1.1 connection: closed at header_timeout, nothing answered), the
     preface without the SETTINGS that must follow (GOAWAY at header_timeout), a connection with nothing in flight
     (GOAWAY NO_ERROR at idle_timeout)."""
     async with attacked(upstream.address, idle_timeout=1.0) as server:
+        before = hits("header_timeout")
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         peer = RawPeer(reader, writer)
         peer.write(sent)
@@ -367,6 +372,7 @@ async def test_a_connection_that_stops_early_is_closed_after_its_timeout(
         assert after <= time.monotonic() - start < after + LATE
         goaway_codes = [f.error_code for f in peer.received if isinstance(f, GoAwayFrame)]
         assert goaway_codes == ([] if code is None else [code])
+        assert hits("header_timeout") == before + timed_out
         peer.close()
         await settled(server)
 
