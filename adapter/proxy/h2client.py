@@ -10,11 +10,14 @@ shares, a metric and a message (docs/architecture.md#h2-defences):
 
 - streams open at once: SETTINGS_MAX_CONCURRENT_STREAMS (`max_concurrent_streams`); a client that opens more is
   sent GOAWAY;
-- streams the client resets, and control frames (SETTINGS, PING, PRIORITY, unknown types), per `abuse_window`:
-  `max_stream_resets` and `max_control_frames`, then GOAWAY ENHANCE_YOUR_CALM (rapid reset, and the floods);
-- a header block (HEADERS and its CONTINUATIONs: h2 keeps at most 64 frames of one) decoded to at most
-  `proxy.max_header_bytes` (the HPACK bomb), with at most `proxy.max_headers` fields;
-- any frame, a header block included, completes within `proxy.header_timeout` of its first byte; a connection
+- streams the client resets (or makes the proxy reset), and control frames (SETTINGS, PING, PRIORITY frames,
+  unknown types), per `abuse_window`: `max_stream_resets` and `max_control_frames`, then GOAWAY ENHANCE_YOUR_CALM
+  (rapid reset, and the floods); h2 is given a read 16 KiB at a time, so that a limit stops the parsing of the rest;
+- a header block (HEADERS and its CONTINUATIONs) of at most `proxy.max_header_bytes`, encoded (the CONTINUATION
+  flood) and decoded (the HPACK bomb), with at most `proxy.max_headers` fields; the encoder's HPACK table stays
+  4 KiB whatever the client offers;
+- any frame, a header block included, completes within `proxy.header_timeout` of its first byte (or of the read
+  that completed the frame before it); a connection
   without a stream closes after `proxy.idle_timeout`; a stream's request body moves at least every
   `limits.body_timeout`; response bytes the client's window keeps from it for `proxy.send_timeout` reset the stream
   (a zero window), and a client that reads nothing for that long loses the connection.
@@ -33,7 +36,6 @@ import h2.events
 import h2.exceptions
 import h2.settings
 import httptools
-import hyperframe.frame
 
 from adapter.proxy.exchange import DONE, Exchange
 from adapter.proxy.h2conn import Outbox, h2_connection
@@ -54,6 +56,12 @@ _CONNECTION_WINDOW = 16 * 1024 * 1024
 # Response bytes a stream keeps while the client's window is shut, before its upstream is paused.
 _STREAM_BUFFER = 64 * 1024
 _PAUSE_BODY, _PAUSE_UPSTREAM = 1, 2
+# The bytes of a read h2 parses at once (one frame at most).
+_READ_SLICE = 16 * 1024
+# The HPACK dynamic table the proxy's encoder keeps (RFC 7541's default), whatever larger SETTINGS_HEADER_TABLE_SIZE
+# the client's decoder offers: the encoder may use less (RFC 7541 4.2), and a table as large as offered (up to
+# 4 GiB) would keep every distinct response field the connection carried.
+_ENCODER_TABLE = 4096
 _CONTROL_EVENTS = (
     h2.events.PingReceived,
     h2.events.RemoteSettingsChanged,
@@ -79,6 +87,7 @@ class H2ClientConnection(asyncio.Protocol):
         config = server.config
         self._settings = config.http2
         self._max_headers = config.max_headers
+        self._max_header_bytes = config.max_header_bytes
         self._peer = peer
         self._node = b'"[%b]"' % peer if b":" in peer else peer
         self.h2 = h2_connection(client_side=False)
@@ -95,7 +104,7 @@ class H2ClientConnection(asyncio.Protocol):
         self.streams: dict[int, H2Stream] = {}
         self._closed = False
         self._going_away = False
-        # The last stream a draining GOAWAY said is taken (None: none sent); newer ones are refused.
+        # The last stream taken when the proxy said GOAWAY while streams may still finish (None: not said).
         self._last_stream: int | None = None
         # When the frame being read must be complete, or the idle connection closes (monotonic, 0: none); the
         # server's sweeper checks it, as it checks every connection's.
@@ -106,12 +115,15 @@ class H2ClientConnection(asyncio.Protocol):
         self._window_start = monotonic()
         self._resets = 0
         self._controls = 0
+        # The PriorityUpdated event h2 repeats after the request (or trailers) whose HEADERS frame carried it.
+        self._headers_priority: h2.events.PriorityUpdated | None = None
         self._flush_soon = False
 
     def start(self, data: bytes) -> None:
         """Take the connection over with what was read of it (the preface, maybe more)."""
         self.h2.initiate_connection()
         self.h2.increment_flow_control_window(_CONNECTION_WINDOW - 65535)
+        self.flush()  # the SETTINGS the connection must begin with, whatever reading `data` queues and drops
         self.data_received(data)
 
     # --- asyncio callbacks ---
@@ -119,16 +131,22 @@ class H2ClientConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
-        try:
-            events = self.h2.receive_data(data)
-        except h2.exceptions.ProtocolError as err:
-            self._protocol_error(err)
-            return
-        for event in events:
-            self._event(event)
-            if self._closed:
+        progressed = False
+        view = memoryview(data)
+        # h2 parses all it is given before the proxy sees an event: given a slice at a time, a limit reached stops
+        # the parsing of the rest of a read (256 KiB of rapid resets is some 5,000 streams, 0.4 s of h2's time).
+        for start in range(0, len(view), _READ_SLICE):
+            try:
+                events = self.h2.receive_data(view[start : start + _READ_SLICE])
+            except h2.exceptions.ProtocolError as err:
+                self._protocol_error(err)
                 return
-        self._read_progress(bool(events))
+            for event in events:
+                self._event(event)
+                if self._closed:
+                    return
+            progressed = progressed or bool(events)
+        self._read_progress(progressed)
         self.flush()
 
     def eof_received(self) -> bool:
@@ -163,6 +181,7 @@ class H2ClientConnection(asyncio.Protocol):
             elif event.flow_controlled_length:
                 self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id or 0)
         elif isinstance(event, h2.events.RequestReceived):
+            self._headers_priority = event.priority_updated
             fields = list(event.headers or [])
             self._request(event.stream_id or 0, fields, event.stream_ended is not None)
         elif isinstance(event, h2.events.StreamEnded):
@@ -170,6 +189,7 @@ class H2ClientConnection(asyncio.Protocol):
             if stream is not None:
                 stream.body_end()
         elif isinstance(event, h2.events.TrailersReceived):
+            self._headers_priority = event.priority_updated
             stream = self.streams.get(event.stream_id or 0)
             if stream is not None and stream.exchange is not None:
                 stream.exchange.trailers = list(event.headers or [])
@@ -181,6 +201,13 @@ class H2ClientConnection(asyncio.Protocol):
                 if stream is not None and stream.unsent:
                     stream.send_pending()
         elif isinstance(event, _CONTROL_EVENTS):
+            if event is self._headers_priority:
+                return  # the priority a HEADERS frame carried (nghttp2's client sends one with every request)
+            if (
+                isinstance(event, h2.events.RemoteSettingsChanged)
+                and self.h2.encoder.header_table_size > _ENCODER_TABLE
+            ):
+                self.h2.encoder.header_table_size = _ENCODER_TABLE
             self._controls += 1
             if self._count_window() and self._controls > self._settings.max_control_frames:
                 self._calm_down(
@@ -189,19 +216,15 @@ class H2ClientConnection(asyncio.Protocol):
                     f"{self._settings.abuse_window:g} s (proxy.http2.max_control_frames)",
                 )
         elif isinstance(event, h2.events.ConnectionTerminated):
-            # The client is leaving: h2 sends nothing more on this connection (its state is CLOSED), so its streams
-            # end here as a client gone (counted as 499), their upstream streams cancelled.
-            self._closed = True
-            self.transport.close()
-            streams, self.streams = self.streams, {}
-            for stream in streams.values():
-                stream.gone()
+            self._going_away = True
+            # NO_ERROR: the client is closing, and the streams it waits for still finish.
+            if not self.streams or event.error_code != h2.errors.ErrorCodes.NO_ERROR:
+                self._close()
 
     def _request(self, stream_id: int, headers: Fields, ended: bool) -> None:
         """A stream's request head (`ended`: and no body follows it)."""
         if self._last_stream is not None and stream_id > self._last_stream:
-            # Opened after the draining GOAWAY said which streams are taken: refused, so the client may send it
-            # again elsewhere (RFC 9113 8.7: a refused stream was not processed).
+            # Opened after the proxy's GOAWAY: refused unprocessed, so the client may retry it (RFC 9113 8.7).
             self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
         stream = self.streams[stream_id] = H2Stream(self, stream_id)
@@ -275,11 +298,21 @@ class H2ClientConnection(asyncio.Protocol):
 
     def _protocol_error(self, err: h2.exceptions.ProtocolError) -> None:
         reason = type(err).__name__
-        if isinstance(err, h2.exceptions.DenialOfServiceError):
+        message = f"HTTP/2 protocol error: {err}"
+        if isinstance(err, h2.exceptions.TooManyStreamsError):
+            telemetry.LIMIT_HITS.labels("", "http2.max_concurrent_streams").inc()
+            message = (
+                f"more than {self._settings.max_concurrent_streams} streams open at once "
+                "(proxy.http2.max_concurrent_streams)"
+            )
+        elif isinstance(err, h2.exceptions.DenialOfServiceError):
             telemetry.LIMIT_HITS.labels("", "max_header_bytes").inc()
+            message = self._header_block_message
         telemetry.REFUSED_MESSAGES.labels("request", f"h2_{reason}").inc()
         code = getattr(err, "error_code", None) or h2.errors.ErrorCodes.PROTOCOL_ERROR
-        self._goaway(code, f"HTTP/2 protocol error: {err}")
+        # h2 has queued a GOAWAY that says nothing of why: this one, saying it, replaces it.
+        self.h2.clear_outbound_data_buffer()
+        self._goaway(code, message)
 
     def _goaway(self, code: int, message: str) -> None:
         """End the connection: GOAWAY saying why, then closed (its streams are cut off)."""
@@ -291,10 +324,27 @@ class H2ClientConnection(asyncio.Protocol):
 
     # --- deadlines (the server's sweeper) ---
 
+    @property
+    def _header_block_message(self) -> str:
+        return f"a header block of more than {self._max_header_bytes} bytes (proxy.max_header_bytes)"
+
     def _read_progress(self, progressed: bool) -> None:
-        """A read that completed a frame ends the frame's deadline; one that did not starts it (if not started)."""
+        """A read that completed a frame ends the frame's deadline, or starts a new one for a frame or header block
+        begun after it; a read that completed nothing starts it (if not started). A header block past
+        max_header_bytes ends the connection."""
+        # What h2 keeps unparsed: part of a frame, and a header block's frames until its END_HEADERS (up to 64 of
+        # them: a megabyte). HPACK-encoded, a header list is no larger than decoded: a longer block is refused now.
+        buffered = self.h2.incoming_buffer
+        block = buffered._headers_buffer
+        if block and sum(len(frame.data) for frame in block) > self._max_header_bytes:
+            telemetry.LIMIT_HITS.labels("", "max_header_bytes").inc()
+            self._goaway(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, self._header_block_message)
+            return
         if progressed:
-            if self._partial or not self.deadline:
+            if buffered._data or block:
+                self._partial = True
+                self.deadline = monotonic() + self.server.config.header_timeout
+            elif self._partial or not self.deadline:
                 self._partial = False
                 self.deadline = 0.0 if self.streams else monotonic() + self.server.config.idle_timeout
         elif not self._partial:
@@ -342,11 +392,8 @@ class H2ClientConnection(asyncio.Protocol):
         if not self._going_away:
             self._going_away = True
             self._last_stream = self.h2.highest_inbound_stream_id
-            # Written here, not by h2.close_connection: that would put h2 in its CLOSED state, in which it sends
-            # nothing more, not even the answers of the streams this GOAWAY lets finish.
+            self.h2.close_connection(h2.errors.ErrorCodes.NO_ERROR)
             self.flush()
-            goaway = hyperframe.frame.GoAwayFrame(stream_id=0, last_stream_id=self._last_stream, error_code=0)
-            self.transport.write(goaway.serialize())
             telemetry.H2_GOAWAYS.labels("NO_ERROR").inc()
         if not self.streams:
             self._close()
@@ -736,6 +783,7 @@ class H2Stream:
                 # Answered before the request was whole: the client may stop sending it (RFC 9113 8.1).
                 with contextlib.suppress(h2.exceptions.ProtocolError):
                     self.connection.h2.reset_stream(self.stream_id, h2.errors.ErrorCodes.NO_ERROR)
+                self.connection.outbox.flush_soon()
                 self.request_ended = True
             if self._unacked:
                 self._acknowledge()

@@ -1,4 +1,5 @@
-"""What both HTTP/2 sides share: how the h2 library is configured, and how its frames reach the socket.
+"""What both HTTP/2 sides share: how the h2 library is configured (a GOAWAY leaves its streams to finish), and how
+its frames reach the socket.
 
 Frames are written once per turn of the event loop (`Outbox.flush_soon`), not once per call that makes some: a
 response's HEADERS, DATA and END_STREAM, and every stream answered in the same turn, go out in one write (a write
@@ -11,6 +12,22 @@ import asyncio
 
 import h2.config
 import h2.connection
+import h2.events
+
+_GOAWAY_INPUTS = (h2.connection.ConnectionInputs.SEND_GOAWAY, h2.connection.ConnectionInputs.RECV_GOAWAY)
+
+
+class _GoawayKeepsOpen(h2.connection.H2ConnectionStateMachine):
+    """h2's connection state machine but for GOAWAY, sent or received: h2 closes the connection on one at once
+    (python-hyper/h2#1181) and refuses every frame after it, even later frames of the same read, where RFC 9113 6.8
+    lets the streams begun before it finish. Each side ends the connection itself once its streams are done
+    (h2client: and refuses the streams a client opens after the proxy's GOAWAY; h2upstream: and sends elsewhere the
+    streams above the peer's last-stream-id)."""
+
+    def process_input(self, input_: h2.connection.ConnectionInputs) -> list[h2.events.Event]:
+        if input_ in _GOAWAY_INPUTS:
+            return []
+        return super().process_input(input_)
 
 
 def h2_connection(*, client_side: bool) -> h2.connection.H2Connection:
@@ -24,7 +41,9 @@ def h2_connection(*, client_side: bool) -> h2.connection.H2Connection:
         validate_outbound_headers=False,
         normalize_outbound_headers=False,
     )
-    return h2.connection.H2Connection(config)
+    connection = h2.connection.H2Connection(config)
+    connection.state_machine = _GoawayKeepsOpen()
+    return connection
 
 
 class Outbox:

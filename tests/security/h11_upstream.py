@@ -35,6 +35,8 @@ class H11Upstream:
     requests: list[Received] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     connections: int = 0
+    # The numbers of the connections still open (the ones the proxy closed have been seen to end).
+    open: set[int] = field(default_factory=set)
     port: int = 0
     _server: asyncio.Server | None = None
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
@@ -60,6 +62,7 @@ class H11Upstream:
         self.connections += 1
         number = self.connections
         self._writers.add(writer)
+        self.open.add(number)
         connection = h11.Connection(h11.SERVER)
         current: Received | None = None
         try:
@@ -90,6 +93,7 @@ class H11Upstream:
             pass
         finally:
             self._writers.discard(writer)
+            self.open.discard(number)
             writer.close()
 
     def _answer(self, connection: h11.Connection, writer: asyncio.StreamWriter, request: Received) -> None:
