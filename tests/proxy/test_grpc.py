@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -340,3 +341,49 @@ async def test_http2_client_to_an_http1_upstream(upstream: Upstream) -> None:
     assert body == b"hello h1"
     assert [(seen.method, seen.path, seen.body) for seen in upstream.requests] == [("POST", "/echo?q=1", b"hello h1")]
     assert upstream.requests[0].headers["host"] == authority  # :authority becomes Host
+
+
+async def test_a_sidecar_in_front_of_a_grpc_server_holds_and_forwards_its_calls() -> None:
+    port = refused_port()
+    async with (
+        running_proxy([], sidecar={"upstream": f"127.0.0.1:{port}", "protocol": "h2c"}) as proxy,
+        echo_client(proxy.port) as client,
+    ):
+        (route,) = proxy.routes.values()
+        calls = [client.unary(b"%d" % index, timeout=DEADLINE) for index in range(3)]
+        await until(lambda: route.counts.held == 3)
+        server = await EchoServer(port).start()
+        try:
+            assert await asyncio.gather(*calls) == [b"0", b"1", b"2"]
+        finally:
+            await server.stop()
+        assert server.calls == {"Unary": 3}
+
+
+async def test_a_stream_begun_before_the_servers_graceful_goaway_finishes_through_it() -> None:
+    """A pod stopping gracefully says GOAWAY and lets its calls finish: so does the proxy, for the streams it
+    relays (h2 alone would close the connection's state on the GOAWAY and break them)."""
+    server = await EchoServer().start()
+    try:
+        async with running_proxy([h2c_route("g", server.address)]) as proxy, echo_client(proxy.port) as client:
+            outgoing: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+            async def requests() -> AsyncIterator[bytes]:
+                while (message := await outgoing.get()) is not None:
+                    yield message
+
+            call = client.bidi(requests(), timeout=DEADLINE)
+            for index in range(3):
+                await outgoing.put(b"before-%d" % index)
+                assert await call.read() == b"before-%d" % index
+            stopping = asyncio.create_task(server.stop(grace=DEADLINE))
+            # The GOAWAY came: the connection takes no new stream (it left the pool), the begun one goes on.
+            await until(lambda: not proxy.routes["default/g"].endpoints[0].pool)
+            for index in range(3):
+                await outgoing.put(b"after-%d" % index)
+                assert await call.read() == b"after-%d" % index
+            await outgoing.put(None)
+            assert await call.code() == grpc.StatusCode.OK
+            await stopping
+    finally:
+        await server.stop()

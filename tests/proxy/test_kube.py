@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
 from prometheus_client import REGISTRY
 
@@ -14,6 +15,7 @@ from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import ready_addresses
 from adapter.kube.hpas import HPA
 from adapter.proxy.intent import decide
+from tests.fixtures.grpc_echo import EchoServer, echo_client
 from tests.fixtures.kube_routes import (
     HPAS,
     SLICES_V1,
@@ -243,6 +245,39 @@ async def test_endpoints_follow_the_watch(kube: KubeStandIn, kube_client: KubeCl
         kube.end_watches()  # the watch ends: the proxy lists and watches again
         kube.delete(collection, "web-1")
         await until(lambda: [(e.host, e.port) for e in route.endpoints] == [("10.0.0.3", 8080)])
+
+
+@pytest.mark.parametrize(("protocol", "h2c"), [("auto", True), ("http1", False)])
+async def test_the_service_ports_app_protocol_says_h2c_unless_the_route_says_otherwise(
+    kube: KubeStandIn, kube_client: KubeClient, protocol: str, h2c: bool
+) -> None:
+    """`upstream.protocol: auto` reads the slice port's appProtocol (kubernetes.io/h2c): a gRPC call held while the
+    Service has no endpoint is forwarded over h2c once one is ready; `http1` overrides it."""
+    collection = slices_collection("default")
+    port = refused_port()
+    kube.put(collection, endpoint_slice("web-abc", "web", [], port))  # at zero: no ports listed, no appProtocol
+    upstream = {"service": "web", "namespace": "default", "port": "http", "protocol": protocol}
+    async with running_proxy([wake_route("grpc", wake="none", upstream=upstream)], kube=kube_client) as server:
+        route = server.routes["default/grpc"]
+        await until(lambda: route.readiness_known)
+        server_at_port = await EchoServer(port).start()
+        try:
+            async with echo_client(server.port, **{"grpc.enable_retries": 0}) as client:
+                call = client.unary(b"held", timeout=10)
+                await until(lambda: route.counts.held == 1)
+                ready = endpoint_slice("web-abc", "web", [("127.0.0.1", {})], port, app_protocol="kubernetes.io/h2c")
+                kube.put(collection, ready)
+                await until(lambda: len(route.endpoints) == 1)
+                assert route.endpoints[0].h2c is h2c
+                if h2c:
+                    assert await call == b"held"
+                else:
+                    with pytest.raises(grpc.aio.AioRpcError) as lost:
+                        await call  # HTTP/1.1 to a gRPC server: no answer it can relay
+                    assert lost.value.code() == grpc.StatusCode.UNAVAILABLE
+        finally:
+            await server_at_port.stop()
+        assert server_at_port.calls == ({"Unary": 1} if h2c else {})
 
 
 def test_ready_addresses_follow_spec_8_1() -> None:
