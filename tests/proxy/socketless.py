@@ -133,6 +133,8 @@ class VirtualClockLoop(asyncio.BaseEventLoop):
         self._slow: dict[tuple[str, int], float] = {}
         # Every connection dialled, in order: (address, transport).
         self.dialled: list[tuple[tuple[str, int], FakeTransport]] = []
+        # Called with each connection dialled, as the peer would accept it (an HTTP/2 server sends its SETTINGS).
+        self.on_dial: Callable[[FakeTransport], object] | None = None
 
     def time(self) -> float:
         return self._now
@@ -198,4 +200,6 @@ class VirtualClockLoop(asyncio.BaseEventLoop):
         transport = FakeTransport(protocol, address)
         protocol.connection_made(transport)
         self.dialled.append((address, transport))
+        if self.on_dial is not None:
+            self.on_dial(transport)
         return transport, protocol

@@ -84,6 +84,7 @@ class Stage:
         self.route.counts.subscribe(lambda _route, held, inflight: self.counts.append((held, inflight)))
         self._peer = H2Upstream if upstream == "h2c" else H1Upstream
         self._upstreams: dict[int, H1Upstream | H2Upstream] = {}
+        clock.on_dial = self._accepted
         if endpoint:
             self.route.set_endpoints([ENDPOINT])
 
@@ -96,7 +97,9 @@ class Stage:
 
     def upstream(self, index: int = -1) -> H1Upstream | H2Upstream:
         """The upstream's end of the `index`-th connection the proxy dialled."""
-        transport = self.clock.dialled[index][1]
+        return self._accepted(self.clock.dialled[index][1])
+
+    def _accepted(self, transport: FakeTransport) -> H1Upstream | H2Upstream:
         if id(transport) not in self._upstreams:
             self._upstreams[id(transport)] = self._peer(transport)
         return self._upstreams[id(transport)]
@@ -203,6 +206,7 @@ class H2Upstream:
         self.h2.initiate_connection()
         self.seen: dict[int, Seen] = {}
         self.reset: set[int] = set()
+        self._send()  # its SETTINGS at once, as a server does: the proxy opens no stream before them
 
     def _exchange(self) -> None:
         """Read what the proxy sent, answer what h2 answers by itself (SETTINGS, their ACKs, WINDOW_UPDATE)."""
