@@ -71,7 +71,9 @@ H2_BACK: Budget = {
     **_BACK,
     "h2client.py": 2,  # H2Stream.finish (the response re-read as HTTP/2), H2Stream.exchange_finished
     "h2wire.py": 1,  # h2_response_head
-    "h2conn.py": 2,  # Outbox.flush_soon: after the head, after the body and its end (one write for all, later)
+    # Outbox.flush_soon after the head and after the body and its end (one write for all, later); h2 asking the
+    # connection's state machine (h2conn._GoawayKeepsOpen) as it sends the head and the end
+    "h2conn.py": 4,
 }
 # The cold path: held while no endpoint is ready (the hold), sent by the route's pump once one is (the release).
 HOLD: Budget = {
