@@ -387,3 +387,36 @@ async def test_a_stream_begun_before_the_servers_graceful_goaway_finishes_throug
             await stopping
     finally:
         await server.stop()
+
+
+async def test_request_trailers_reach_an_h2c_upstream() -> None:
+    upstream = await H2Upstream().start()
+    try:
+        async with running_proxy([h2c_route("h2", upstream.address)]) as proxy:
+            head = [(":method", "POST"), (":scheme", "http"), (":authority", "app.example"), (":path", "/t")]
+            response = await h2_request(proxy.port, head, b"body", trailers=[("x-checksum", "abc")])
+        assert response.header(":status") == "200"
+        (seen,) = upstream.requests
+        assert (seen.body, seen.trailers) == (b"body", [("x-checksum", "abc")])
+    finally:
+        await upstream.stop()
+
+
+async def test_h2load_through_the_proxy_sees_every_request_answered() -> None:
+    """A real HTTP/2 load generator (nghttp2's h2load): many streams over few connections, each answered 200."""
+    upstream = await H2Upstream().start()
+    try:
+        async with running_proxy([h2c_route("h2", upstream.address)]) as proxy:
+            run = await asyncio.create_subprocess_exec(
+                *("h2load", "-n", "300", "-c", "3", "-m", "10", f"http://127.0.0.1:{proxy.port}/load"),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            out, _ = await asyncio.wait_for(run.communicate(), 60)
+        report = out.decode()
+        assert run.returncode == 0, report
+        assert "300 succeeded, 0 failed, 0 errored, 0 timeout" in report, report
+        assert "status codes: 300 2xx" in report, report
+        assert len(upstream.requests) == 300
+    finally:
+        await upstream.stop()
