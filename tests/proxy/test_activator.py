@@ -23,6 +23,7 @@ from adapter.config.proxy import ProxyConfig
 from adapter.kube.client import KubeClient
 from adapter.kube.endpointslices import MANAGED_BY, build_slices
 from adapter.proxy.app import Proxy
+from tests.fixtures.grpc_echo import EchoServer, echo_client
 from tests.fixtures.kube_routes import SLICES_V1, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn, Reply, StandInRequest, status_body
 from tests.fixtures.proxy import get, request, running_proxy, until
@@ -694,3 +695,36 @@ async def test_a_selector_given_to_the_service_removes_our_slices_at_once(
     async with warm_writer(kube, kube_client, resync_interval=30):
         kube.put("/api/v1/namespaces/default/services", service(selector={"app": "web"}))
         await until(lambda: ours(kube) == [], within=10)
+
+
+async def test_a_grpc_call_to_the_activator_port_is_held_while_cold_and_forwarded_over_h2c(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """Activator mode for an h2c workload: cold, the Service lists the proxy, whose activator port takes the call
+    over HTTP/2 (prior knowledge) and holds it; the pod ready (its port's appProtocol kubernetes.io/h2c), the call goes
+    to it over h2c, and the Service lists the pod again."""
+    pod_port, port = port_outside_ephemeral(), port_outside_ephemeral()
+    seed(kube, 0, pod_port)
+    pod = EchoServer(pod_port)
+    try:
+        async with running_proxy([activator_route(port)], kube=kube_client, activator=activator_settings()) as server:
+            await until(lambda: listed(kube) == [(PROXY_ADDRESS, port, "http")])
+            async with echo_client(port, **{"grpc.enable_retries": 0}) as client:
+                call = client.unary(b"held by the activator", timeout=15)
+                await until(lambda: server.routes["default/web"].counts.held == 1)
+                set_replicas(kube, 1)
+                await pod.start()
+                ready = endpoint_slice(
+                    "web-pods-abcde",
+                    "web-pods",
+                    [("127.0.0.1", {"ready": True})],
+                    pod_port,
+                    app_protocol="kubernetes.io/h2c",
+                )
+                kube.put(SLICES, ready)
+                assert await call == b"held by the activator"
+            await until(lambda: listed(kube) == [("127.0.0.1", pod_port, "http")])
+            assert server.routes["default/web"].endpoints[0].h2c
+    finally:
+        await pod.stop()
+    assert pod.calls == {"Unary": 1}
