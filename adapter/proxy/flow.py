@@ -29,18 +29,14 @@ if TYPE_CHECKING:
     from adapter.proxy.upstream import UpstreamConnection
 
 
-class Flow:
-    __slots__ = ("chunked", "client", "reads", "upstream", "upstream_paused")
+class Pairing:
+    """The upstream side serving a client side, and whether its reading is paused for a slow client: the part of a
+    flow both protocols' client sides share (`Flow`, and h2client.H2Stream for one HTTP/2 stream)."""
 
-    def __init__(self, client: ClientConnection) -> None:
-        self.client = client
-        self.upstream: UpstreamConnection | H2UpstreamStream | None = None
-        # The HTTP/2 response being written is chunked for the client (it came without a content-length).
-        self.chunked = False
-        # Upstream reading is paused because the client reads slower than the upstream answers.
-        self.upstream_paused = False
-        # A tunnel's reads, both directions: the client's sweeper closes one that stops moving.
-        self.reads = 0
+    __slots__ = ("upstream", "upstream_paused")
+    upstream: UpstreamConnection | H2UpstreamStream | None
+    # Upstream reading is paused because the client reads slower than the upstream answers.
+    upstream_paused: bool
 
     def pair(self, upstream: UpstreamConnection, data: bytes) -> None:
         """`upstream` serves this client from now on; `data` (a request's first bytes) goes to it."""
@@ -61,15 +57,29 @@ class Flow:
             if not upstream.closed and not upstream.transport.is_closing():
                 upstream.transport.resume_reading()
 
-    # --- bytes ---
-
-    def to_client(self, data: bytes) -> None:
-        self.client.transport.write(data)
-
     def to_upstream(self, data: bytes) -> None:
         upstream = self.upstream
         if upstream is not None:
             upstream.transport.write(data)
+
+
+class Flow(Pairing):
+    __slots__ = ("chunked", "client", "reads")
+
+    def __init__(self, client: ClientConnection) -> None:
+        self.client = client
+        self.upstream: UpstreamConnection | H2UpstreamStream | None = None
+        # The HTTP/2 response being written is chunked for the client (it came without a content-length).
+        self.chunked = False
+        # Upstream reading is paused because the client reads slower than the upstream answers.
+        self.upstream_paused = False
+        # A tunnel's reads, both directions: the client's sweeper closes one that stops moving.
+        self.reads = 0
+
+    # --- bytes ---
+
+    def to_client(self, data: bytes) -> None:
+        self.client.transport.write(data)
 
     # --- an HTTP/2 upstream's response, for this HTTP/1.1 client ---
 

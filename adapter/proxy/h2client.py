@@ -38,7 +38,8 @@ import h2.settings
 import httptools
 
 from adapter.proxy.exchange import DONE, Exchange
-from adapter.proxy.h2conn import Outbox, h2_connection
+from adapter.proxy.flow import Pairing
+from adapter.proxy.h2conn import Outbox, end_stream, h2_connection, send_within_window
 from adapter.proxy.h2wire import Fields, StreamRequest, error_fields, h2_request_head, h2_response_head
 from adapter.proxy.headers import CONTENT_UNDEFINED, Refused
 from adapter.telemetry import proxy as telemetry
@@ -440,7 +441,7 @@ class _H1Response:
         self.stream.data(body)
 
 
-class H2Stream:
+class H2Stream(Pairing):
     """One stream of an `H2ClientConnection`: its exchange's client end and flow (the roles ClientConnection and
     Flow play for HTTP/1.1)."""
 
@@ -461,8 +462,6 @@ class H2Stream:
         "trailers_pending",
         "unsent",
         "unsent_size",
-        "upstream",
-        "upstream_paused",
     )
 
     def __init__(self, connection: H2ClientConnection, stream_id: int) -> None:
@@ -595,28 +594,7 @@ class H2Stream:
         self.connection.h2.acknowledge_received_data(unacked, self.stream_id)
         self.connection.outbox.flush_soon()
 
-    # --- the flow: to the upstream ---
-
-    def pair(self, upstream: UpstreamConnection, data: bytes) -> None:
-        self.upstream = upstream
-        upstream.transport.write(data)
-
-    def link(self, upstream: H2UpstreamStream) -> None:
-        self.upstream = upstream
-
-    def to_upstream(self, data: bytes) -> None:
-        upstream = self.upstream
-        if upstream is not None:
-            upstream.transport.write(data)
-
-    def unpair(self, upstream: UpstreamConnection | H2UpstreamStream) -> None:
-        if self.upstream is not upstream:
-            return
-        self.upstream = None
-        if self.upstream_paused:
-            self.upstream_paused = False
-            if not upstream.closed and not upstream.transport.is_closing():
-                upstream.transport.resume_reading()
+    # --- the flow: to the upstream (pair, link, to_upstream, unpair: Pairing's) ---
 
     def _unlink(self) -> None:
         upstream = self.upstream
@@ -693,25 +671,10 @@ class H2Stream:
         h2c = self.connection.h2
         unsent = self.unsent
         try:
-            while unsent:
-                room = min(h2c.local_flow_control_window(self.stream_id), h2c.max_outbound_frame_size)
-                if room <= 0:
-                    break
-                piece = unsent[0]
-                if len(piece) > room:
-                    h2c.send_data(self.stream_id, piece[:room])
-                    unsent[0] = piece[room:]
-                    self.unsent_size -= room
-                    continue
-                h2c.send_data(self.stream_id, piece)
-                unsent.pop(0)
-                self.unsent_size -= len(piece)
+            self.unsent_size -= send_within_window(h2c, self.stream_id, unsent)
             if not unsent and self.trailers_pending is not None:
                 trailers, self.trailers_pending = self.trailers_pending, None
-                if isinstance(trailers, list):
-                    h2c.send_headers(self.stream_id, trailers, end_stream=True)
-                else:
-                    h2c.end_stream(self.stream_id)
+                end_stream(h2c, self.stream_id, trailers if isinstance(trailers, list) else None)
                 self.ended = True
         except h2.exceptions.ProtocolError:
             self._unsendable()

@@ -46,6 +46,36 @@ def h2_connection(*, client_side: bool) -> h2.connection.H2Connection:
     return connection
 
 
+def send_within_window(connection: h2.connection.H2Connection, stream_id: int, unsent: list[bytes]) -> int:
+    """Send `unsent`'s pieces in order as DATA, as far as the stream's flow-control window and the peer's frame size
+    allow; what went leaves `unsent` (a piece cut at the window keeps its rest first). Returns the bytes sent."""
+    sent = 0
+    while unsent:
+        room = min(connection.local_flow_control_window(stream_id), connection.max_outbound_frame_size)
+        if room <= 0:
+            break
+        piece = unsent[0]
+        if len(piece) > room:
+            connection.send_data(stream_id, piece[:room])
+            unsent[0] = piece[room:]
+            sent += room
+            continue
+        connection.send_data(stream_id, piece)
+        unsent.pop(0)
+        sent += len(piece)
+    return sent
+
+
+def end_stream(
+    connection: h2.connection.H2Connection, stream_id: int, trailers: list[tuple[bytes, bytes]] | None
+) -> None:
+    """END_STREAM, on the trailer fields when there are any."""
+    if trailers:
+        connection.send_headers(stream_id, trailers, end_stream=True)
+    else:
+        connection.end_stream(stream_id)
+
+
 class Outbox:
     """The frames an h2 connection has made, written to its transport at the end of the current loop turn."""
 

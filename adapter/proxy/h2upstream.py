@@ -24,7 +24,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from adapter.proxy.h2conn import Outbox, h2_connection
+from adapter.proxy.h2conn import Outbox, end_stream, h2_connection, send_within_window
 from adapter.proxy.h2wire import Fields
 from adapter.telemetry import proxy as telemetry
 
@@ -270,25 +270,11 @@ class H2UpstreamStream:
         h2c = self.connection.h2
         unsent = self.unsent
         try:
-            while unsent:
-                room = min(h2c.local_flow_control_window(self.stream_id), h2c.max_outbound_frame_size)
-                if room <= 0:
-                    break
-                piece = unsent[0]
-                if len(piece) > room:
-                    h2c.send_data(self.stream_id, piece[:room])
-                    unsent[0] = piece[room:]
-                    continue
-                h2c.send_data(self.stream_id, piece)
-                unsent.pop(0)
+            send_within_window(h2c, self.stream_id, unsent)
             if not unsent and self._end_pending:
                 self._end_pending = False
                 exchange = self.exchange
-                trailers = exchange.trailers if exchange is not None else None
-                if trailers:
-                    h2c.send_headers(self.stream_id, trailers, end_stream=True)
-                else:
-                    h2c.end_stream(self.stream_id)
+                end_stream(h2c, self.stream_id, exchange.trailers if exchange is not None else None)
         except h2.exceptions.StreamClosedError:
             unsent.clear()  # the upstream ended the stream (an early answer): the rest of the body is not wanted
         self.connection.outbox.flush_soon()

@@ -65,7 +65,7 @@ H2_FORWARD: Budget = {
     # dispatch; expect_response (a stream whose head ends it is whole once sent)
     "upstream.py": 2,
     "h2wire.py": 1,  # h1_request_head: the stream's fields as the HTTP/1.1 upstream's head
-    "h2client.py": 1,  # H2Stream.pair
+    "flow.py": 1,  # Pairing.pair (H2Stream's): the head to the upstream's transport
 }
 H2_BACK: Budget = {
     **_BACK,
