@@ -72,8 +72,10 @@ H2_BACK: Budget = {
     "h2client.py": 2,  # H2Stream.finish (the response re-read as HTTP/2), H2Stream.exchange_finished
     "h2wire.py": 1,  # h2_response_head
     # Outbox.flush_soon after the head and after the body and its end (one write for all, later); h2 asking the
-    # connection's state machine (h2conn._GoawayKeepsOpen) as it sends the head and the end
-    "h2conn.py": 4,
+    # connection's state machine (h2conn._GoawayKeepsOpen) as it sends the head and the end; send_within_window (the
+    # body) and end_stream
+    "h2conn.py": 6,
+    "flow.py": 1,  # Pairing.unpair (H2Stream's): the response is over
 }
 # The cold path: held while no endpoint is ready (the hold), sent by the route's pump once one is (the release).
 HOLD: Budget = {
