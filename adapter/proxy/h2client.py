@@ -699,6 +699,8 @@ class H2Stream(Pairing):
         self.unsent = []
         self.unsent_size = 0
         self.gone()
+        if self._unacked:
+            self._acknowledge()
         self.connection.stream_closed(self)
 
     def client_slow(self) -> None:

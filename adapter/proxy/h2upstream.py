@@ -171,7 +171,9 @@ class H2UpstreamConnection(asyncio.Protocol):
     def has_room(self) -> bool:
         if self.closed or self.going_away or not self.settled.done():
             return False
-        return len(self.streams) < self.h2.remote_settings.max_concurrent_streams
+        # h2's count too: a stream this side is done with but h2 still holds open counts against the peer's limit.
+        opened = max(len(self.streams), self.h2.open_outbound_streams)
+        return opened < self.h2.remote_settings.max_concurrent_streams
 
     def open_stream(self, exchange: Exchange) -> H2UpstreamStream:
         stream_id = self.h2.get_next_available_stream_id()
@@ -245,7 +247,12 @@ class H2UpstreamStream:
     # --- the request (what the exchange and its flow call) ---
 
     def send_head(self, head: Fields) -> None:
-        self.connection.h2.send_headers(self.stream_id, head)
+        try:
+            self.connection.h2.send_headers(self.stream_id, head)
+        except h2.exceptions.ProtocolError as err:
+            # Not opened (h2 refused it: the peer's limit, the connection ending): nothing went, it may go elsewhere.
+            self.lost(f"could not be sent a new stream ({err})", replied=False, unprocessed=True)
+            return
         self.connection.outbox.flush_soon()
 
     def write(self, data: bytes) -> None:
@@ -307,6 +314,7 @@ class H2UpstreamStream:
         exchange, self.exchange = self.exchange, None
         self.closed = True
         self.deadline = 0.0
+        self._cancel_request()
         self.connection.stream_done(self)
         flow, self.flow = self.flow, None
         if flow is not None:
@@ -325,6 +333,7 @@ class H2UpstreamStream:
     def lost(self, reason: str, *, replied: bool, unprocessed: bool = False) -> None:
         self.closed = True
         self.deadline = 0.0
+        self._cancel_request()
         self.connection.stream_done(self)
         exchange, self.exchange = self.exchange, None
         self.flow = None
@@ -345,6 +354,16 @@ class H2UpstreamStream:
 
     def is_closing(self) -> bool:
         return self.closed
+
+    def _cancel_request(self) -> None:
+        """The response is over (or lost) while the request's side may still be open (an early answer): h2 would keep
+        the stream half-open for good, counted against the peer's SETTINGS_MAX_CONCURRENT_STREAMS, so it is reset."""
+        h2c = self.connection.h2
+        stream = h2c.streams.get(self.stream_id)
+        if stream is not None and not stream.closed and not self.connection.closed:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                h2c.reset_stream(self.stream_id, h2.errors.ErrorCodes.CANCEL)
+            self.connection.outbox.flush_soon()
 
     def _reopen(self, size: int) -> None:
         # KeyError: h2 drops a closed stream from `streams` whenever it counts the open ones (a new stream sent while

@@ -8,7 +8,17 @@ policy already produced, never a second policy: what headers.py drops for HTTP/1
 
 from __future__ import annotations
 
-from adapter.proxy.headers import HOP_BY_HOP, IDEMPOTENT, REPLACED, Refused, forwarded_response_head
+import re
+
+from adapter.proxy.headers import (
+    FRAMING,
+    HOP_BY_HOP,
+    IDEMPOTENT,
+    REPLACED,
+    Refused,
+    forwarded_response_head,
+    valid_host,
+)
 
 Fields = list[tuple[bytes, bytes]]
 
@@ -17,6 +27,13 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _H2_FORBIDDEN = HOP_BY_HOP - {b"te"}
 # Fields the proxy writes itself on a forwarded request (the client's values are dropped or appended to).
 _REQUEST_OWN = REPLACED | {b"x-forwarded-for", b"forwarded", b"host", b"content-length", b"via"}
+# Fields a request never carries on (hop-by-hop; `te: trailers` alone is HTTP/2's own), and the ones whose spelling
+# with `_` for `-` is dropped too (CGI and WSGI servers read them as the same field: headers.py says why).
+_REQUEST_DROPPED = HOP_BY_HOP - {b"te"}
+_UNDERSCORE_SPELLED = _REQUEST_OWN | HOP_BY_HOP | FRAMING
+# RFC 9110 5.6.2: a method is a token; a path has no space, control or DEL (it is written into a request line).
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_NOT_IN_PATH = re.compile(rb"[\x00-\x20\x7f]")
 _GRPC = b"application/grpc"
 # gRPC status codes (grpc/doc/statuscodes.md) for the proxy's own HTTP answers.
 UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, INTERNAL, CANCELLED = 14, 4, 8, 13, 1
@@ -47,8 +64,10 @@ class StreamRequest:
                 self.content_length = int(value)  # h2 checked it is a number and matches the DATA received
             elif name in (b"x-forwarded-for", b"forwarded"):
                 fields.append((name, value))  # appended to by the proxy
-            elif name in _REQUEST_OWN or (b"_" in name and name.replace(b"_", b"-") in _REQUEST_OWN):
-                continue  # written by the proxy itself (an underscore spelling too: headers.py says why)
+            elif name in _REQUEST_OWN or name in _REQUEST_DROPPED:
+                continue  # written by the proxy itself, or hop-by-hop (proxy-authorization is the proxy's, trailer...)
+            elif b"_" in name and name.replace(b"_", b"-") in _UNDERSCORE_SPELLED:
+                continue
             else:
                 if name == b"content-type" and value.startswith(_GRPC):
                     self.grpc = True
@@ -58,12 +77,18 @@ class StreamRequest:
         method = pseudo.get(b":method", b"")
         if method == b"CONNECT":
             raise Refused("CONNECT is not served by this proxy", code=405)
+        if _TOKEN.fullmatch(method) is None:
+            raise Refused("the request method is not a token")
         self.method = method
         self.scheme = pseudo.get(b":scheme", b"http")
         self.path = pseudo.get(b":path", b"")
         self.authority = pseudo.get(b":authority") or host
         if not self.path.startswith(b"/") and not (self.path == b"*" and method == b"OPTIONS"):
             raise Refused("the request target must be a path")
+        if _NOT_IN_PATH.search(self.path):
+            raise Refused("the request target has a space or a control character")
+        if self.authority and not valid_host(self.authority):
+            raise Refused("the :authority is not a host name or address with an optional port", "bad_host")
         self.fields = fields
 
     @property

@@ -79,6 +79,11 @@ class Refused(Exception):
         self.code = code
 
 
+def valid_host(value: bytes) -> bool:
+    """Whether a Host (or an HTTP/2 :authority) is a host name or address with an optional port, nothing else."""
+    return _HOST_VALUE.fullmatch(value) is not None
+
+
 def connection_tokens(value: bytes) -> set[bytes]:
     return {token.strip(_OWS).lower() for token in value.split(b",") if token.strip(_OWS)}
 

@@ -497,21 +497,27 @@ class Endpoint:
 
     async def _stream_for(self, exchange: Exchange) -> None:
         """HTTP/2: one dial at a time per endpoint, shared by every request waiting for it."""
-        while True:
-            if self._dialing is None or self._dialing.done():
-                self._dialing = self.route.spawn(self.connect(self.route.limits.connect_timeout))
-            connection = await asyncio.shield(self._dialing)
-            if connection is None:
-                self.route.connect_failed(self, exchange)
+        if self._dialing is None or self._dialing.done():
+            self._dialing = self.route.spawn(self.connect(self.route.limits.connect_timeout))
+        connection = await asyncio.shield(self._dialing)
+        if connection is None:
+            self.route.connect_failed(self, exchange)
+            return
+        assert isinstance(connection, H2UpstreamConnection)
+        self.release(connection)
+        if not self._waiting(exchange):
+            return
+        for pooled in self.pool:
+            if pooled.has_room():
+                exchange.attach(pooled.open_stream(exchange))
                 return
-            assert isinstance(connection, H2UpstreamConnection)
-            self.release(connection)
-            if not self._waiting(exchange):
-                return
-            for pooled in self.pool:
-                if pooled.has_room():
-                    exchange.attach(pooled.open_stream(exchange))
-                    return
+        if connection.closed or connection.going_away:
+            # A dial that cannot carry a stream failed: probed again, paced, rather than dialled again at once.
+            self.route.connect_failed(self, exchange)
+        else:
+            # Full (the peer's SETTINGS allow fewer streams than were waiting for it): back to the queue, sent
+            # when a stream ends, never on one more connection dialled for it.
+            self.route.retry(exchange)
 
     def _waiting(self, exchange: Exchange) -> bool:
         """Whether `exchange` still waits for a connection to this endpoint."""

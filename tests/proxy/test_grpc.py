@@ -420,3 +420,33 @@ async def test_h2load_through_the_proxy_sees_every_request_answered() -> None:
         assert len(upstream.requests) == 300
     finally:
         await upstream.stop()
+
+
+async def test_an_upstream_that_answers_before_the_body_frees_its_stream_for_the_next_request() -> None:
+    """An early answer (401 to an upload) ends the response while the request's side is open: the proxy resets that
+    side, or the stream would count against the upstream's SETTINGS_MAX_CONCURRENT_STREAMS for good."""
+    upstream = await H2Upstream(max_concurrent_streams=2).start()
+    try:
+        async with running_proxy([h2c_route("h2", upstream.address)]) as proxy:
+            for _ in range(5):  # more than the upstream's 2 streams
+                upload = b"POST /up?early=1 HTTP/1.1\r\nHost: app.example\r\nContent-Length: 100\r\n\r\nabc"
+                assert (await request(proxy.port, upload)).status == 401
+            assert (await request(proxy.port, get("/after"))).status == 200
+            (connection,) = proxy.routes["default/h2"].endpoints[0].pool
+            assert connection.h2.open_outbound_streams == 0
+    finally:
+        await upstream.stop()
+
+
+async def test_an_upstream_allowing_no_stream_is_not_dialled_again_and_again() -> None:
+    """SETTINGS_MAX_CONCURRENT_STREAMS 0: the request waits (its hold bound answers it), on the one connection."""
+    upstream = await H2Upstream(max_concurrent_streams=0).start()
+    try:
+        routes = [h2c_route("h2", upstream.address, limits={"hold_timeout": 0.5})]
+        async with running_proxy(routes) as proxy:
+            response = await request(proxy.port, get("/none"))
+        assert response.status == 504
+        assert upstream.accepted <= 2  # the first dial (and the prober's), not one per loop turn
+        assert upstream.requests == []
+    finally:
+        await upstream.stop()

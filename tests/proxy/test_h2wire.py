@@ -157,3 +157,31 @@ def test_a_plain_stream_gets_the_http_error() -> None:
 def test_grpc_message_is_percent_encoded() -> None:
     assert grpc_message("50% done: ok") == b"50%25 done: ok"
     assert grpc_message("caf\u00e9\n") == b"caf%C3%A9%0A"
+
+
+def test_hop_by_hop_fields_and_their_underscore_spellings_are_not_forwarded() -> None:
+    head = [
+        *_GRPC_CALL[:4],
+        (b"proxy-authorization", b"Basic c2VjcmV0OnB3"),  # a credential for the proxy, never for the app
+        (b"trailer", b"x-t"),
+        (b"transfer_encoding", b"chunked"),
+        (b"proxy_connection", b"x"),
+        (b"x-kept", b"1"),
+    ]
+    assert [name for name, _ in StreamRequest(head).fields] == [b"x-kept"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        (b":authority", b"b.example:@a.example"),  # routed by one host, read by the upstream as another
+        (b":method", b"GET /admin"),  # not a token: it would be a request line of its own
+        (b":path", b"/public\tHTTP/1.0"),
+        (b":path", b"/a b"),
+    ],
+)
+def test_pseudo_fields_that_would_forge_an_http11_request_line_or_host_are_refused(name: bytes, value: bytes) -> None:
+    head = [(key, value if key == name else given) for key, given in _GRPC_CALL[:4]]
+    with pytest.raises(Refused) as refused:
+        StreamRequest(head)
+    assert refused.value.code == 400
