@@ -57,6 +57,8 @@ class H2UpstreamConnection(asyncio.Protocol):
         self.closed = False
         # The peer sent GOAWAY: streams it took finish, no new one starts here.
         self.going_away = False
+        # The socket's buffer is full (asyncio's pause_writing): every stream's client is paused until it drains.
+        self.writing_paused = False
         # Whether the peer's first SETTINGS came (True), or the connection ended first (False): no stream is opened
         # before, since until then its SETTINGS_MAX_CONCURRENT_STREAMS is unknown, and streams over it are refused.
         self.settled: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -108,13 +110,15 @@ class H2UpstreamConnection(asyncio.Protocol):
         self._fail_all("closed the connection")
 
     def pause_writing(self) -> None:
+        self.writing_paused = True
         for stream in self.streams.values():
             if stream.flow is not None:
                 stream.flow.upstream_slow()
 
     def resume_writing(self) -> None:
+        self.writing_paused = False
         for stream in list(self.streams.values()):
-            if stream.flow is not None:
+            if stream.flow is not None and not stream.window_full():
                 stream.flow.upstream_ready()
 
     # --- events ---
@@ -287,10 +291,14 @@ class H2UpstreamStream:
         self.connection.outbox.flush_soon()
         flow = self.flow
         if flow is not None:
-            if sum(len(piece) for piece in unsent) > _SEND_BUFFER:
+            if self.window_full():
                 flow.upstream_slow()
-            else:
+            elif not self.connection.writing_paused:  # the connection's pause is not this stream's to lift
                 flow.upstream_ready()
+
+    def window_full(self) -> bool:
+        """More request bytes wait for the upstream's window than a stream keeps before its client is paused."""
+        return sum(len(piece) for piece in self.unsent) > _SEND_BUFFER
 
     # --- the response ---
 

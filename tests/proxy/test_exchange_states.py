@@ -1138,3 +1138,23 @@ async def test_body_read_while_a_stream_is_paused_is_given_back_to_the_connectio
         assert client.h2.outbound_flow_control_window >= _WINDOW, f"upload {index}"
         await upload(stage, clock, H2Caller(stage, client), index)
     stage.assert_idle()
+
+
+async def test_an_h2c_upstream_socket_that_stops_draining_keeps_the_uploading_client_paused(
+    stages: Stages, clock: VirtualClockLoop
+) -> None:
+    """The upstream connection's socket is full (asyncio's pause_writing): every stream's client is paused, and a
+    stream's own DATA going out (its window has room) does not lift the connection's pause for its client."""
+    stage = stages(endpoint=True, upstream="h2c")
+    caller = H1Caller(stage)
+    caller.post(b"first", length=10)
+    await clock.settle()
+    stage.upstream().requests()
+    connection = stage.route.endpoints[0].pool[0]
+    connection.pause_writing()
+    assert not caller.transport.reading
+    caller.transport.feed(b"more!")  # the rest of the body: its DATA goes into h2's buffer, the socket still full
+    await clock.settle()
+    assert not caller.transport.reading
+    connection.resume_writing()
+    assert caller.transport.reading
