@@ -183,8 +183,8 @@ class Http2Config(Strict):
     """Streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS); a client opening more is
     sent GOAWAY."""
     max_stream_resets: int = Field(default=200, ge=1)
-    """Streams a client may reset within abuse_window (rapid reset, CVE-2023-44487); then GOAWAY
-    ENHANCE_YOUR_CALM."""
+    """Streams a client may reset within abuse_window (rapid reset, CVE-2023-44487); more, and more than it let
+    finish in that window, and it is sent GOAWAY ENHANCE_YOUR_CALM (a busy client cancelling calls is not cut off)."""
     max_control_frames: int = Field(default=1000, ge=1)
     """SETTINGS, PING, PRIORITY and unknown frames a client may send within abuse_window; then GOAWAY
     ENHANCE_YOUR_CALM."""

@@ -116,6 +116,9 @@ class H2ClientConnection(asyncio.Protocol):
         self._window_start = monotonic()
         self._resets = 0
         self._controls = 0
+        # Streams answered whole in the current abuse window: a client resetting fewer than it lets finish is a busy
+        # client cancelling calls (gRPC deadlines, a user leaving a page), not a rapid reset.
+        self._answered = 0
         # The PriorityUpdated event h2 repeats after the request (or trailers) whose HEADERS frame carried it.
         self._headers_priority: h2.events.PriorityUpdated | None = None
         self._flush_soon = False
@@ -276,19 +279,24 @@ class H2ClientConnection(asyncio.Protocol):
             return
         stream.reset_by_client()
         self._resets += 1
-        if self._count_window() and self._resets > self._settings.max_stream_resets:
+        if self._count_window() and self._resets > self._settings.max_stream_resets and self._resets > self._answered:
             self._calm_down(
                 "max_stream_resets",
                 f"more than {self._settings.max_stream_resets} streams reset by the client in "
-                f"{self._settings.abuse_window:g} s (proxy.http2.max_stream_resets)",
+                f"{self._settings.abuse_window:g} s, more than it let finish (proxy.http2.max_stream_resets)",
             )
+
+    def answered(self) -> None:
+        """A stream's response went out whole (counted against its resets, see _reset_by_client)."""
+        self._count_window()
+        self._answered += 1
 
     def _count_window(self) -> bool:
         """Starts a new abuse window when the last one is over; True while the counts are of the current one."""
         now = monotonic()
         if now - self._window_start > self._settings.abuse_window:
             self._window_start = now
-            self._resets = self._controls = 0
+            self._resets = self._controls = self._answered = 0
             return False
         return True
 
@@ -551,6 +559,7 @@ class H2Stream(Pairing):
 
     def exchange_finished(self, exchange: Exchange, reusable: bool) -> None:
         self.exchange = None
+        self.connection.answered()
         if self.ended and not self.unsent:
             self._closed()
 

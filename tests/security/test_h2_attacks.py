@@ -460,3 +460,30 @@ async def test_a_huge_header_table_size_does_not_grow_the_proxys_encoder(upstrea
         assert sum(32 + len(name) + len(value) for name, value in table.dynamic_entries) <= 4096
         peer.close()
         await settled(server)
+
+
+async def test_a_busy_client_that_cancels_fewer_calls_than_it_lets_finish_keeps_its_connection(
+    upstream: Upstream,
+) -> None:
+    """More resets than max_stream_resets, but among more answered streams: cancellations (gRPC deadlines, users
+    leaving), not a rapid reset. The connection stays and keeps serving."""
+    async with attacked(upstream.address) as server:
+        before = hits("http2.max_stream_resets")
+        peer = await RawPeer.connect(server.port)
+
+        async def answered(stream_id: int) -> bool:
+            peer.write(peer.headers(stream_id, "/echo"))
+            ended = await peer.until(lambda frame: frame.stream_id == stream_id and "END_STREAM" in frame.flags, 3)
+            return ended is not None
+
+        stream_id = 1
+        for _ in range(HTTP2["max_stream_resets"] + 10):
+            for _answered in range(2):  # two answered for each one cancelled
+                assert await answered(stream_id)
+                stream_id += 2
+            peer.write(peer.headers(stream_id, "/slow?s=2") + RstStreamFrame(stream_id, 0x8).serialize())
+            stream_id += 2
+        assert await answered(stream_id)  # still served after more resets than the limit
+        assert hits("http2.max_stream_resets") == before
+        peer.close()
+        await bystanders(server)
