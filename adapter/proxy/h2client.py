@@ -11,16 +11,17 @@ shares, a metric and a message (docs/architecture.md#h2-defences):
 - streams open at once: SETTINGS_MAX_CONCURRENT_STREAMS (`max_concurrent_streams`); a client that opens more is
   sent GOAWAY;
 - streams the client resets (or makes the proxy reset), and control frames (SETTINGS, PING, PRIORITY frames,
-  unknown types), per `abuse_window`: `max_stream_resets` and `max_control_frames`, then GOAWAY ENHANCE_YOUR_CALM
-  (rapid reset, and the floods); h2 is given a read 16 KiB at a time, so that a limit stops the parsing of the rest;
+  unknown types), per `abuse_window`: `max_stream_resets` (when the resets also outnumber the streams it let finish)
+  and `max_control_frames`, then GOAWAY ENHANCE_YOUR_CALM (rapid reset, and the floods); h2 is given a read 16 KiB at
+  a time, so that a limit stops the parsing of the rest;
 - a header block (HEADERS and its CONTINUATIONs) of at most `proxy.max_header_bytes`, encoded (the CONTINUATION
   flood) and decoded (the HPACK bomb), with at most `proxy.max_headers` fields; the encoder's HPACK table stays
   4 KiB whatever the client offers;
 - any frame, a header block included, completes within `proxy.header_timeout` of its first byte (or of the read
-  that completed the frame before it); a connection
-  without a stream closes after `proxy.idle_timeout`; a stream's request body moves at least every
-  `limits.body_timeout`; response bytes the client's window keeps from it for `proxy.send_timeout` reset the stream
-  (a zero window), and a client that reads nothing for that long loses the connection.
+  that completed the frame before it); a connection without a stream closes after `proxy.idle_timeout`; a stream's
+  request body moves at least every `limits.body_timeout`; response bytes the client's window keeps from it for
+  `proxy.send_timeout` reset the stream (a zero window), and a client that reads nothing for that long loses the
+  connection.
 """
 
 from __future__ import annotations
