@@ -631,7 +631,12 @@ class ClientConnection(asyncio.Protocol):
             self.transport.abort()  # the lingering close is over
             return
         active = self._active
-        if self._in_headers and self._parsing is None:
+        if self._sniff:
+            # Part of the HTTP/2 preface (or of a method that starts like it) and nothing more: a head that did not
+            # arrive, counted as one; no answer, since the protocol is not known.
+            telemetry.LIMIT_HITS.labels("", "header_timeout").inc()
+            self._close()
+        elif self._in_headers and self._parsing is None:
             telemetry.LIMIT_HITS.labels("", "header_timeout").inc()
             self._refuse(408, "the request headers did not arrive in proxy.header_timeout")
         elif active is not None and active is self._parsing and active.state != DONE:

@@ -349,7 +349,7 @@ async def test_a_header_block_that_never_ends_is_closed_after_header_timeout(
 @pytest.mark.parametrize(
     ("sent", "after", "code", "timed_out"),
     [
-        (PREFACE[:10], TIMEOUT, None, 0),
+        (PREFACE[:10], TIMEOUT, None, 1),
         (PREFACE, TIMEOUT, PROTOCOL_ERROR, 1),
         (PREFACE + SettingsFrame(0).serialize(), 1.0, NO_ERROR, 0),
     ],
@@ -358,7 +358,7 @@ async def test_a_header_block_that_never_ends_is_closed_after_header_timeout(
 async def test_a_connection_that_stops_early_is_closed_after_its_timeout(
     upstream: Upstream, sent: bytes, after: float, code: int | None, timed_out: int
 ) -> None:
-    """Part of the preface (still an HTTP/1.1 connection: closed at header_timeout, nothing answered), the
+    """Part of the preface (still an HTTP/1.1 connection: closed at header_timeout, nothing answered, counted), the
     preface without the SETTINGS that must follow (GOAWAY at header_timeout), a connection with nothing in flight
     (GOAWAY NO_ERROR at idle_timeout)."""
     async with attacked(upstream.address, idle_timeout=1.0) as server:
