@@ -226,6 +226,7 @@ class H2UpstreamStream:
         "trailers",
         "transport",
         "unsent",
+        "unsent_size",
     )
 
     def __init__(self, connection: H2UpstreamConnection, stream_id: int, exchange: Exchange) -> None:
@@ -239,6 +240,7 @@ class H2UpstreamStream:
         self.trailers: Fields | None = None
         # Request DATA the upstream's window has no room for yet, and whether END_STREAM follows it.
         self.unsent: list[bytes] = []
+        self.unsent_size = 0
         self._end_pending = False
         # Response bytes the client side has not taken yet (the stream's window stays shut for them).
         self.paused = False
@@ -265,6 +267,7 @@ class H2UpstreamStream:
         if self.closed or not data:
             return
         self.unsent.append(data)
+        self.unsent_size += len(data)
         self.send_pending()
 
     def expect_response(self, timeout: float, sent_at: float) -> None:
@@ -281,13 +284,14 @@ class H2UpstreamStream:
         h2c = self.connection.h2
         unsent = self.unsent
         try:
-            send_within_window(h2c, self.stream_id, unsent)
+            self.unsent_size -= send_within_window(h2c, self.stream_id, unsent)
             if not unsent and self._end_pending:
                 self._end_pending = False
                 exchange = self.exchange
                 end_stream(h2c, self.stream_id, exchange.trailers if exchange is not None else None)
         except h2.exceptions.StreamClosedError:
             unsent.clear()  # the upstream ended the stream (an early answer): the rest of the body is not wanted
+            self.unsent_size = 0
         self.connection.outbox.flush_soon()
         flow = self.flow
         if flow is not None:
@@ -298,7 +302,7 @@ class H2UpstreamStream:
 
     def window_full(self) -> bool:
         """More request bytes wait for the upstream's window than a stream keeps before its client is paused."""
-        return sum(len(piece) for piece in self.unsent) > _SEND_BUFFER
+        return self.unsent_size > _SEND_BUFFER
 
     # --- the response ---
 
