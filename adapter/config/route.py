@@ -16,6 +16,15 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from adapter.config.base import Duration, Strict, split_address
+from adapter.config.cold import (
+    MAX_HEADERS,
+    Fallback,
+    NeverWakeRule,
+    Overflow,
+    WakingPage,
+    WakingPageWithFile,
+    lowered_headers,
+)
 
 LABEL_VALUE_MAX = 63  # a Kubernetes label value
 # A host as a route claims it, after lowering (the CRD checks the same with CEL, scripts/crd/generate.py): DNS
@@ -182,6 +191,38 @@ class RouteFields(Strict):
     """How often an endpoint that refused a connection is dialled again while requests wait (else every second)."""
     limits: RouteLimits = Field(default_factory=RouteLimits)
     """What the route may hold and how long each phase of a request may take."""
+    match_headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
+    """Request headers that must have exactly these values for the route to take a request (names
+    case-insensitive, all must match), beside hosts and path_prefix (docs/architecture.md#route-precedence)."""
+    waking_page: WakingPage | None = None
+    """While the workload is cold, a browser navigation gets this page at once (and the workload wakes); every
+    other request is held. None: every request is held."""
+    never_wake: list[NeverWakeRule] = Field(default_factory=list, max_length=32)
+    """Requests the proxy answers itself (health checks, robots.txt): they never wake the workload and are not
+    counted as pending. The first rule that matches decides."""
+    fallback: Fallback | None = None
+    """A Service in the route's namespace that takes held requests the workload was not ready for in time."""
+    overflow: Overflow = "reject"
+    """What a request meets when limits.max_held_requests are held: reject (503 with Retry-After), waking_page
+    (navigations get the page, other requests the 503) or fallback (it goes to the fallback Service)."""
+
+    @field_validator("match_headers")
+    @classmethod
+    def _match_headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        return lowered_headers(headers, response=False)
+
+    @model_validator(mode="after")
+    def _overflow_has_its_place(self) -> RouteFields:
+        if self.overflow == "waking_page" and self.waking_page is None:
+            raise ValueError("overflow: waking_page needs a waking_page")
+        if self.overflow == "fallback" and self.fallback is None:
+            raise ValueError("overflow: fallback needs a fallback")
+        if self.fallback is not None and self.fallback.after >= self.limits.hold_timeout:
+            raise ValueError(
+                f"fallback.after ({self.fallback.after}s) must be below limits.hold_timeout "
+                f"({self.limits.hold_timeout}s): a request is answered 504 once that is over"
+            )
+        return self
 
     @field_validator("hosts")
     @classmethod
@@ -214,6 +255,12 @@ class RouteConfig(RouteFields):
     """The workload a wake scales up; kind Local: development mode (`zeroscale demo`), see LocalScaleTarget."""
     readiness: Literal["auto", "endpointslice", "probe"] = "auto"
     """auto: EndpointSlice watch for a Service upstream, falling back to connect probes without API access."""
+    waking_page: WakingPageWithFile | None = None
+    """While the workload is cold, a browser navigation gets this page at once (and the workload wakes); every
+    other request is held. Its body may come from a file (a mounted ConfigMap key). None: every request is held."""
+    also_wake: list[ScaleTarget] = Field(default_factory=list, max_length=16)
+    """More workloads a wake of this route wakes together with its target (what it calls, a whole stack), each
+    checked by the route's wake policy on its own; readiness is the route's upstream's only."""
 
     @model_validator(mode="after")
     def _wake_needs_target(self) -> RouteConfig:

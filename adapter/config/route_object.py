@@ -96,10 +96,13 @@ class RouteSpec(RouteFields):
     limits: RouteObjectLimits = Field(default_factory=RouteObjectLimits)
     """What the route may hold and how long each phase of a request may take (within the platform's
     proxy.route_objects.max_limits)."""
+    also_wake: list[RouteTarget] = Field(default_factory=list, max_length=16)
+    """More workloads in this namespace a wake of this route wakes together with its target (what it calls),
+    each checked by the route's wake policy on its own; readiness is the route's upstream's only."""
 
     def route_config(self, namespace: str, name: str) -> RouteConfig:
         """The route as the proxy runs it; ValueError (pydantic's) when the combination is not allowed."""
-        fields = self.model_dump(exclude={"upstream", "target"})
+        fields = self.model_dump(exclude={"upstream", "target", "also_wake"})
         return RouteConfig(
             **fields,
             name=name,
@@ -111,6 +114,7 @@ class RouteSpec(RouteFields):
                 protocol=self.upstream.protocol,
             ),
             target=None if self.target is None else ScaleTarget(namespace=namespace, **self.target.model_dump()),
+            also_wake=[ScaleTarget(namespace=namespace, **target.model_dump()) for target in self.also_wake],
             # An object's upstream is always a Service read from its slices: no address to probe instead.
             readiness="endpointslice",
         )

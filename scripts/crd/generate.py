@@ -73,6 +73,14 @@ RULES: dict[str, list[Rule]] = {
             "rule": "!has(self.activator) || self.activator.service != self.upstream.service",
             "message": "activator.service is the Service clients call, not the upstream that selects pods",
         },
+        {
+            "rule": "self.overflow != 'waking_page' || has(self.waking_page)",
+            "message": "overflow: waking_page needs a waking_page",
+        },
+        {
+            "rule": "self.overflow != 'fallback' || has(self.fallback)",
+            "message": "overflow: fallback needs a fallback",
+        },
     ],
     "spec.hosts[]": [
         {
@@ -113,6 +121,7 @@ _KEPT = {
     "maxLength",
     "minItems",
     "maxItems",
+    "maxProperties",
     "format",
     "default",
     "x-kubernetes-int-or-string",
@@ -181,9 +190,12 @@ def structural(node: Schema, defs: dict[str, Schema], where: str) -> Schema:
     if "anyOf" in node:
         node = _one_of_any(node, defs, where)
     extra = node.get("additionalProperties")
-    if extra not in (None, False):
-        raise SystemExit(f"{where}: a map (additionalProperties) has no place in a route: extend the generator")
+    if extra not in (None, False) and _resolve(extra, defs).get("type") != "string":
+        raise SystemExit(f"{where}: only a map of strings (header names to values) has a place in a route")
     out: Schema = {key: value for key, value in node.items() if key in _KEPT}
+    if extra not in (None, False):
+        # Header maps: names are checked by the proxy's model; values bounded here for CEL's cost estimate.
+        out["additionalProperties"] = {"type": "string", "maxLength": 4096}
     if "description" in out:
         out["description"] = _text(out["description"])
     out = _describe_default(out)
