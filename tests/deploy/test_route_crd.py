@@ -104,7 +104,8 @@ def test_the_schema_is_structural_and_prunes_nothing_silently() -> None:
         assert "x-kubernetes-preserve-unknown-fields" not in node, where
         if "additionalProperties" in node:
             assert node["additionalProperties"] == {"type": "string", "maxLength": 4096}, where
-            assert "properties" not in node and node["maxProperties"] <= 16, where
+            assert "properties" not in node, where
+            assert node["maxProperties"] <= 16, where
             maps.append(where)
     assert ".spec.match_headers" in maps
 
