@@ -76,6 +76,7 @@ class Exchange:
         "is_head",
         "keep_alive",
         "pool_upstream",
+        "refusals",
         "replay",
         "replay_size",
         "response_started",
@@ -149,6 +150,8 @@ class Exchange:
         self.timer: asyncio.TimerHandle | None = None
         self.sent_at = 0.0
         self.attempts = 0
+        # Attempts an HTTP/2 upstream refused unprocessed (REFUSED_STREAM): not failures, the endpoint paces them.
+        self.refusals = 0
 
     # --- the request body, as the client sends it ---
 
@@ -349,16 +352,20 @@ class Exchange:
     def retriable(self, unprocessed: bool) -> bool:
         """No byte reached an upstream, or no response byte came, we still have the request's bytes, and the upstream
         did not act on them: it said so (`unprocessed`), or the method is idempotent."""
-        if self.response_started or self.attempts >= _MAX_ATTEMPTS:
+        if self.response_started or self.attempts - self.refusals >= _MAX_ATTEMPTS:
             return False
         return not self.written or (self.replay is not None and (self.idempotent or unprocessed))
 
-    def upstream_lost(self, reason: str, *, replied: bool, unprocessed: bool = False) -> None:
+    def upstream_lost(self, reason: str, *, replied: bool, unprocessed: bool = False, refused: bool = False) -> None:
         """The upstream connection broke before the response was complete (`replied`: after some of it came;
-        `unprocessed`: an HTTP/2 upstream said it did not process the stream)."""
+        `unprocessed`: an HTTP/2 upstream said it did not process the stream; `refused`: by REFUSED_STREAM, its
+        way of saying "not now", which the endpoint paces (Endpoint.refused) and no attempt budget counts: the
+        hold_timeout bounds it)."""
         self.upstream = None
         if self.state == DONE:
             return
+        if refused:
+            self.refusals += 1
         if not replied and self.retriable(unprocessed):
             telemetry.RETRIES.labels(self.route.name).inc()
             self.route.retry(self)

@@ -338,11 +338,12 @@ class H2UpstreamStream:
         self.closed = True
         self.connection.stream_done(self)
         if code == h2.errors.ErrorCodes.REFUSED_STREAM:
-            self.lost("refused the stream", replied=False, unprocessed=True)
+            self.connection.endpoint.refused()
+            self.lost("refused the stream", replied=False, unprocessed=True, refused=True)
         else:
             self.lost(f"reset the stream ({h2.errors.ErrorCodes(code).name})", replied=self.response_started)
 
-    def lost(self, reason: str, *, replied: bool, unprocessed: bool = False) -> None:
+    def lost(self, reason: str, *, replied: bool, unprocessed: bool = False, refused: bool = False) -> None:
         self.closed = True
         self.deadline = 0.0
         self._cancel_request()
@@ -350,7 +351,7 @@ class H2UpstreamStream:
         exchange, self.exchange = self.exchange, None
         self.flow = None
         if exchange is not None:
-            exchange.upstream_lost(reason, replied=replied, unprocessed=unprocessed)
+            exchange.upstream_lost(reason, replied=replied, unprocessed=unprocessed, refused=refused)
 
     # --- as a transport, for the flow: back-pressure on this stream alone ---
 

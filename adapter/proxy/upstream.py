@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from adapter.proxy.route import Route
 
 log = logging.getLogger(__name__)
+# Endpoint.refused: the pause after an HTTP/2 upstream's REFUSED_STREAM, doubling while refusals come within a second.
+_MIN_REFUSAL_PAUSE, _MAX_REFUSAL_PAUSE, _REFUSALS_FORGOTTEN = 0.005, 1.0, 1.0
 
 
 class _HeadResponse:
@@ -431,7 +433,11 @@ class Endpoint:
     HTTP/1.1, multiplexed ones (`pool`) for HTTP/2 (adapter/proxy/h2upstream.py)."""
 
     __slots__ = (
+        "_allowed",
         "_dialing",
+        "_paused",
+        "_refusal_pause",
+        "_refused_at",
         "cap",
         "h2c",
         "healthy",
@@ -453,7 +459,12 @@ class Endpoint:
         self.inflight = 0
         # How many requests it takes at once: the route's endpoint_concurrency, or less when an HTTP/2 upstream's
         # SETTINGS_MAX_CONCURRENT_STREAMS says so.
-        self.cap = route.limits.endpoint_concurrency
+        self.cap = self._allowed = route.limits.endpoint_concurrency
+        # After an HTTP/2 upstream refused a stream (REFUSED_STREAM): how long it gets no new one (doubling while
+        # refusals keep coming), and when the last refusal came.
+        self._paused = False
+        self._refusal_pause = 0.0
+        self._refused_at = 0.0
         # False after a failed connect, until a probe connects again.
         self.healthy = True
         self.removed = False
@@ -525,9 +536,33 @@ class Endpoint:
 
     def streams_allowed(self, streams: int) -> None:
         """An HTTP/2 upstream said how many streams it serves at once: that is this endpoint's concurrency."""
-        before, self.cap = self.cap, min(self.route.limits.endpoint_concurrency, streams)
-        if self.cap > before:
-            self.route.pump()
+        self._allowed = min(self.route.limits.endpoint_concurrency, streams)
+        if not self._paused:
+            before, self.cap = self.cap, self._allowed
+            if self.cap > before:
+                self.route.pump()
+
+    def refused(self) -> None:
+        """An HTTP/2 upstream refused a stream unprocessed: it has no room now, whatever its SETTINGS say (grpc's
+        server still counts a stream for a moment after it ended it). No new stream goes to it for a pause, 5 ms
+        doubling to 1 s while refusals follow one another, so the refused request is sent again when the server
+        has room, not in a loop that spends its attempts (docs/architecture.md#h2-upstreams)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        recent = self._refused_at and now - self._refused_at < _REFUSALS_FORGOTTEN
+        self._refusal_pause = min(self._refusal_pause * 2, _MAX_REFUSAL_PAUSE) if recent else _MIN_REFUSAL_PAUSE
+        self._refused_at = now
+        self._paused = True
+        # The refused request still counts in `inflight` (it leaves it right after this): the others keep their slots.
+        self.cap = max(0, min(self.inflight - 1, self._allowed))
+        loop.call_later(self._refusal_pause, self._refusal_over, now)
+
+    def _refusal_over(self, refused_at: float) -> None:
+        if refused_at != self._refused_at or self.removed:
+            return  # a later refusal's pause runs instead
+        self._paused = False
+        self.cap = self._allowed
+        self.route.pump()
 
     async def connect(self, within: float) -> UpstreamConnection | H2UpstreamConnection | None:
         loop = asyncio.get_running_loop()

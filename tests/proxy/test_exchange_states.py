@@ -1077,6 +1077,9 @@ async def test_a_stream_the_upstream_did_not_process_is_sent_again(
     peer.requests()
     await clock.settle()
     assert caller.answers() == []
+    if again_on == "a new stream":
+        assert len(peer.requests()) == 1  # a refusing endpoint gets no new stream for a pause (Endpoint.refused)
+        await clock.advance(5)
     again = stage.upstream()
     assert isinstance(again, H2Upstream)
     assert (again is peer) == (again_on == "a new stream")
@@ -1086,6 +1089,35 @@ async def test_a_stream_the_upstream_did_not_process_is_sent_again(
     assert one_answer(caller).status == 200
     stage.assert_idle()
     assert stage.counts == [(0, 0), (0, 1), (1, 0), (0, 1), (0, 0)]
+
+
+@both
+async def test_a_stream_refused_again_and_again_waits_longer_each_time_and_is_never_failed_for_it(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    """grpc's server refuses a stream for a moment after its previous one ended: each refusal pauses the endpoint
+    (5 ms, doubling), and refusals spend none of the request's attempts (three connection failures would have failed
+    it with a 502 before)."""
+    stage = stages(endpoint=True, upstream="h2c")
+    caller = CALLERS[protocol](stage)
+    caller.post(b"body")
+    await clock.settle()
+    peer = stage.upstream()
+    assert isinstance(peer, H2Upstream)
+    request = peer.requests()[0]
+    for sent, pause in enumerate((5, 10, 20, 40, 80), start=1):
+        _refuse_stream(peer)
+        peer.requests()  # sends the reset
+        await clock.settle()
+        await clock.advance(pause - 1)
+        assert len(peer.requests()) == sent, pause
+        await clock.advance(1)
+        assert len(peer.requests()) == sent + 1, pause
+        assert peer.requests()[-1] == request
+    peer.respond()
+    await clock.settle()
+    assert one_answer(caller).status == 200
+    stage.assert_idle()
 
 
 # --- HTTP/2 flow control: what a paused stream read is given back to the connection ---
