@@ -725,7 +725,7 @@ async def test_two_routes_of_a_namespace_that_differ_only_in_match_headers_share
     try:
         serve_pods(kube, "team-a", upstream)
         kube.put(slices_collection("team-a"), endpoint_slice("canary-1", "canary", [("127.0.0.1", {})], canary.port))
-        spec = {"upstream": {"service": "canary", "port": "http"}, "match_headers": {"X-Canary": "1"}}
+        spec: dict[str, Any] = {"upstream": {"service": "canary", "port": "http"}, "match_headers": {"X-Canary": "1"}}
         # The third has the same host, prefix and match_headers as the second (names compared without case).
         objects = [
             route_object("team-a", "stable", ["shop.example"]),
