@@ -13,6 +13,7 @@ T = TypeVar("T")
 
 _MAX_CACHED_HOSTS = 4096
 _OWS = b" \t"
+_NOT_SENT = (0, b"")
 
 # A route's header conditions: (lowered name, value) pairs, by name.
 Conditions = tuple[tuple[bytes, bytes], ...]
@@ -65,17 +66,24 @@ def conditions_of(match_headers: Mapping[str, str]) -> Conditions:
     )
 
 
-def unmet(conditions: Conditions, headers: Headers) -> tuple[bytes, int, bytes] | None:
-    """The first condition `headers` do not meet, as (name, how many times it was sent, the value sent last), or
-    None when all are met. A condition is met by a header sent exactly once with that value: a header sent twice is
-    a list of values, not the one value the route asked for (and a proxy before this one may have joined or split
-    it), so it never matches."""
+def header_index(headers: Headers) -> dict[bytes, tuple[int, bytes]]:
+    """A request's headers by lowered name: how many times each was sent, and its last value. Built once per request,
+    and only for a host whose candidates have conditions, so a route's conditions cost a lookup each, whatever the
+    number of routes and headers."""
+    index: dict[bytes, tuple[int, bytes]] = {}
+    for key, value in headers:
+        name = key.lower()
+        index[name] = (index.get(name, _NOT_SENT)[0] + 1, value)
+    return index
+
+
+def unmet(conditions: Conditions, index: Mapping[bytes, tuple[int, bytes]]) -> tuple[bytes, int, bytes] | None:
+    """The first condition the request's headers (`header_index`) do not meet, as (name, how many times it was sent,
+    the value sent last), or None when all are met. A condition is met by a header sent exactly once with that value:
+    a header sent twice is a list of values, not the one value the route asked for (and a proxy before this one may
+    have joined or split it), so it never matches."""
     for name, wanted in conditions:
-        times, sent = 0, b""
-        for key, value in headers:
-            if len(key) == len(name) and key.lower() == name:
-                times += 1
-                sent = value
+        times, sent = index.get(name, _NOT_SENT)
         if times != 1 or sent.strip(_OWS) != wanted:
             return name, times, sent
     return None
@@ -155,14 +163,18 @@ class Router(Generic[T]):
         entries = by_host[host] if host in by_host else self._candidates(host)
         if entries is None:
             return None
+        index = None
         for prefix, conditions, value in entries:
             # at_boundary, inlined: docs/architecture.md#hot-skipped-calls
-            if (
-                path.startswith(prefix)
-                and (len(path) == len(prefix) or prefix.endswith(b"/") or path[len(prefix)] in b"/?")
-                and (not conditions or unmet(conditions, headers) is None)
+            if path.startswith(prefix) and (
+                len(path) == len(prefix) or prefix.endswith(b"/") or path[len(prefix)] in b"/?"
             ):
-                return value
+                if not conditions:
+                    return value
+                if index is None:
+                    index = header_index(headers)
+                if unmet(conditions, index) is None:
+                    return value
         return None
 
     def explain(self, host: bytes, path: bytes, headers: Headers) -> tuple[str | None, list[Step[T]]]:
@@ -172,9 +184,10 @@ class Router(Generic[T]):
         if rule is None:
             return None, []
         steps: list[Step[T]] = []
+        index = header_index(headers)
         for prefix, conditions, value in rule[1]:
             prefix_matches = at_boundary(prefix, path)
-            missing = unmet(conditions, headers) if prefix_matches else None
+            missing = unmet(conditions, index) if prefix_matches else None
             steps.append(Step(value, prefix, conditions, prefix_matches, missing))
             if steps[-1].takes:
                 break
