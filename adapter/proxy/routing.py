@@ -67,9 +67,9 @@ def conditions_of(match_headers: Mapping[str, str]) -> Conditions:
 
 
 def header_index(headers: Headers) -> dict[bytes, tuple[int, bytes]]:
-    """A request's headers by lowered name: how many times each was sent, and its last value. Built once per request,
-    and only for a host whose candidates have conditions, so a route's conditions cost a lookup each, whatever the
-    number of routes and headers."""
+    """A request's headers by lowered name: how many times each was sent, and its last value. `Router.match` builds
+    it once per request, when the first candidate with conditions is tried, so a route's conditions cost a lookup
+    each, whatever the number of routes and headers."""
     index: dict[bytes, tuple[int, bytes]] = {}
     for key, value in headers:
         name = key.lower()
