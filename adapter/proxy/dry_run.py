@@ -50,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _target(text: str) -> str:
     if not text.startswith("/") and not text.lower().startswith(_ABSOLUTE):
         raise argparse.ArgumentTypeError(f"{text} is not http://host/path, https://host/path or /path")
+    if not text.isascii():
+        raise argparse.ArgumentTypeError(f"{text} is not ASCII: percent-encode it, as a client sends it")
     return text
 
 

@@ -143,7 +143,7 @@ def test_the_output_says_route_objects_are_not_read(tmp_path: Path) -> None:
 
 
 def test_a_bad_url_or_header_is_a_usage_error(config: Path) -> None:
-    for args in (["shop.example/cart"], ["/cart", "-H", "no colon"]):
+    for args in (["shop.example/cart"], ["http://shop.example/café"], ["/cart", "-H", "no colon"]):
         result = run(config, *args)
         assert result.returncode == 2
         assert "is not" in result.stderr.splitlines()[-1]
