@@ -7,7 +7,8 @@ a composition root at this level that builds and tears down everything they run:
   servers), metrics/ (the series cache), sources/ (kafka/, redis/, proxy_counts/), kube/ (TokenReview,
   SubjectAccessReview, the trust bundle).
 - `proxy` (adapter/proxy_main.py): proxy/ (the buffering proxy and its counts stream), rpc/, kube/
-  (EndpointSlices, HPAs, the scale subresource).
+  (EndpointSlices, HPAs, the scale subresource). `proxy --route-for` (proxy/dry_run.py) serves nothing: it
+  routes one request over the config file's routes and says why.
 - `check` (check.py): sources/. `certs` (certs.py). `explain` (hpa/explain.py): hpa/.
   `doctor` (doctor/): kube/. `demo` (demo/): hpa/, kube/ and the `serve` and `proxy` processes.
 

@@ -44,15 +44,19 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _proxy(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if args.route_for is not None:
+        from adapter.proxy import dry_run
+
+        return dry_run.run(config.proxy, args)
     from adapter.proxy_main import run_proxy
 
-    config = _load(args)
     return run_proxy(config.proxy, config.grpc.counts, args.ready_file)
 
 
 # One row per subcommand, in the order `zeroscale --help` lists them: name, help, and what runs it.
-# A function here takes only --config; a module name means that module declares its options in
-# `add_arguments(parser)` and does the work in `run(args)`.
+# A function here takes --config (and the options `_OPTIONS` names for it); a module name means that module
+# declares its options in `add_arguments(parser)` and does the work in `run(args)`.
 SUBCOMMANDS: list[tuple[str, str, Command | str]] = [
     ("serve", "run the external metrics API server (the adapter)", _serve),
     ("check", "validate a config file and try every source once", _check),
@@ -62,6 +66,9 @@ SUBCOMMANDS: list[tuple[str, str, Command | str]] = [
     ("doctor", "check an installation in a cluster and say what is wrong", "adapter.doctor.run"),
     ("demo", "watch workloads wake from zero and go back, on this machine", "adapter.demo.run"),
 ]
+
+# Modules declaring more options of a function's subcommand in `add_arguments(parser)`.
+_OPTIONS = {"proxy": "adapter.proxy.dry_run"}  # --route-for: which route takes a request, without serving
 
 # The long-running servers: each can say which ports it bound (docs/architecture.md#no-port-races).
 _SERVERS = ("serve", "proxy")
@@ -80,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
             command.set_defaults(run=module.run)
         else:
             _add_config_option(command)
+            if name in _OPTIONS:
+                importlib.import_module(_OPTIONS[name]).add_arguments(command)
             command.set_defaults(run=target)
         if name in _SERVERS:
             command.add_argument(

@@ -192,8 +192,9 @@ class RouteFields(Strict):
     limits: RouteLimits = Field(default_factory=RouteLimits)
     """What the route may hold and how long each phase of a request may take."""
     match_headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
-    """Request headers that must have exactly these values for the route to take a request (names
-    case-insensitive, all must match), beside hosts and path_prefix (docs/architecture.md#route-precedence)."""
+    """Request headers that must each be sent once with exactly these values for the route to take a request (names
+    case-insensitive, all must match), beside hosts and path_prefix; of routes with one host and prefix, the one with
+    more of them is tried first (docs/architecture.md#route-precedence)."""
     waking_page: WakingPage | None = None
     """While the workload is cold, a browser navigation gets this page at once (and the workload wakes); every
     other request is held. None: every request is held."""

@@ -5,7 +5,9 @@ The rule, the same for every route wherever it was declared: routes are taken ol
 creationTimestamp; the config file's routes count as older than any object, being the platform's own), then by
 `<namespace>/<name>`. A host belongs to the namespace of the first route that claims it; a later route of another
 namespace claiming it is refused, naming the owner. Within a namespace, routes may share a host with different
-path prefixes; a second route with the same host and prefix is refused, naming the first. A refused route is
+path prefixes or different match_headers; a second route with the same host, prefix and match_headers is refused,
+naming the first. The order placed here is the claim order the router breaks its last ties with
+(docs/architecture.md#route-precedence). A refused route is
 refused whole (a route serving some of its hosts would be a surprise), and never takes a host from anyone: so
 one team's mistake or late claim fails only its own route.
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 from adapter.config.proxy import RouteObjectsConfig
 from adapter.config.route import RouteConfig
+from adapter.proxy.routing import Conditions, conditions_of
 
 ACCEPTED = "Accepted"
 
@@ -52,7 +55,8 @@ def place(candidates: list[Candidate], policy: RouteObjectsConfig) -> tuple[list
     served_keys: set[str] = set()  # only a file route's key can come twice (an object's is unique in the API)
     refused: dict[str, Refusal] = {}
     host_owner: dict[str, str] = {}  # host -> the key of the route whose claim made it its namespace's
-    path_owner: dict[tuple[str, str], str] = {}  # (host, path prefix) -> the route's key
+    # (host, path prefix, match_headers as the router compares them) -> the route's key
+    path_owner: dict[tuple[str, str, Conditions], str] = {}
     # An activator route's listener port, and the Service whose slices it writes (`<namespace>/<service>`).
     port_owner: dict[int, str] = {}
     service_owner: dict[str, str] = {}
@@ -73,9 +77,10 @@ def place(candidates: list[Candidate], policy: RouteObjectsConfig) -> tuple[list
                 continue
             objects += 1
             per_namespace[route.home] += 1
+        conditions = conditions_of(route.match_headers)
         for host in route.hosts:
             host_owner.setdefault(host, route.key)
-            path_owner.setdefault((host, route.path_prefix), route.key)
+            path_owner.setdefault((host, route.path_prefix, conditions), route.key)
         if route.activator is not None:
             port_owner.setdefault(route.activator.port, route.key)
             service_owner.setdefault(f"{route.home}/{route.activator.service}", route.key)
@@ -138,9 +143,10 @@ def _policy_refusal(
 
 
 def _claim_refusal(
-    route: RouteConfig, host_owner: dict[str, str], path_owner: dict[tuple[str, str], str]
+    route: RouteConfig, host_owner: dict[str, str], path_owner: dict[tuple[str, str, Conditions], str]
 ) -> Refusal | None:
     namespace = route.home
+    conditions = conditions_of(route.match_headers)
     for host in route.hosts:
         owner = host_owner.get(host)
         if owner is not None and owner.split("/", 1)[0] != namespace:
@@ -149,12 +155,13 @@ def _claim_refusal(
                 f"host {host} belongs to route {owner}, an older claim from another namespace "
                 "(the oldest route claiming a host wins it): choose another host",
             )
-        first = path_owner.get((host, route.path_prefix))
+        first = path_owner.get((host, route.path_prefix, conditions))
         if first is not None:
+            same = " and the same match_headers" if route.match_headers else ""
             return Refusal(
                 "PathClaimed",
-                f"host {host} with path prefix {route.path_prefix} is served by route {first}, an older one: "
-                "give this route another path_prefix or host, or delete one of the two",
+                f"host {host} with path prefix {route.path_prefix}{same} is served by route {first}, an older one: "
+                "give this route another path_prefix, host or match_headers, or delete one of the two",
             )
     return None
 

@@ -412,7 +412,7 @@ class ClientConnection(asyncio.Protocol):
             self._reject(refused.code, refused.args[0])
         # A plain tuple, unpacked: docs/architecture.md#hot-head-tuples.
         _, host, url, http10, chunked, content_length, expect_continue, keep_alive, upgrade, _, _ = request
-        route = self._listener.router.match(host or b"", url)
+        route = self._listener.router.match(host or b"", url, self._headers)
         if route is None:
             telemetry.ERRORS.labels("", "404").inc()
             self._reject(404, "no route for this host and path")

@@ -32,7 +32,7 @@ from adapter.proxy.leader import LeaderElector
 from adapter.proxy.route import Route
 from adapter.proxy.route_objects import RouteObject, RouteObjects
 from adapter.proxy.route_status import StatusWriter
-from adapter.proxy.routing import Router
+from adapter.proxy.routing import Match, Router
 from adapter.proxy.server import ProxyServer
 from adapter.proxy.services import RouteServices, RouteUnservable
 from adapter.proxy.table import Listener, RouteTable
@@ -325,7 +325,9 @@ class ControlPlane:
                 self._data.unlisten(key)
                 del self._ports[port]
         for port, (key, version) in wanted.items():
-            router: Router[Route] = Router([(["*"], "/", version.route)])
+            # Every request on its port is the route's, whatever its Host, path or headers
+            # (docs/architecture.md#route-precedence).
+            router: Router[Route] = Router([(Match(), version.route)])
             if port in self._ports:
                 self._ports[port][0].router = router
             else:

@@ -241,7 +241,7 @@ class H2ClientConnection(asyncio.Protocol):
         except Refused as refused:
             stream.refuse(refused.code, refused.args[0])
             return
-        route = self._listener.router.match(request.authority, request.path)
+        route = self._listener.router.match(request.authority, request.path, headers)
         if route is None:
             telemetry.ERRORS.labels("", "404").inc()
             stream.refuse(404, "no route for this host and path", count=False)

@@ -26,7 +26,7 @@ class RouteTable:
     @staticmethod
     def of(routes: list[Route]) -> RouteTable:
         """The table of `routes`, in the order their claims were placed (adapter/proxy/claims.py)."""
-        router = Router((route.config.hosts, route.config.path_prefix, route) for route in routes)
+        router = Router((route.config, route) for route in routes)
         return RouteTable({route.name: route for route in routes}, router)
 
     def sweep_tick(self, *timeouts: float) -> float:

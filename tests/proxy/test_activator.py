@@ -728,3 +728,23 @@ async def test_a_grpc_call_to_the_activator_port_is_held_while_cold_and_forwarde
     finally:
         await pod.stop()
     assert pod.calls == {"Unary": 1}
+
+
+async def test_a_route_s_own_port_takes_every_request_whatever_its_headers_the_main_port_matches_them(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """Warm, the Service clients call reaches the pods with no header checked; cold, its requests reach the route's
+    port: that port does not check them either (docs/architecture.md#route-precedence)."""
+    upstream = await Upstream().start()
+    port = port_outside_ephemeral()
+    seed(kube, 1, upstream.port, "127.0.0.1")
+    route = activator_route(port, hosts=["web.example"], match_headers={"x-canary": "1"})
+    try:
+        async with running_proxy([route], kube=kube_client, activator=activator_settings()) as server:
+            await until(lambda: listed(kube) == [("127.0.0.1", upstream.port, "http")])
+            assert (await request(port, get("/echo", host="any.example"))).status == 200
+            assert (await request(server.port, get("/echo", host="web.example"))).status == 404
+            assert (await request(server.port, get("/echo", host="web.example", extra="x-canary: 1\r\n"))).status == 200
+    finally:
+        await upstream.stop()
+    assert len(upstream.requests) == 2

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adapter.proxy.app import Proxy
-from adapter.proxy.routing import Router, normalise_host
+from adapter.proxy.routing import Match, Router, normalise_host
 from tests.fixtures.netutil import send_until_answered
 from tests.fixtures.proxy import get, post, read_response, request, route, running_proxy
 from tests.fixtures.upstream_app import Upstream
@@ -164,8 +164,8 @@ async def test_fuzzed_requests_get_an_answer_or_a_close(proxy: Proxy, raw: bytes
 def test_routing_matches_only_configured_hosts_and_prefixes(
     hosts: list[str], prefix: str, host: bytes, path: bytes
 ) -> None:
-    router: Router[str] = Router([(hosts, prefix, "route")])
-    found = router.match(host, path)
+    router: Router[str] = Router([(Match(hosts, prefix), "route")])
+    found = router.match(host, path, [])
     if found is not None:
         name = normalise_host(host).decode("latin-1")
         assert "*" in hosts or name in hosts or any(h.startswith("*.") and name.endswith(h[1:]) for h in hosts)

@@ -78,7 +78,7 @@ class Stage:
             }
         )
         self.route = Route(config)
-        self.listener = Listener(Router([(config.hosts, config.path_prefix, self.route)]))
+        self.listener = Listener(Router([(config, self.route)]))
         # (held, inflight) after every change, the first being the counts as they were.
         self.counts: list[tuple[int, int]] = []
         self.route.counts.subscribe(lambda _route, held, inflight: self.counts.append((held, inflight)))

@@ -716,3 +716,33 @@ async def test_a_younger_exact_host_of_another_namespace_does_not_take_traffic_f
         await until(lambda: "team-b/shop" in proxy.routes)
         await until(lambda: "team-a/api" in proxy.routes or "team-a/api" in proxy.control.refusals)
         assert proxy.control.refusals["team-a/api"].reason == "HostClaimed"
+
+
+async def test_two_routes_of_a_namespace_that_differ_only_in_match_headers_share_a_host_and_prefix(
+    kube: KubeStandIn, kube_client: KubeClient, upstream: Upstream
+) -> None:
+    canary = await Upstream().start()
+    try:
+        serve_pods(kube, "team-a", upstream)
+        kube.put(slices_collection("team-a"), endpoint_slice("canary-1", "canary", [("127.0.0.1", {})], canary.port))
+        spec: dict[str, Any] = {"upstream": {"service": "canary", "port": "http"}, "match_headers": {"X-Canary": "1"}}
+        # The third has the same host, prefix and match_headers as the second (names compared without case).
+        objects = [
+            route_object("team-a", "stable", ["shop.example"]),
+            route_object("team-a", "canary", ["shop.example"], **spec),
+            route_object("team-a", "again", ["shop.example"], match_headers={"x-canary": "1"}),
+        ]
+        for month, obj in enumerate(objects, 1):
+            obj["metadata"]["creationTimestamp"] = f"2026-0{month}-01T00:00:00Z"
+            kube.put(routes_collection("team-a"), obj)
+        async with route_proxy(kube, kube_client) as proxy:
+            await until(lambda: {"team-a/stable", "team-a/canary"} <= set(proxy.routes))
+            await until(lambda: "team-a/again" in proxy.control.refusals)
+            refusal = proxy.control.refusals["team-a/again"]
+            assert (refusal.reason, "team-a/canary" in refusal.message) == ("PathClaimed", True)
+            assert "match_headers" in refusal.message
+            assert (await request(proxy.port, get("/echo", "shop.example", "x-canary: 1\r\n"))).status == 200
+            assert (await request(proxy.port, get("/echo", "shop.example"))).status == 200
+        assert (len(canary.requests), len(upstream.requests)) == (1, 1)
+    finally:
+        await canary.stop()
