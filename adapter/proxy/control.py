@@ -138,9 +138,9 @@ class ControlPlane:
             self.status_writer = StatusWriter(kube, self.leader, config.route_objects.status_interval)
 
     def _wants_api(self) -> bool:
-        """A file route that reads slices or wakes a Kubernetes workload."""
+        """A file route that reads slices (its upstream's or its fallback's) or wakes a Kubernetes workload."""
         return any(
-            (isinstance(route.upstream, ServiceUpstream) and route.readiness != "probe")
+            ((isinstance(route.upstream, ServiceUpstream) or route.fallback is not None) and route.readiness != "probe")
             or (isinstance(route.target, ScaleTarget) and route.wake in ("scale", "always"))
             for route in (candidate.config for candidate in self._file_routes)
         )
@@ -385,6 +385,7 @@ class ControlPlane:
         if route.name not in self.versions and route.name not in self._retiring:
             self.board.drop(route.name)
             telemetry.forget_route(route.name)
+            telemetry.forget_route(f"{route.name}/fallback")  # an earlier version's fallback too
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
