@@ -44,7 +44,9 @@ async def fallback() -> AsyncIterator[Upstream]:
     await app.stop()
 
 
-def ready(kube: KubeStandIn, service: str, port: int, *, is_ready: bool = True, app_protocol: str | None = None) -> None:
+def ready(
+    kube: KubeStandIn, service: str, port: int, *, is_ready: bool = True, app_protocol: str | None = None
+) -> None:
     """Service `service` has one endpoint, 127.0.0.1:`port`, ready or not (its slice replaced)."""
     endpoints = [("127.0.0.1", {"ready": is_ready})]
     kube.put(SLICES, endpoint_slice(f"{service}-abc", service, endpoints, port, app_protocol=app_protocol))
