@@ -29,7 +29,7 @@ from adapter.proxy.activator import Activator, ProxyPods
 from adapter.proxy.claims import Candidate, Refusal, place
 from adapter.proxy.counts import CountsBoard, CountsListener
 from adapter.proxy.leader import LeaderElector
-from adapter.proxy.route import Route
+from adapter.proxy.route import Route, fallback_name
 from adapter.proxy.route_objects import RouteObject, RouteObjects
 from adapter.proxy.route_status import StatusWriter
 from adapter.proxy.routing import Router
@@ -385,7 +385,7 @@ class ControlPlane:
         if route.name not in self.versions and route.name not in self._retiring:
             self.board.drop(route.name)
             telemetry.forget_route(route.name)
-            telemetry.forget_route(f"{route.name}/fallback")  # an earlier version's fallback too
+            telemetry.forget_route(fallback_name(route.name))  # an earlier version's fallback too
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -3,7 +3,7 @@
 Every accepted request ends in exactly one of: a forwarded response, or an explicit error from the
 proxy (413/502/503/504), or the client going away (counted as 499). `state` makes that single ending
 explicit: once DONE, nothing else writes for it. Only the exchange changes its state; the route asks
-for a transition (`to_queue`, `to_endpoint`), everything else ends it (`fail`, `client_gone`,
+for a transition (`to_queue`, `to_endpoint`, `to_route`), everything else ends it (`fail`, `client_gone`,
 `response_done`, `tunnel_opened`, `upstream_lost`)::
 
                                                  retry (connect failed, stale connection,
@@ -17,6 +17,9 @@ for a transition (`to_queue`, `to_endpoint`), everything else ends it (`fail`, `
             fail / client_gone /      |
             response_done /           v
             tunnel_opened  ------->  DONE  (from any state; route.leave gives back what it held)
+
+The fallback (docs/architecture.md#fallback): QUEUED past `fallback.after` (`Route.hold_bound`), or NEW over a full
+queue with `overflow: fallback`, -> NEW on the fallback's route (`to_route`), which submits it as any request.
 
 Held bytes: the body pieces buffered while QUEUED or ASSIGNED are counted in the route's
 `counts.held_bytes`, changed only through `_hold_bytes` / `_release_bytes` below.

@@ -99,7 +99,7 @@ class Route:
         self.fallback: Route | None = None
         self.fallback_after = 0.0
         if config.fallback is not None:
-            self.fallback = Route(fallback_config(config), allow_loopback=allow_loopback, name=f"{self.name}/fallback")
+            self.fallback = Route(fallback_config(config), allow_loopback=allow_loopback, name=fallback_name(self.name))
             self.fallback.on_warmth = self._fallback_warmed
             self.fallback_after = config.fallback.after
 
@@ -407,6 +407,11 @@ class Route:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def fallback_name(route: str) -> str:
+    """The fallback's name in metrics and logs: `<namespace>/<name>/fallback` (no route's name has a `/`)."""
+    return f"{route}/fallback"
 
 
 def fallback_config(config: RouteConfig) -> RouteConfig:

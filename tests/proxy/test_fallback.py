@@ -18,6 +18,7 @@ from adapter.proxy.app import Proxy
 from tests.fixtures.h2_peers import H2Upstream, h2_request
 from tests.fixtures.kube_routes import endpoint_slice, slices_collection, wake_standin
 from tests.fixtures.kube_standin import KubeStandIn
+from tests.fixtures.netutil import refused_port
 from tests.fixtures.proxy import get, post, request, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
 
@@ -235,3 +236,33 @@ async def test_an_h2c_fallback_by_its_appprotocol_takes_an_http11_request(
         await h2_fallback.stop()
     assert (response.status, response.body) == (200, b"to h2c")
     assert [seen.body for seen in h2_fallback.requests] == [b"to h2c"]
+
+
+def file_route(readiness: str, port: str | int, upstream: str) -> dict[str, Any]:
+    """A config-file route to a fixed address with a fallback Service in its namespace (`default`)."""
+    fallback = {"service": "static", "port": port, "after": 0.1}
+    return {"name": "addressed", "upstream": {"address": upstream}, "wake": "none", "readiness": readiness} | {
+        "fallback": fallback,
+        "limits": {"hold_timeout": 5},
+    }
+
+
+async def test_a_fallback_makes_a_file_route_read_slices_with_the_api_it_is_configured_with(
+    kube: KubeStandIn, fallback: Upstream
+) -> None:
+    ready(kube, "static", fallback.port)
+    routes = [file_route("auto", "http", f"127.0.0.1:{refused_port()}")]
+    async with running_proxy(routes, kubernetes=kube.client_config()) as server:
+        response = await request(server.port, post(b"via the API"))
+    assert (response.status, response.body) == (200, b"via the API")
+    assert [seen.body for seen in fallback.requests] == [b"via the API"]
+
+
+async def test_without_slices_a_fallback_is_probed_at_its_service_address_which_needs_a_port_number() -> None:
+    async with running_proxy([file_route("probe", 8080, "127.0.0.1:9")]) as server:
+        fallback = server.routes["default/addressed"].fallback
+        assert fallback is not None
+        assert [(ep.host, ep.port) for ep in fallback.endpoints] == [("static.default.svc", 8080)]
+    with pytest.raises(SystemExit, match=r"give fallback\.port as a number"):
+        async with running_proxy([file_route("probe", "http", "127.0.0.1:9")]):
+            pass
