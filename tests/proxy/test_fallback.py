@@ -124,6 +124,19 @@ async def test_requests_at_the_fallback_leave_the_workloads_held_count_and_bytes
         assert (route.fallback.counts.inflight, route.fallback.counts.held_bytes) == (0, 0)
 
 
+async def test_a_fallback_that_does_not_answer_in_time_is_answered_504_as_an_upstream_is(
+    kube: KubeStandIn, kube_client: KubeClient, fallback: Upstream
+) -> None:
+    none_ready(kube, "web")
+    ready(kube, "static", fallback.port)
+    route_config = fallback_route("slow-fallback", after=0.1, limits={"response_timeout": 0.4})
+    async with proxy_with(route_config, kube, kube_client) as server:
+        response = await request(server.port, get("/slow?s=3"))
+    assert response.status == 504
+    assert b"limits.response_timeout" in response.body
+    assert [seen.path for seen in fallback.requests] == ["/slow?s=3"]
+
+
 async def test_a_held_request_goes_to_the_workload_when_it_is_ready_within_the_bound(
     kube: KubeStandIn, kube_client: KubeClient, workload: Upstream, fallback: Upstream
 ) -> None:
