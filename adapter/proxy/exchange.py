@@ -415,7 +415,7 @@ class Exchange:
             self.timer = asyncio.get_running_loop().call_at(self.hold_until, self.hold_expired)
             return
         if self.state == QUEUED or (self.state == ASSIGNED and self.upstream is None):
-            why = f"; not woken: {self.route.wake_failure}" if self.route.wake_failure else ""
+            why = self.route.why_still_held()
             if self.hold_timeout:
                 self.fail(504, f"the call's grpc-timeout ({self.hold_timeout:g} s) ran out while it was held{why}")
                 return

@@ -231,6 +231,14 @@ class Route:
         fallback.submit(exchange)
         return True
 
+    def why_still_held(self) -> str:
+        """What a held request's 504 adds: why the workload was not woken, and that its fallback could not take it."""
+        why = f"; not woken: {self.wake_failure}" if self.wake_failure else ""
+        fallback = self.config.fallback
+        if fallback is not None and not self._fallback_usable():
+            why += f"; the fallback Service {fallback.service} has no ready endpoint either"
+        return why
+
     def _fallback_warmed(self) -> None:
         """The fallback has a usable endpoint now: the requests held past `fallback.after` while it had none go."""
         if self.has_usable() or not self._fallback_usable():

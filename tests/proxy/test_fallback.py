@@ -163,7 +163,10 @@ async def test_a_fallback_without_a_ready_endpoint_leaves_the_request_held_to_it
         response = await request(server.port, get())
         waited = time.monotonic() - started
     assert response.status == 504
-    assert b"limits.hold_timeout" in response.body
+    assert response.body == (
+        b"the workload did not become ready in 0.6 s (limits.hold_timeout); "
+        b"the fallback Service static has no ready endpoint either\n"
+    )
     assert waited >= 0.6
     assert fallback.requests == workload.requests == []
     assert choices("both-cold", "fallback") == 0
