@@ -177,10 +177,10 @@ async def test_requests_held_past_the_bound_go_when_the_fallback_gets_ready(
 ) -> None:
     none_ready(kube, "web")
     none_ready(kube, "static")
-    async with proxy_with(fallback_route("fallback-late", after=0.1), kube, kube_client) as server:
+    async with proxy_with(fallback_route("fallback-late", after=0.5), kube, kube_client) as server:
         route = server.routes["default/fallback-late"]
         early = asyncio.create_task(request(server.port, post(b"early")))
-        await asyncio.sleep(0.3)  # past its bound, held: the fallback has no endpoint
+        await asyncio.sleep(0.7)  # past its bound, held: the fallback has no endpoint
         late = asyncio.create_task(request(server.port, post(b"late")))
         await until(lambda: route.counts.held == 2)
         ready(kube, "static", fallback.port)
