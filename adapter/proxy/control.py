@@ -29,7 +29,7 @@ from adapter.proxy.activator import Activator, ProxyPods
 from adapter.proxy.claims import Candidate, Refusal, place
 from adapter.proxy.counts import CountsBoard, CountsListener
 from adapter.proxy.leader import LeaderElector
-from adapter.proxy.route import Route
+from adapter.proxy.route import Route, fallback_name
 from adapter.proxy.route_objects import RouteObject, RouteObjects
 from adapter.proxy.route_status import StatusWriter
 from adapter.proxy.routing import Match, Router
@@ -138,9 +138,9 @@ class ControlPlane:
             self.status_writer = StatusWriter(kube, self.leader, config.route_objects.status_interval)
 
     def _wants_api(self) -> bool:
-        """A file route that reads slices or wakes a Kubernetes workload."""
+        """A file route that reads slices (its upstream's or its fallback's) or wakes a Kubernetes workload."""
         return any(
-            (isinstance(route.upstream, ServiceUpstream) and route.readiness != "probe")
+            ((isinstance(route.upstream, ServiceUpstream) or route.fallback is not None) and route.readiness != "probe")
             or (isinstance(route.target, ScaleTarget) and route.wake in ("scale", "always"))
             for route in (candidate.config for candidate in self._file_routes)
         )
@@ -387,6 +387,7 @@ class ControlPlane:
         if route.name not in self.versions and route.name not in self._retiring:
             self.board.drop(route.name)
             telemetry.forget_route(route.name)
+            telemetry.forget_route(fallback_name(route.name))  # an earlier version's fallback too
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

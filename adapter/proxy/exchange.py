@@ -3,7 +3,7 @@
 Every accepted request ends in exactly one of: a forwarded response, or an explicit error from the
 proxy (413/502/503/504), or the client going away (counted as 499). `state` makes that single ending
 explicit: once DONE, nothing else writes for it. Only the exchange changes its state; the route asks
-for a transition (`to_queue`, `to_endpoint`), everything else ends it (`fail`, `client_gone`,
+for a transition (`to_queue`, `to_endpoint`, `to_route`), everything else ends it (`fail`, `client_gone`,
 `response_done`, `tunnel_opened`, `upstream_lost`)::
 
                                                  retry (connect failed, stale connection,
@@ -17,6 +17,9 @@ for a transition (`to_queue`, `to_endpoint`), everything else ends it (`fail`, `
             fail / client_gone /      |
             response_done /           v
             tunnel_opened  ------->  DONE  (from any state; route.leave gives back what it held)
+
+The fallback (docs/architecture.md#fallback): QUEUED past `fallback.after` (`Route.hold_bound`), or NEW over a full
+queue with `overflow: fallback`, -> NEW on the fallback's route (`to_route`), which submits it as any request.
 
 Held bytes: the body pieces buffered while QUEUED or ASSIGNED are counted in the route's
 `counts.held_bytes`, changed only through `_hold_bytes` / `_release_bytes` below.
@@ -64,6 +67,7 @@ class Exchange:
         "content_length",
         "endpoint",
         "expect_continue",
+        "fallback_at",
         "flow",
         "frame",
         "grpc",
@@ -146,6 +150,9 @@ class Exchange:
         self.waited = 0.0
         # When the hold runs out (the loop's time), set at the first hold: `timer` fires then while it waits.
         self.hold_until = 0.0
+        # When (the loop's time) the held request may go to the route's fallback; 0: no such bound ahead. The hold's
+        # one timer fires first at it, then at `hold_until` (docs/architecture.md#fallback).
+        self.fallback_at = 0.0
         self.cold = False
         self.timer: asyncio.TimerHandle | None = None
         self.sent_at = 0.0
@@ -232,12 +239,24 @@ class Exchange:
         loop = asyncio.get_running_loop()
         if not self.held_at:
             self.held_at = monotonic()
-            self.hold_until = loop.time() + (self.hold_timeout or self.route.limits.hold_timeout)
+            now = loop.time()
+            self.hold_until = now + (self.hold_timeout or self.route.limits.hold_timeout)
+            after = self.route.fallback_after
+            if after and now + after < self.hold_until:
+                self.fallback_at = now + after
         if self.timer is None:
-            self.timer = loop.call_at(self.hold_until, self.hold_expired)
+            self.timer = loop.call_at(self.fallback_at or self.hold_until, self.hold_expired)
         if cold:
             self.cold = True
         return endpoint
+
+    def to_route(self, route: Route) -> None:
+        """NEW or QUEUED (its old route already gave back its place) -> NEW on `route` (the fallback, which submits
+        it): its buffered bytes are held there from now on; its hold keeps its deadline."""
+        if self.state == QUEUED and self.body_size:
+            self._release_bytes(self.body_size)
+        self.route = route
+        self.state = NEW
 
     def to_endpoint(self, endpoint: Endpoint) -> float | None:
         """NEW or QUEUED -> ASSIGNED to `endpoint`, sent on one of its idle connections or on a new one once
@@ -395,8 +414,15 @@ class Exchange:
 
     def hold_expired(self) -> None:
         self.timer = None
+        if self.fallback_at:
+            # The fallback's bound came first: the route sends it there, or the timer is armed for the hold's end.
+            self.fallback_at = 0.0
+            if self.route.hold_bound(self):
+                return
+            self.timer = asyncio.get_running_loop().call_at(self.hold_until, self.hold_expired)
+            return
         if self.state == QUEUED or (self.state == ASSIGNED and self.upstream is None):
-            why = f"; not woken: {self.route.wake_failure}" if self.route.wake_failure else ""
+            why = self.route.why_still_held()
             if self.hold_timeout:
                 self.fail(504, f"the call's grpc-timeout ({self.hold_timeout:g} s) ran out while it was held{why}")
                 return

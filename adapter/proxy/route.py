@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from adapter.config.base import split_address
-from adapter.config.route import RouteConfig
+from adapter.config.route import RouteConfig, ServiceUpstream
 from adapter.proxy.counts import CountsBoard, RouteCounts
 from adapter.proxy.exchange import ASSIGNED, QUEUED, Exchange
 from adapter.proxy.refused import RefusedEndpoints
@@ -34,10 +34,17 @@ class Route:
     """One version of a route: a changed route gets a new one, sharing its counts with the version it replaces
     (`board`), while the old one finishes the requests it admitted."""
 
-    def __init__(self, config: RouteConfig, *, allow_loopback: bool = False, board: CountsBoard | None = None) -> None:
+    def __init__(
+        self,
+        config: RouteConfig,
+        *,
+        allow_loopback: bool = False,
+        board: CountsBoard | None = None,
+        name: str = "",
+    ) -> None:
         self.config = config
-        # The route's identity in counts, metrics and logs: `<namespace>/<name>`.
-        self.name = config.key
+        # The route's identity in counts, metrics and logs: `<namespace>/<name>` (`name`: a fallback's, see below).
+        self.name = name or config.key
         # A loopback address may be an endpoint (proxy.allow_loopback_endpoints, or a sidecar's upstream): every other
         # rule of docs/architecture.md#only-ip-endpoints holds all the same.
         self.allow_loopback = allow_loopback
@@ -86,6 +93,15 @@ class Route:
         self.default_host = (address or f"{config.upstream.service}.{config.upstream.namespace}").encode()  # type: ignore[union-attr]
         telemetry.READY_ENDPOINTS.labels(self.name).set_function(self.usable_count)
         telemetry.AT_ZERO.track(self.name, self.seconds_at_zero)
+        # The route's fallback Service (docs/architecture.md#fallback): a route of its own that never wakes anything,
+        # with counts of its own (not on the board: what it serves is not pending for the workload); `fallback_after`
+        # is read when a request is first held (0: no fallback).
+        self.fallback: Route | None = None
+        self.fallback_after = 0.0
+        if config.fallback is not None:
+            self.fallback = Route(fallback_config(config), allow_loopback=allow_loopback, name=fallback_name(self.name))
+            self.fallback.on_warmth = self._fallback_warmed
+            self.fallback_after = config.fallback.after
 
     # --- endpoints ---
 
@@ -151,6 +167,8 @@ class Route:
                 self._assign(exchange, endpoint)
                 return
         if len(self.queue) >= self.limits.max_held_requests:
+            if self.config.overflow == "fallback" and self._to_fallback(exchange, "overflow_fallback"):
+                return
             exchange.fail(
                 503,
                 f"the proxy already holds {len(self.queue)} requests for this route (limits.max_held_requests)",
@@ -175,9 +193,7 @@ class Route:
         """The exchange is ending (answered, failed, client gone): give back its place and its slot."""
         state = exchange.state
         if state == QUEUED:
-            self.queue.remove(exchange)
-            self._hold_seconds.observe(time.monotonic() - exchange.held_at)
-            self.counts.add(-1, 0)
+            self._unqueue(exchange)
         elif state == ASSIGNED:
             endpoint = exchange.endpoint
             if endpoint is not None:
@@ -186,6 +202,51 @@ class Route:
             self.counts.add(0, -1)
             if self.queue:
                 self.pump()
+
+    def _unqueue(self, exchange: Exchange) -> None:
+        self.queue.remove(exchange)
+        self._hold_seconds.observe(time.monotonic() - exchange.held_at)
+        self.counts.add(-1, 0)
+
+    # --- the fallback (docs/architecture.md#fallback) ---
+
+    def hold_bound(self, exchange: Exchange) -> bool:
+        """A held request reached `fallback.after` (its hold timer fired early for it): it goes to the fallback if the
+        workload still has no usable endpoint and the fallback has one. False: it stays held (up to hold_timeout)."""
+        if exchange.state != QUEUED or self.has_usable() or not self._fallback_usable():
+            return False
+        self._unqueue(exchange)
+        return self._to_fallback(exchange, "fallback")
+
+    def _fallback_usable(self) -> bool:
+        return self.fallback is not None and self.fallback.has_usable()
+
+    def _to_fallback(self, exchange: Exchange, choice: str) -> bool:
+        """Hand a NEW or just unqueued exchange to the fallback route, which sends it (or holds it for room)."""
+        fallback = self.fallback
+        if fallback is None or not fallback.has_usable():
+            return False
+        telemetry.COLD_CHOICES.labels(self.name, choice).inc()
+        exchange.to_route(fallback)
+        fallback.submit(exchange)
+        return True
+
+    def why_still_held(self) -> str:
+        """What a held request's 504 adds: why the workload was not woken, and that its fallback could not take it."""
+        why = f"; not woken: {self.wake_failure}" if self.wake_failure else ""
+        fallback = self.config.fallback
+        if fallback is not None and not self._fallback_usable():
+            why += f"; the fallback Service {fallback.service} has no ready endpoint either"
+        return why
+
+    def _fallback_warmed(self) -> None:
+        """The fallback has a usable endpoint now: the requests held past `fallback.after` while it had none go."""
+        if self.has_usable() or not self._fallback_usable():
+            return
+        due = time.monotonic() - self.fallback_after
+        for exchange in [held for held in self.queue if held.held_at <= due]:
+            self._unqueue(exchange)
+            self._to_fallback(exchange, "fallback")
 
     def pump(self) -> None:
         """Send held requests, oldest first, while some endpoint has room."""
@@ -273,9 +334,9 @@ class Route:
 
     @property
     def idle(self) -> bool:
-        """Nothing held or forwarded by this version: a retired one may be closed. (An open tunnel is a byte relay of
-        its own connections, which closing the route leaves alone.)"""
-        return not self.queue and not self.assigned
+        """Nothing held or forwarded by this version (nor by its fallback): a retired one may be closed. (An open
+        tunnel is a byte relay of its own connections, which closing the route leaves alone.)"""
+        return not self.queue and not self.assigned and (self.fallback is None or self.fallback.idle)
 
     @property
     def cold(self) -> bool:
@@ -345,6 +406,8 @@ class Route:
             exchange.fail(code, message, retry_after=self.limits.retry_after)
 
     async def close(self) -> None:
+        if self.fallback is not None:
+            await self.fallback.close()
         self._closed = True
         for endpoint in self._endpoints:
             endpoint.close_idle()
@@ -352,3 +415,26 @@ class Route:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def fallback_name(route: str) -> str:
+    """The fallback's name in metrics and logs: `<namespace>/<name>/fallback` (no route's name has a `/`)."""
+    return f"{route}/fallback"
+
+
+def fallback_config(config: RouteConfig) -> RouteConfig:
+    """The route the fallback Service is served as: the route's limits and readiness, the Service in the route's own
+    namespace (`home`: a fallback never names another), no waking and no cold-start options of its own."""
+    fallback = config.fallback
+    assert fallback is not None
+    return RouteConfig(
+        name=config.name,
+        namespace=config.home,
+        upstream=ServiceUpstream(
+            service=fallback.service, namespace=config.home, port=fallback.port, protocol=fallback.protocol
+        ),
+        wake="none",
+        readiness=config.readiness,
+        probe_interval=config.probe_interval,
+        limits=config.limits,
+    )

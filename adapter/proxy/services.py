@@ -49,8 +49,24 @@ class RouteServices:
         closers: list[Callable[[], Awaitable[None]]] = []
         activator = self._activator(route) if route.config.mode == "activator" else None
         self._readiness(route, activator, closers)
+        if route.fallback is not None:
+            self._fallback_readiness(route.fallback, closers)
         self._wake(route, closers)
         return activator, closers
+
+    def _fallback_readiness(self, fallback: Route, closers: list[Callable[[], Awaitable[None]]]) -> None:
+        """The fallback Service's endpoints, read as the upstream's (docs/architecture.md#fallback): from its slices,
+        else (no API access, readiness: probe) by connect probes of `<service>.<namespace>.svc:<port>`."""
+        config = fallback.config
+        upstream = config.upstream
+        assert isinstance(upstream, ServiceUpstream)
+        if (self.slices is None or config.readiness == "probe") and not isinstance(upstream.port, int):
+            raise RouteUnservable(
+                f"route {fallback.name}: without EndpointSlices (no API access, or readiness: probe) the fallback "
+                f"Service is probed at {upstream.service}.{upstream.namespace}.svc:<port>: give fallback.port as a "
+                "number"
+            )
+        self._readiness(fallback, None, closers)
 
     def _activator(self, route: Route) -> Activator:
         settings = self._activator_settings

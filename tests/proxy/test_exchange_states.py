@@ -64,7 +64,14 @@ class Stage:
     """One route (`default/held`) as the proxy serves it, and what its counts did."""
 
     def __init__(
-        self, clock: VirtualClockLoop, *, endpoint: bool, upstream: str, proxy: dict[str, Any], limits: dict[str, Any]
+        self,
+        clock: VirtualClockLoop,
+        *,
+        endpoint: bool,
+        upstream: str,
+        proxy: dict[str, Any],
+        limits: dict[str, Any],
+        options: dict[str, Any],
     ) -> None:
         self.clock = clock
         self.server = ProxyServer(ProxyConfig(port=0, admin_port=0, **proxy))
@@ -75,6 +82,7 @@ class Stage:
                 "wake": "none",
                 "readiness": "probe",
                 "limits": {"hold_timeout": HOLD_MS / 1000, **limits},
+                **options,
             }
         )
         self.route = Route(config)
@@ -138,9 +146,16 @@ async def stages(clock: VirtualClockLoop) -> AsyncIterator[Stages]:
     made: list[Stage] = []
 
     def stage(
-        *, endpoint: bool = False, upstream: str = "http1", proxy: dict[str, Any] | None = None, **limits: Any
+        *,
+        endpoint: bool = False,
+        upstream: str = "http1",
+        proxy: dict[str, Any] | None = None,
+        options: dict[str, Any] | None = None,
+        **limits: Any,
     ) -> Stage:
-        made.append(Stage(clock, endpoint=endpoint, upstream=upstream, proxy=proxy or {}, limits=limits))
+        made.append(
+            Stage(clock, endpoint=endpoint, upstream=upstream, proxy=proxy or {}, limits=limits, options=options or {})
+        )
         return made[-1]
 
     yield stage
@@ -587,6 +602,94 @@ async def test_an_h2_upstreams_max_concurrent_streams_is_its_endpoints_concurren
     peer.respond()
     await clock.settle()
     assert one_answer(second).status == 200
+    stage.assert_idle()
+
+
+# --- QUEUED -> NEW on the fallback's route -> ASSIGNED there (docs/architecture.md#fallback) ---
+
+FALLBACK = ("10.0.0.2", 8081)
+AFTER_MS = 100
+
+
+def with_fallback(stages: Stages, upstream: str = "http1", **limits: Any) -> tuple[Stage, Route]:
+    """A stage whose route has a fallback (speaking `upstream`'s protocol) `AFTER_MS` into a hold."""
+    fallback = {"service": "static", "port": FALLBACK[1], "after": AFTER_MS / 1000, "protocol": upstream}
+    stage = stages(upstream=upstream, options={"fallback": fallback}, **limits)
+    assert stage.route.fallback is not None
+    return stage, stage.route.fallback
+
+
+@each_pair
+async def test_held_past_fallback_after_goes_to_the_fallback_with_its_body_and_no_504_follows(
+    protocol: str, upstream: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage, fallback = with_fallback(stages, upstream)
+    fallback.set_endpoints([FALLBACK])
+    chosen = metric("zeroscale_proxy_cold_choices_total", route="default/held", choice="fallback")
+    caller = CALLERS[protocol](stage)
+    caller.post(b"x" * 100)
+    await clock.settle()
+    assert (stage.now, stage.route.counts.held_bytes) == ((1, 0), 100)
+    await clock.advance(AFTER_MS - 1)
+    assert clock.dialled == []
+    await clock.advance(1)
+    assert [address for address, _ in clock.dialled] == [FALLBACK]
+    assert (stage.now, stage.route.counts.held_bytes) == ((0, 0), 0)
+    assert (fallback.counts.held, fallback.counts.inflight) == (0, 1)
+    peer = stage.upstream()
+    assert peer.requests() == [Seen(b"POST", b"/", b"x" * 100)]
+    await clock.advance(10 * HOLD_MS)
+    assert caller.answers() == []
+    peer.respond()
+    await clock.settle()
+    assert one_answer(caller).status == 200
+    stage.assert_idle()
+    assert (fallback.counts.inflight, fallback.counts.held_bytes, fallback.assigned) == (0, 0, 0)
+    assert stage.counts == [(0, 0), (1, 0), (0, 0)]
+    assert metric("zeroscale_proxy_cold_choices_total", route="default/held", choice="fallback") == chosen + 1
+
+
+@both
+async def test_a_fallback_without_an_endpoint_leaves_the_hold_to_its_504_at_the_hold_timeouts_millisecond(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    stage, fallback = with_fallback(stages)
+    fallback.set_endpoints([])
+    caller = CALLERS[protocol](stage)
+    caller.get()
+    await clock.settle()
+    await clock.advance(HOLD_MS - 1)
+    assert caller.answers() == []
+    assert stage.now == (1, 0)
+    await clock.advance(1)
+    assert one_answer(caller).status == 504
+    assert clock.dialled == []
+    stage.assert_idle()
+
+
+@both
+async def test_a_full_queue_sends_the_next_request_to_the_fallback_with_overflow_fallback(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    fallback_options = {"service": "static", "port": FALLBACK[1], "after": AFTER_MS / 1000}
+    stage = stages(options={"fallback": fallback_options, "overflow": "fallback"}, max_held_requests=1)
+    assert stage.route.fallback is not None
+    stage.route.fallback.set_endpoints([FALLBACK])
+    held, over = CALLERS[protocol](stage), CALLERS[protocol](stage)
+    held.get(b"/held")
+    over.get(b"/over")
+    await clock.settle()
+    assert clock.ms == 0
+    assert [address for address, _ in clock.dialled] == [FALLBACK]
+    peer = stage.upstream()
+    assert peer.requests() == [Seen(b"GET", b"/over")]
+    peer.respond()
+    await clock.settle()
+    assert one_answer(over).status == 200
+    assert held.answers() == []
+    assert stage.now == (1, 0)
+    held.gone()
+    await clock.settle()
     stage.assert_idle()
 
 
