@@ -262,7 +262,8 @@ class RouteConfig(RouteFields):
     other request is held. Its body may come from a file (a mounted ConfigMap key). None: every request is held."""
     also_wake: list[ScaleTarget] = Field(default_factory=list, max_length=16)
     """More workloads a wake of this route wakes together with its target (what it calls, a whole stack), each
-    checked by the route's wake policy on its own; readiness is the route's upstream's only."""
+    checked by the route's wake policy on its own (nothing with wake: hpa or none); readiness is the route's
+    upstream's only (docs/architecture.md#also-wake)."""
 
     @model_validator(mode="after")
     def _also_wake_each_once(self) -> RouteConfig:
