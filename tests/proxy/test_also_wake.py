@@ -50,6 +50,12 @@ def choices(route: str, choice: str) -> float:
     return REGISTRY.get_sample_value("zeroscale_proxy_cold_choices_total", labels) or 0.0
 
 
+def own_wakes(target: str) -> float | None:
+    """Patches of Deployment default/`target` counted as an extra target's own (None: no such series)."""
+    labels = {"route": f"also_wake:default/Deployment/{target}", "result": "patched"}
+    return REGISTRY.get_sample_value("zeroscale_proxy_wakes_total", labels)
+
+
 def scale_reads(kube: KubeStandIn, name: str) -> int:
     scale = f"/deployments/{name}/scale"
     return sum(1 for method, path, _ in kube.requests if method == "GET" and path.endswith(scale))
@@ -80,10 +86,12 @@ async def test_a_held_request_wakes_the_target_and_each_extra_target_once(
         await until(lambda: all(scale.replicas == 1 for scale in scales.values()))
         await until(lambda: scale_reads(kube, "worker") >= 3)  # two retries, still held
         assert not pending.done()
+        assert own_wakes("worker") == 1  # the extra target's attempts, under its own label
         response = await answered_once_web_is_ready(pending, kube, port)
     assert response.status == 200
     assert {name: len(scale.patches) for name, scale in scales.items()} == {"web": 1, "api": 1, "worker": 1}
     assert choices("stack", "also_wake") - sent == 2
+    assert own_wakes("worker") is None  # gone with the last route naming it
 
 
 async def test_an_extra_target_above_zero_is_left_alone(kube: KubeStandIn, kube_client: KubeClient) -> None:
