@@ -27,6 +27,8 @@ from adapter.config.cold import (
 )
 
 LABEL_VALUE_MAX = 63  # a Kubernetes label value
+# The words of also_wake's check, shared with its CEL rule (scripts/crd/generate.py).
+ALSO_WAKE_ONCE = "also_wake names each workload once, and not the route's target"
 # A host as a route claims it, after lowering (the CRD checks the same with CEL, scripts/crd/generate.py): DNS
 # labels joined by dots, without a trailing dot (a request's Host is compared without one, so `shop.example.` would be
 # a claim of its own that no request ever matches), after `*.` or alone as `*`.
@@ -261,7 +263,25 @@ class RouteConfig(RouteFields):
     other request is held. Its body may come from a file (a mounted ConfigMap key). None: every request is held."""
     also_wake: list[ScaleTarget] = Field(default_factory=list, max_length=16)
     """More workloads a wake of this route wakes together with its target (what it calls, a whole stack), each
-    checked by the route's wake policy on its own; readiness is the route's upstream's only."""
+    checked by the route's wake policy on its own (nothing with wake: hpa or none); readiness is the route's
+    upstream's only (docs/architecture.md#also-wake)."""
+
+    @model_validator(mode="after")
+    def _also_wake_each_once(self) -> RouteConfig:
+        seen = (
+            {(self.target.namespace, self.target.kind, self.target.name)}
+            if isinstance(self.target, ScaleTarget)
+            else set()
+        )
+        for extra in self.also_wake:
+            key = (extra.namespace, extra.kind, extra.name)
+            if key in seen:
+                raise ValueError(
+                    f"{ALSO_WAKE_ONCE}: {extra.kind} {extra.namespace}/{extra.name} is named twice (a wake of the "
+                    "route wakes its target and each also_wake workload once)"
+                )
+            seen.add(key)
+        return self
 
     @model_validator(mode="after")
     def _wake_needs_target(self) -> RouteConfig:

@@ -98,7 +98,8 @@ class RouteSpec(RouteFields):
     proxy.route_objects.max_limits)."""
     also_wake: list[RouteTarget] = Field(default_factory=list, max_length=16)
     """More workloads in this namespace a wake of this route wakes together with its target (what it calls),
-    each checked by the route's wake policy on its own; readiness is the route's upstream's only."""
+    each checked by the route's wake policy on its own (nothing with wake: hpa or none); readiness is the route's
+    upstream's only (docs/architecture.md#also-wake)."""
 
     def route_config(self, namespace: str, name: str) -> RouteConfig:
         """The route as the proxy runs it; ValueError (pydantic's) when the combination is not allowed."""

@@ -8,17 +8,21 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from adapter.config.proxy import ActivatorConfig
-from adapter.config.route import LocalScaleTarget, RouteConfig, ServiceUpstream
+from adapter.config.route import LocalScaleTarget, RouteConfig, ScaleTarget, ServiceUpstream
 from adapter.kube.client import KubeClient
 from adapter.proxy.activator import Activator, ProxyPods
-from adapter.proxy.intent import NamespaceHPAs, read_refusal
+from adapter.proxy.also_wake import AlsoWake, Policy
+from adapter.proxy.intent import NamespaceHPAs, Refusal, read_refusal
 from adapter.proxy.leader import LeaderElector
 from adapter.proxy.readiness import probe_address, read_endpoint_slices
 from adapter.proxy.route import Route
 from adapter.proxy.slices import SliceWatches
 from adapter.proxy.wake import Waker
+from adapter.telemetry import proxy as telemetry
 
 log = logging.getLogger(__name__)
+# An also_wake target's loop: the target's namespace, kind and name, and the policy of the routes sharing it.
+AlsoWakeKey = tuple[str, str, str, Policy]
 
 
 class RouteUnservable(Exception):
@@ -41,6 +45,7 @@ class RouteServices:
         self.leader = leader
         self.proxy_pods = proxy_pods
         self.hpas: dict[str, NamespaceHPAs] = {}  # the HPA lists wake: scale routes share, by namespace
+        self.also_wakes: dict[AlsoWakeKey, AlsoWake] = {}  # the also_wake targets' loops, by target and policy
         self.slices = SliceWatches(kube) if kube is not None else None  # one watch per namespace, shared
 
     def start(self, route: Route) -> tuple[Activator | None, list[Callable[[], Awaitable[None]]]]:
@@ -102,25 +107,68 @@ class RouteServices:
         config = route.config
         if config.wake not in ("scale", "always") or config.target is None:
             return
+        also = self._also_wake(route, closers)
         if isinstance(config.target, LocalScaleTarget):  # development mode (`zeroscale demo`)
-            waker = Waker.local(route, config.target, config.wake_replicas, config.wake_retry_interval)
+            waker = Waker.local(route, config.target, config.wake_replicas, config.wake_retry_interval, awake=also)
         else:
             kube = self.kube
             if kube is None:
                 log.warning("route %s: no API access, cannot wake %s; counts only", route.name, config.target.name)
                 return
-            refusal = None
-            if config.wake == "scale":  # the HPAs are read before each patch (docs/architecture.md#wake)
-                namespace = config.target.namespace
-                hpas = self.hpas.get(namespace)
-                if hpas is None:
-                    hpas = self.hpas[namespace] = NamespaceHPAs(kube, namespace)
-                refusal = functools.partial(read_refusal, hpas, config.target, config.wake_without_hpa)
-            waker = Waker(kube, route, config.target, config.wake_replicas, config.wake_retry_interval, refusal)
+            refusal = self._refusal(kube, config, config.target)
+            waker = Waker(
+                kube, route, config.target, config.wake_replicas, config.wake_retry_interval, refusal, awake=also
+            )
         route.on_cold = waker.request
         route.on_endpoints = waker.observe
         waker.observe()
         closers.append(waker.close)
+
+    def _refusal(
+        self, kube: KubeClient, config: RouteConfig, target: ScaleTarget
+    ) -> Callable[[], Awaitable[Refusal | None]] | None:
+        """wake: scale reads the HPAs of the target's namespace before each patch (docs/architecture.md#wake)."""
+        if config.wake != "scale":
+            return None
+        hpas = self.hpas.get(target.namespace)
+        if hpas is None:
+            hpas = self.hpas[target.namespace] = NamespaceHPAs(kube, target.namespace)
+        return functools.partial(read_refusal, hpas, target, config.wake_without_hpa)
+
+    def _also_wake(self, route: Route, closers: list[Callable[[], Awaitable[None]]]) -> Callable[[], None] | None:
+        """The route's also_wake targets, each joined to the loop shared by the routes naming it with one policy;
+        returns what asks them all to wake (after the route's own target woke), None when there are none."""
+        config = route.config
+        kube = self.kube
+        if not config.also_wake:
+            return None
+        if kube is None:
+            log.warning("route %s: no API access, cannot wake its also_wake targets", route.name)
+            return None
+        policy = Policy.of(config)
+        joined: list[tuple[AlsoWakeKey, AlsoWake]] = []
+        for target in config.also_wake:
+            key = (target.namespace, target.kind, target.name, policy)
+            group = self.also_wakes.get(key)
+            if group is None:
+                group = self.also_wakes[key] = AlsoWake(kube, target, policy, self._refusal(kube, config, target))
+            group.join(route)
+            joined.append((key, group))
+
+        async def leave() -> None:
+            for key, group in joined:
+                if group.leave(route):
+                    del self.also_wakes[key]
+                    await group.close()
+                    if all(other.name != group.name for other in self.also_wakes.values()):
+                        telemetry.forget_route(group.name)  # its own wake series go with the last route naming it
+
+        def wake() -> None:
+            for _, group in joined:
+                group.request(route)
+
+        closers.append(leave)
+        return wake
 
     async def close(self) -> None:
         for hpas in self.hpas.values():

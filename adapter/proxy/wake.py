@@ -68,9 +68,13 @@ class Waker:
         replicas: int,
         retry_interval: float,
         refusal: Callable[[], Awaitable[Refusal | None]] | None = None,
+        awake: Callable[[], None] | None = None,
     ) -> None:
         self._kube = kube
         self._refusal = refusal
+        # Called after each attempt that woke the target or found it above 0: the route's also_wake targets follow
+        # (adapter/proxy/also_wake.py), never a target refused or not read.
+        self._awake = awake
         self._listener = route
         self._target = target
         self._replicas = replicas
@@ -81,11 +85,18 @@ class Waker:
         self._own_kube = False
 
     @classmethod
-    def local(cls, route: WakeListener, target: LocalScaleTarget, replicas: int, retry_interval: float) -> Waker:
+    def local(
+        cls,
+        route: WakeListener,
+        target: LocalScaleTarget,
+        replicas: int,
+        retry_interval: float,
+        awake: Callable[[], None] | None = None,
+    ) -> Waker:
         """Development mode: wake a Local target through the demo's loopback scaler (same calls as Kubernetes)."""
         kube = KubeClient.from_config(KubeAPIConfig(url=target.url))
         as_deployment = ScaleTarget(namespace=LOCAL_NAMESPACE, kind="Deployment", name=target.name)
-        waker = cls(kube, route, as_deployment, replicas, retry_interval)
+        waker = cls(kube, route, as_deployment, replicas, retry_interval, awake=awake)
         waker._own_kube = True
         return waker
 
@@ -177,6 +188,8 @@ class Waker:
             return result
         self._listener.wake_failed(failure)
         telemetry.WAKES.labels(name, result).inc()
+        if self._awake is not None and result in ("patched", "already_awake"):
+            self._awake()
         return result
 
     async def _refused(self) -> bool:

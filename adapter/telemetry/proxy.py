@@ -69,6 +69,13 @@ HPAS_LISTED = Gauge(
     "HPAs the latest list of the namespace answered, in pages of 500: what each list costs (docs/architecture.md#wake)",
     ["namespace"],
 )
+COLD_CHOICES = Counter(
+    "zeroscale_proxy_cold_choices_total",
+    "Requests and wakes a route's cold-start options decided, by choice: waking_page, never_wake, fallback, "
+    "overflow_waking_page, overflow_fallback, also_wake (a wake of an extra target sent), also_wake_refused (an extra "
+    "target's wake policy said no); docs/architecture.md#cold-start-choices",
+    ["route", "choice"],
+)
 ERRORS = Counter(
     "zeroscale_proxy_error_responses_total",
     "Requests the proxy answered itself or dropped, by status (404, 413, 431, 499 client gone, 502, 503, 504)",
@@ -273,6 +280,7 @@ _PER_ROUTE: tuple[Counter | Gauge | Histogram, ...] = (
     READY_TO_FIRST_BYTE_SECONDS,
     WAKES,
     WAKE_REFUSALS,
+    COLD_CHOICES,
     ERRORS,
     RETRIES,
     COLD_CHOICES,

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from adapter.config import route_object  # noqa: E402
-from adapter.config.route import HOST_PATTERN, LABEL_VALUE_MAX  # noqa: E402
+from adapter.config.route import ALSO_WAKE_ONCE, HOST_PATTERN, LABEL_VALUE_MAX  # noqa: E402
 from adapter.config.route_object import RouteSpec, RouteStatus  # noqa: E402
 
 NAME = f"{route_object.PLURAL}.{route_object.GROUP}"
@@ -80,6 +80,13 @@ RULES: dict[str, list[Rule]] = {
         {
             "rule": "self.overflow != 'fallback' || has(self.fallback)",
             "message": "overflow: fallback needs a fallback",
+        },
+        {
+            # Each item is the only one of its kind and name, and not the target (kinds default before CEL runs).
+            "rule": "!has(self.also_wake) || self.also_wake.all(a, "
+            "self.also_wake.exists_one(b, b.kind == a.kind && b.name == a.name) && "
+            "(!has(self.target) || a.kind != self.target.kind || a.name != self.target.name))",
+            "message": ALSO_WAKE_ONCE,
         },
     ],
     "spec.hosts[]": [

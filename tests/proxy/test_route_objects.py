@@ -21,7 +21,7 @@ from adapter.kube.endpointslices import MANAGED_BY
 from adapter.proxy import claims, control
 from adapter.proxy.app import Proxy
 from adapter.proxy.route_objects import RouteObjects
-from tests.fixtures.kube_routes import SLICES_V1, SlowLists, endpoint_slice, slices_collection
+from tests.fixtures.kube_routes import SLICES_V1, ScaleStandIn, SlowLists, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn
 from tests.fixtures.proxy import get, read_response, request, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
@@ -182,6 +182,28 @@ async def test_a_deleted_route_answers_its_held_requests_503_and_leaves_no_serie
         await until(
             lambda: REGISTRY.get_sample_value("zeroscale_proxy_held_requests", {"route": "team-a/gone"}) is None
         )
+
+
+async def test_a_route_object_wakes_its_also_wake_targets_in_its_own_namespace(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """A team's route waking Deployment web and, with it, Deployment api (also_wake names a kind and a name, in the
+    route's own namespace): one held request patches both Scales of team-a, none of another namespace's."""
+    scales = [ScaleStandIn(kube, "team-a", name, replicas=0) for name in ("web", "api")]
+    elsewhere = ScaleStandIn(kube, "team-b", "api", replicas=0)
+    serve_pods(kube, "team-a", None)
+    stack = route_object(
+        "team-a", "stack", ["stack.example"], wake="always", target={"name": "web"}, also_wake=[{"name": "api"}]
+    )
+    kube.put(routes_collection("team-a"), stack)
+    async with route_proxy(kube, kube_client) as proxy:
+        await until(lambda: "team-a/stack" in proxy.routes)
+        pending = asyncio.create_task(request(proxy.port, get("/echo", host="stack.example")))
+        await until(lambda: all(scale.replicas == 1 for scale in scales))
+        pending.cancel()
+        await asyncio.gather(pending, return_exceptions=True)
+    assert [len(scale.patches) for scale in scales] == [1, 1]
+    assert elsewhere.patches == []
 
 
 async def test_a_host_belongs_to_its_oldest_claim_and_the_younger_route_is_refused_naming_it(
