@@ -46,14 +46,18 @@ class Summary:
     peaks: dict[str, int]
     timeouts: list[str]
     errors: list[str]
+    # A person's browser visits while the app was at zero: (seconds to the waking page, to the app, reloads, error).
+    visits: list[tuple[float | None, float | None, int, str]]
 
     @property
     def passed(self) -> bool:
-        """Every workload went 0 -> >=1 -> 0, no request was lost, every job and message was done."""
+        """Every workload went 0 -> >=1 -> 0, no request was lost, every job and message was done, and every browser
+        got the waking page and then the app."""
         paths = self.replica_paths.values()
         round_trips = all(path[:1] == [0] and path[-1:] == [0] and max(path) >= 1 for path in paths)
         everything_done = self.jobs_done == self.jobs_pushed and self.kafka_consumed == self.kafka_messages
-        return round_trips and self.requests_lost == 0 and everything_done and not self.timeouts
+        browsers_served = all(page is not None and app is not None for page, app, _, _ in self.visits)
+        return round_trips and self.requests_lost == 0 and everything_done and browsers_served and not self.timeouts
 
 
 def summarize(scenario: str, timeline: Timeline, outcome: Outcome) -> Summary:
@@ -80,6 +84,7 @@ def summarize(scenario: str, timeline: Timeline, outcome: Outcome) -> Summary:
         peaks={name: max(path) for name, path in paths.items()},
         timeouts=list(outcome.timeouts),
         errors=errors,
+        visits=[(v.page_seconds, v.app_seconds, v.reloads, v.error) for v in timeline.visits],
     )
 
 
@@ -98,6 +103,11 @@ def summary_lines(summary: Summary) -> list[str]:
     ]
     if summary.kafka_messages:
         lines.append(f"kafka: {summary.kafka_messages} messages produced, {summary.kafka_consumed} consumed")
+    for page, app, reloads, error in summary.visits:
+        lines.append(
+            f"browser: the waking page after {_seconds(page)}, the app after {reloads} reload(s) ({_seconds(app)})"
+            + (f": {error}" if error else "")
+        )
     for name, path in summary.replica_paths.items():
         lines.append(f"{name} replicas: {' -> '.join(map(str, path))}")
     lines += [f"timed out: {t}" for t in summary.timeouts]

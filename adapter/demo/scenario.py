@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from adapter.demo.load import burst, request
+from adapter.demo.load import browse, burst, request
 from adapter.demo.stack import JOBS_DONE_KEY, JOBS_KEY, KAFKA_GROUP, KAFKA_PARTITIONS, KAFKA_TOPIC
 from adapter.demo.timeline import Timeline
 from adapter.demo.workloads import LocalWorkload
@@ -81,8 +81,14 @@ class Scenario:
                 await request(self.proxy_port, timeline, self._web_cold, "/first")
                 timeline.phase("HTTP idle: the app goes back to zero")
                 await self._back_to_zero("web")
-            timeline.phase(f"HTTP burst from zero: {plan.burst_clients} clients for {plan.burst_seconds:g}s")
-            await burst(self.proxy_port, timeline, self._web_cold, plan.burst_seconds, plan.burst_clients)
+            timeline.phase(
+                f"HTTP burst from zero: {plan.burst_clients} clients for {plan.burst_seconds:g}s (held), and a person "
+                "opening the app in a browser (the waking page at once, the app when it reloads)"
+            )
+            await asyncio.gather(
+                burst(self.proxy_port, timeline, self._web_cold, plan.burst_seconds, plan.burst_clients),
+                browse(self.proxy_port, timeline),
+            )
             if plan.sequential:
                 timeline.phase("HTTP idle: the app goes back to zero")
                 await self._back_to_zero("web")

@@ -86,6 +86,9 @@ def proxy_config(ports: Ports, scaler_port: int) -> dict[str, Any]:
                     "wake_retry_interval": "1s",
                     "readiness": "probe",
                     "limits": {"hold_timeout": "60s"},
+                    # A browser's navigation gets the waking page at once (reloading every second); the demo's
+                    # other requests are programs': held until the app answers.
+                    "waking_page": {"refresh": 1},
                 }
             ],
         },

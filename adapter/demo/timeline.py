@@ -24,6 +24,17 @@ class RequestResult:
 
 
 @dataclass(frozen=True)
+class BrowserVisit:
+    """A person opening the app while it is at zero: the waking page at once, then the app once a reload finds it."""
+
+    sent_at: float
+    page_seconds: float | None  # until the waking page arrived (None: it never did)
+    app_seconds: float | None  # until a reload got the app's own page (None: none did)
+    reloads: int
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class ScaleEvent:
     at: float
     workload: str
@@ -38,6 +49,7 @@ class Timeline:
     started: float = field(default_factory=time.monotonic)
     samples: list[Sample] = field(default_factory=list)
     requests: list[RequestResult] = field(default_factory=list)
+    visits: list[BrowserVisit] = field(default_factory=list)
     events: list[ScaleEvent] = field(default_factory=list)
     # Metric values the HPAs read: (at, value or None) per HPA name.
     metric_values: dict[str, list[tuple[float, float | None]]] = field(default_factory=dict)

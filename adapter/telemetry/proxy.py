@@ -84,12 +84,6 @@ ERRORS = Counter(
 RETRIES = Counter(
     "zeroscale_proxy_retries_total", "Requests moved to another endpoint before any byte reached upstream", ["route"]
 )
-COLD_CHOICES = Counter(
-    "zeroscale_proxy_cold_choices_total",
-    "Requests a cold-start choice took instead of the hold, by choice (waking_page, never_wake, fallback, "
-    "overflow_waking_page, overflow_fallback) and extra wakes (also_wake, also_wake_refused)",
-    ["route", "choice"],
-)
 CONNECTIONS = Gauge("zeroscale_proxy_client_connections", "Open client connections")
 REFUSED_CONNECTIONS = Counter(
     "zeroscale_proxy_refused_connections_total", "Client connections closed at once because max_connections was reached"
@@ -283,7 +277,6 @@ _PER_ROUTE: tuple[Counter | Gauge | Histogram, ...] = (
     COLD_CHOICES,
     ERRORS,
     RETRIES,
-    COLD_CHOICES,
     TARGET_REPLICAS,
     ACTIVATOR_HOLDER_SERVES,
     ACTIVATOR_DIRECT,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from adapter.demo.observe import held_from_exposition
-from adapter.demo.report import percentile, summarize, write_report
+from adapter.demo.report import percentile, summarize, summary_lines, write_report
 from adapter.demo.scenario import Outcome
-from adapter.demo.timeline import RequestResult, Sample, Timeline
+from adapter.demo.timeline import BrowserVisit, RequestResult, Sample, Timeline
 
 
 def _timeline(paths: dict[str, list[int]], requests: list[RequestResult]) -> Timeline:
@@ -72,3 +72,14 @@ def test_held_requests_read_from_the_proxy_gauge() -> None:
     )
     assert held_from_exposition(exposition, "web") == 7
     assert held_from_exposition(exposition, "other") is None
+
+
+def test_a_browser_visit_passes_only_with_the_waking_page_and_then_the_app() -> None:
+    served = _timeline({"web": [0, 1, 0], "worker": [0, 2, 0]}, [RequestResult(1.0, 0.5, True, True)])
+    served.visits.append(BrowserVisit(1.0, 0.004, 2.5, 2))
+    summary = summarize("s", served, Outcome(5, 5))
+    assert summary.passed
+    assert "browser: the waking page after 0.00s, the app after 2 reload(s) (2.50s)" in summary_lines(summary)
+    held = _timeline({"web": [0, 1, 0], "worker": [0, 2, 0]}, [RequestResult(1.0, 0.5, True, True)])
+    held.visits.append(BrowserVisit(1.0, None, 2.5, 0))  # the browser was held like a program: no page
+    assert not summarize("s", held, Outcome(5, 5)).passed
