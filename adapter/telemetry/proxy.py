@@ -74,6 +74,13 @@ ERRORS = Counter(
     "Requests the proxy answered itself or dropped, by status (404, 413, 431, 499 client gone, 502, 503, 504)",
     ["route", "code"],
 )
+COLD_CHOICES = Counter(
+    "zeroscale_proxy_cold_choices_total",
+    "Requests a route's cold-start options decided (waking_page, never_wake, fallback, overflow_waking_page, "
+    "overflow_fallback) and wakes of its extra targets (also_wake, also_wake_refused): "
+    "docs/architecture.md#cold-start-choices",
+    ["route", "choice"],
+)
 RETRIES = Counter(
     "zeroscale_proxy_retries_total", "Requests moved to another endpoint before any byte reached upstream", ["route"]
 )
