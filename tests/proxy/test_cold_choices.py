@@ -12,13 +12,11 @@ import pytest
 from prometheus_client import REGISTRY
 
 from adapter.kube.client import KubeClient
-from adapter.proxy.app import Proxy
-from adapter.proxy.route import Route
 from tests.fixtures.h2_peers import Headers, h2_request
 from tests.fixtures.kube_routes import ScaleStandIn, endpoint_slice, slices_collection, wake_route, wake_standin
 from tests.fixtures.kube_standin import KubeStandIn
 from tests.fixtures.netutil import refused_port
-from tests.fixtures.proxy import Response, Responses, get, request, route, running_proxy, until
+from tests.fixtures.proxy import Response, Responses, get, known_cold, request, route, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
 
 CHROME_ACCEPT = (
@@ -53,17 +51,6 @@ def assert_waking_page(response: Response, route_key: str) -> None:
     assert response.headers["cache-control"] == "no-store"
     assert '<meta http-equiv="refresh" content="1">' in response.body.decode()
     assert route_key in response.body.decode()
-
-
-async def known_cold(server: Proxy, name: str) -> Route:
-    """The route, once it knows it has no usable endpoint: a probe-readiness route learns it from a refused connect
-    (until then its endpoint is taken as usable), here a held request's, which then goes away."""
-    routed = server.routes[f"default/{name}"]
-    pending = asyncio.create_task(request(server.port, get("/echo", extra="Accept: application/json\r\n")))
-    await until(lambda: not routed.has_usable())
-    pending.cancel()
-    await until(lambda: routed.counts.held == 0)
-    return routed
 
 
 async def test_a_browser_navigation_to_a_cold_route_gets_the_page_at_once_and_wakes_the_workload(
@@ -168,12 +155,9 @@ async def test_a_head_gets_the_length_and_no_body_and_the_connection_goes_on() -
             async with asyncio.timeout(5):
                 head = await reader.readuntil(b"\r\n\r\n")
             # Keep-alive after a local answer: the next requests on the same connection are read and answered, and
-            # the first bytes after the HEAD's head are the next response's (no body came).
+            # the bytes after the HEAD's head are the next response's (a body there would not parse as one).
             writer.write(get("/", extra=NAVIGATION))
-            async with asyncio.timeout(5):
-                assert await reader.readexactly(12) == b"HTTP/1.1 503"
             responses = Responses(reader)
-            responses._state.parser.feed_data(b"HTTP/1.1 503")
             page = await responses.next()
             writer.write(get("/robots.txt"))
             robots = await responses.next()
