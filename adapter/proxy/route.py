@@ -223,7 +223,11 @@ class Route:
         self._hold(exchange, front=False)
 
     def retry(self, exchange: Exchange) -> None:
-        """Back to the front of the queue: nothing of it reached an upstream (or it may safely be re-sent)."""
+        """Back to the front of the queue: nothing of it reached an upstream (or it may safely be re-sent). A request
+        with a cold-start choice meets it again first: its endpoint may have been the last one usable (a probe route
+        learns it is cold from the first refused connect)."""
+        if exchange.choice is not None and self.answers_itself(exchange):
+            return
         self._hold(exchange, front=True)
         self.pump()
 

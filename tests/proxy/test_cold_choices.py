@@ -145,6 +145,18 @@ async def test_a_when_always_rule_is_answered_even_when_warm(upstream: Upstream)
     assert [seen.path for seen in upstream.requests] == ["/echo"]
 
 
+@pytest.mark.parametrize(("extra", "path"), [(NAVIGATION, "/"), ("", "/healthz")])
+async def test_a_probe_route_s_first_refused_connect_leads_to_the_choice_not_the_hold(extra: str, path: str) -> None:
+    """A probe-readiness route takes its endpoint as usable until a connect is refused: a navigation or a health check
+    sent to it then meets its choice (the page, the rule's answer) instead of being held."""
+    port = refused_port()
+    async with running_proxy([route("probed", f"127.0.0.1:{port}", **CHOICES)]) as server:
+        assert server.routes["default/probed"].has_usable()
+        answer = await request(server.port, get(path, extra=extra), within=2)
+        assert server.routes["default/probed"].counts.held == (1 if path == "/" else 0)  # the page's count only
+    assert answer.status == (503 if path == "/" else 200)
+
+
 async def test_a_head_gets_the_length_and_no_body_and_the_connection_goes_on() -> None:
     port = refused_port()
     async with running_proxy([route("headed", f"127.0.0.1:{port}", **CHOICES)]) as server:
