@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from adapter.config.cold import NeverWakeRule
+from adapter.config.route_object import RouteSpec
+from adapter.proxy.choices import NAVIGATION, ColdChoices
 from adapter.proxy.cold_rules import is_navigation, never_wake_rule, request_headers
 
 CHROME = (
@@ -93,3 +95,29 @@ def test_methods_are_any_when_not_given() -> None:
 def test_request_headers_are_read_lowered_trimmed_and_repeats_joined() -> None:
     read = request_headers([(b"Accept", b" text/html "), (b"X-A", b"1"), (b"x-a", b"2"), (b"X-Raw", b"\xe9")])
     assert read == {"accept": "text/html", "x-a": "1, 2", "x-raw": "\xe9"}
+
+
+def test_a_route_object_s_inline_page_and_rules_are_its_answers() -> None:
+    spec = RouteSpec.model_validate(
+        {
+            "hosts": ["app.example"],
+            "upstream": {"service": "web", "port": "http"},
+            "wake": "hpa",
+            "waking_page": {"body": "<p>soon</p>", "status": 200, "headers": {"X-Team": "web"}},
+            "never_wake": [{"path": "/healthz", "response": {"body": "ok"}}],
+        }
+    )
+    choices = ColdChoices.of(spec.route_config("team", "web"))
+    assert choices is not None
+    assert choices.page is not None
+    assert (choices.page.status, choices.page.body) == (200, b"<p>soon</p>")
+    assert (b"x-team", b"web") in choices.page.fields
+    assert choices.rule_answers[0].body == b"ok"
+    assert choices.classify(b"GET", b"/healthz?x", [(b"Accept", b"text/html")]) == 0
+    assert choices.classify(b"GET", b"/", [(b"Accept", b"text/html")]) == NAVIGATION
+    assert choices.classify(b"GET", b"/", [(b"Accept", b"application/json")]) is None
+
+
+def test_a_route_without_choices_has_none() -> None:
+    spec = RouteSpec.model_validate({"hosts": ["app.example"], "upstream": {"service": "web"}, "wake": "hpa"})
+    assert ColdChoices.of(spec.route_config("team", "web")) is None
