@@ -285,6 +285,7 @@ _PER_ROUTE: tuple[Counter | Gauge | Histogram, ...] = (
     LIMIT_HITS,
     OPEN_TUNNELS,
     UPSTREAM_CONNECTS,
+    COLD_CHOICES,
 )
 
 

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from adapter.kube.client import KubeClient
+from adapter.telemetry import proxy as telemetry
 from tests.fixtures.h2_peers import Headers, h2_request
 from tests.fixtures.kube_routes import ScaleStandIn, endpoint_slice, slices_collection, wake_route, wake_standin
 from tests.fixtures.kube_standin import KubeStandIn
@@ -278,3 +279,10 @@ async def test_http2_streams_meet_the_same_choices() -> None:
     assert forwarded.header(":status") == "200"
     assert api.header(":status") == "200"
     assert sorted(seen.path for seen in upstream.requests) == ["/echo", "/echo"]
+
+
+def test_a_route_s_choice_series_go_with_the_route() -> None:
+    telemetry.COLD_CHOICES.labels("gone/route", "never_wake").inc()
+    telemetry.forget_route("gone/route")
+    labels = {"route": "gone/route", "choice": "never_wake"}
+    assert REGISTRY.get_sample_value("zeroscale_proxy_cold_choices_total", labels) is None
