@@ -273,7 +273,9 @@ class H2ClientConnection(asyncio.Protocol):
         exchange.grpc = request.grpc
         choices = route.choices
         if choices is not None:
-            regular = [(name, value) for name, value in headers if name[:1] != b":"]
+            # A rule naming `host` means the request's authority, as an HTTP/1.1 Host would carry it.
+            regular = [(name, value) for name, value in headers if name[:1] != b":" and name != b"host"]
+            regular.append((b"host", request.authority))
             exchange.choice = choices.classify(request.method, request.path, regular)
         if request.grpc_timeout is not None and request.grpc_timeout < route.limits.hold_timeout:
             exchange.hold_timeout = max(request.grpc_timeout, 0.001)

@@ -286,3 +286,16 @@ def test_a_route_s_choice_series_go_with_the_route() -> None:
     telemetry.forget_route("gone/route")
     labels = {"route": "gone/route", "choice": "never_wake"}
     assert REGISTRY.get_sample_value("zeroscale_proxy_cold_choices_total", labels) is None
+
+
+async def test_a_rule_on_the_host_matches_an_http2_stream_s_authority(upstream: Upstream) -> None:
+    rule = {"path": "/h", "headers": {"Host": "checker.example"}, "when": "always", "response": {"body": "rule"}}
+    async with running_proxy([route("authority", f"127.0.0.1:{upstream.port}", never_wake=[rule])]) as server:
+        headers = [(":method", "GET"), (":scheme", "http"), (":path", "/h")]
+        ruled = await h2_request(server.port, [*headers, (":authority", "checker.example")])
+        other = await h2_request(server.port, [*headers, (":authority", "app.example")])
+        http1 = await request(server.port, get("/h", host="checker.example"))
+    assert ruled.body == b"rule"
+    assert http1.body == b"rule"
+    assert other.header(":status") == "200"
+    assert [seen.path for seen in upstream.requests] == ["/h"]
