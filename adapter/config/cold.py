@@ -33,6 +33,7 @@ _OWN_HEADERS = frozenset(
         "trailer",
         "proxy-connection",
         "cache-control",
+        "x-content-type-options",
     }
 )
 METHOD = Annotated[str, Field(pattern=r"^[A-Z]{1,16}$")]
@@ -47,6 +48,10 @@ def lowered_headers(headers: dict[str, str], *, response: bool) -> dict[str, str
             raise ValueError(f"{name!r} is not a header name")
         if _HEADER_VALUE.match(value) is None:
             raise ValueError(f"the value of {name} has control characters or is longer than 4096 bytes")
+        if not response and key == "host":
+            # A request's host is its Host header in HTTP/1.1 and its :authority in HTTP/2 (or an absolute-form
+            # target's): routes and rules match it one way, by `hosts`, never as a header.
+            raise ValueError("the host is matched by the route's hosts, not as a header")
         if response and (key in _OWN_HEADERS or key.startswith(":")):
             raise ValueError(f"{name} is written by the proxy itself: it cannot be configured")
         if key in lowered:
@@ -105,11 +110,35 @@ class WakingPageWithFile(WakingPage):
     """A file whose content is the page (at most 64 KiB, read at start and on every config reload); a ConfigMap
     key mounted as a file is the usual source. Route objects cannot name files: they give `body`."""
 
+    def page_body(self) -> str:
+        """The page's HTML: `body`, or the content of `body_file` read now; raises ValueError naming the file."""
+        return read_body_file(self.body_file) if self.body_file else self.body
+
     @model_validator(mode="after")
     def _one_body(self) -> WakingPageWithFile:
         if self.body and self.body_file:
             raise ValueError("give the waking page's body or body_file, not both")
         return self
+
+
+def read_body_file(path: str) -> str:
+    """A page body from a file (UTF-8, at most MAX_BODY_BYTES); raises ValueError saying what is wrong with it."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_BODY_BYTES + 1)
+    except OSError as err:
+        raise ValueError(f"waking_page.body_file {path}: cannot read it: {err.strerror or err}") from None
+    if len(data) > MAX_BODY_BYTES:
+        raise ValueError(
+            f"waking_page.body_file {path} is larger than {MAX_BODY_BYTES} bytes (64 KiB): a waking page is sent "
+            "whole to every browser that waits; make it smaller"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(
+            f"waking_page.body_file {path} is not UTF-8 (it is served as text/html; charset=utf-8)"
+        ) from None
 
 
 class NeverWakeRule(Strict):

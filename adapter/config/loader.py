@@ -83,6 +83,18 @@ def _cross_references(config: ZeroscaleConfig, origin: str) -> list[str]:
     return problems
 
 
+def _page_files(config: ZeroscaleConfig, origin: str) -> list[str]:
+    """The routes' waking page files, read now: one that cannot be served is an error at load, naming the file."""
+    problems: list[str] = []
+    for index, route in enumerate(config.proxy.routes):
+        if route.waking_page is not None and route.waking_page.body_file:
+            try:
+                route.waking_page.page_body()
+            except ValueError as err:
+                problems.append(f"{origin}: proxy.routes[{index}]: {err}")
+    return problems
+
+
 # Files that hold credentials or trust, wherever they appear: a missing one is a configuration error at
 # load, named by its key, not a connection failure much later ("cannot reach redis ... No such file").
 _CREDENTIAL_FILES: dict[type[BaseModel], tuple[str, ...]] = {
@@ -130,7 +142,7 @@ def load_config(path: Path | str | None = None, *, read_files: bool = False) -> 
         config = ZeroscaleConfig(**document)
     except ValidationError as err:
         raise ConfigError([f"{origin}: {_key_path(e['loc'], document)}: {e['msg']}" for e in err.errors()]) from None
-    problems = _cross_references(config, origin)
+    problems = _cross_references(config, origin) + _page_files(config, origin)
     if read_files:
         problems += [f"{origin}: {problem}" for problem in _unreadable_files(config, "")]
     if problems:

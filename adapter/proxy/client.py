@@ -31,10 +31,11 @@ from adapter.proxy.headers import (
     forwarded_request_head,
     read_request_head,
 )
-from adapter.proxy.http1 import CONTINUE, error_response
+from adapter.proxy.http1 import CONTINUE, error_response, own_response
 from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
+    from adapter.proxy.choices import OwnAnswer
     from adapter.proxy.route import Route
     from adapter.proxy.server import ProxyServer
     from adapter.proxy.table import Listener
@@ -425,7 +426,7 @@ class ClientConnection(asyncio.Protocol):
         head = forwarded_request_head(
             request, self._peer, self._forwarded, self._forwarded_node, route.default_host, self.server.via, version
         )
-        return Exchange(
+        exchange = Exchange(
             self,
             route,
             head,
@@ -439,6 +440,11 @@ class ClientConnection(asyncio.Protocol):
             method in IDEMPOTENT,
             not (chunked or content_length) or method not in CONTENT_UNDEFINED,
         )
+        choices = route.choices
+        if choices is not None:
+            # Read now, while its headers are at hand; decided when it is served (Route.answers_itself).
+            exchange.choice = choices.classify(method, url, self._headers)
+        return exchange
 
     def _refuse_framing(self, reason: str, message: str) -> NoReturn:
         telemetry.REFUSED_MESSAGES.labels("request", reason).inc()
@@ -447,6 +453,8 @@ class ClientConnection(asyncio.Protocol):
     def _start(self, exchange: Exchange) -> None:
         self._active = exchange
         route = exchange.route
+        if exchange.choice is not None and route.answers_itself(exchange):
+            return
         if not exchange.body_done and (exchange.chunked or exchange.content_length):
             # The body's deadline starts when the request is served: a pipelined one waited on the proxy.
             self.deadline = monotonic() + route.limits.body_timeout
@@ -470,6 +478,26 @@ class ClientConnection(asyncio.Protocol):
             return
         self.transport.write(error_response(code, message, retry_after=retry_after))
         self._close()
+
+    def answer_here(self, exchange: Exchange, answer: OwnAnswer) -> None:
+        """A configured answer of the proxy's own (docs/architecture.md#cold-start-choices). The connection goes on
+        when the request has no body left to read and keep-alive allows; otherwise it closes after the answer, so
+        the rest of a body is never read as a next request."""
+        if exchange is not self._active or self._closed:
+            self.abort()
+            return
+        whole = exchange.body_done or not (exchange.chunked or exchange.content_length)
+        keep = whole and exchange.keep_alive and not exchange.upgrade and not self.server.draining
+        response = own_response(
+            answer.status, answer.fields, answer.body, head=exchange.is_head, close=not keep, http10=exchange.http10
+        )
+        self.transport.write(response)
+        if not keep:
+            self._close()
+            return
+        # Finished on the loop's next turn, as a forwarded response is: the parser completes this request's message
+        # first (it is served from inside its head's callback), and what follows is parsed as the next request.
+        asyncio.get_running_loop().call_soon(self.exchange_finished, exchange, True)
 
     def exchange_finished(self, exchange: Exchange, reusable: bool) -> None:
         if exchange is not self._active:

@@ -158,6 +158,8 @@ class ControlPlane:
     async def drained(self, grace: float) -> None:
         """Wait until no route holds or forwards anything, or `grace` seconds."""
         drained = asyncio.Event()
+        for version in self.versions.values():
+            version.route.forget_page()  # a browser's reload is not something to wait for
 
         def check(_route: str, _held: int, _inflight: int) -> None:
             if not self.board.pending():

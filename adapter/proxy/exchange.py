@@ -42,6 +42,7 @@ from adapter.proxy.http1 import CHUNK_END, chunk
 from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
+    from adapter.proxy.choices import OwnAnswer
     from adapter.proxy.client import ClientConnection
     from adapter.proxy.flow import Flow
     from adapter.proxy.h2client import H2Stream
@@ -61,6 +62,7 @@ class Exchange:
         "body",
         "body_done",
         "body_size",
+        "choice",
         "chunked",
         "client",
         "cold",
@@ -154,6 +156,8 @@ class Exchange:
         # one timer fires first at it, then at `hold_until` (docs/architecture.md#fallback).
         self.fallback_at = 0.0
         self.cold = False
+        # The cold-start choice it meets (choices.py; None: none, held as any request), set by its client end.
+        self.choice: int | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.sent_at = 0.0
         self.attempts = 0
@@ -440,6 +444,14 @@ class Exchange:
             self.client.abort()
         else:
             self.client.answer(self, code, message, retry_after)
+
+    def answer_here(self, answer: OwnAnswer) -> None:
+        """Answered by the proxy with a configured answer (a never-wake rule's, the waking page) before it was held
+        or sent anywhere: it ends here, having counted nowhere."""
+        if self.state == DONE:
+            return
+        self._end()
+        self.client.answer_here(self, answer)
 
     def client_gone(self) -> None:
         if self.state == DONE:

@@ -41,11 +41,19 @@ import httptools
 from adapter.proxy.exchange import DONE, Exchange
 from adapter.proxy.flow import Pairing
 from adapter.proxy.h2conn import Outbox, end_stream, h2_connection, send_within_window
-from adapter.proxy.h2wire import Fields, StreamRequest, error_fields, h2_request_head, h2_response_head
+from adapter.proxy.h2wire import (
+    Fields,
+    StreamRequest,
+    error_fields,
+    h2_request_head,
+    h2_response_head,
+    own_fields,
+)
 from adapter.proxy.headers import CONTENT_UNDEFINED, Refused
 from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
+    from adapter.proxy.choices import OwnAnswer
     from adapter.proxy.h2upstream import H2UpstreamStream
     from adapter.proxy.server import ProxyServer
     from adapter.proxy.table import Listener
@@ -263,6 +271,10 @@ class H2ClientConnection(asyncio.Protocol):
             ended or request.method not in CONTENT_UNDEFINED,
         )
         exchange.grpc = request.grpc
+        choices = route.choices
+        if choices is not None:
+            regular = [(name, value) for name, value in headers if name[:1] != b":"]
+            exchange.choice = choices.classify(request.method, request.path, regular)
         if request.grpc_timeout is not None and request.grpc_timeout < route.limits.hold_timeout:
             exchange.hold_timeout = max(request.grpc_timeout, 0.001)
         stream.exchange = exchange
@@ -272,6 +284,8 @@ class H2ClientConnection(asyncio.Protocol):
             exchange.body_end()
         else:
             stream.body_deadline = monotonic() + route.limits.body_timeout
+        if exchange.choice is not None and route.answers_itself(exchange):
+            return
         route.submit(exchange)
 
     def _reset_by_client(self, stream_id: int) -> None:
@@ -539,6 +553,16 @@ class H2Stream(Pairing):
     def answer(self, exchange: Exchange, code: int, message: str, retry_after: int | None) -> None:
         """The proxy's own answer: an HTTP error, or for a gRPC call a trailers-only response with its status."""
         fields, body = error_fields(code, message, retry_after, exchange.grpc)
+        self._own_answer(fields, body)
+
+    def answer_here(self, exchange: Exchange, answer: OwnAnswer) -> None:
+        """A configured answer of the proxy's own (docs/architecture.md#cold-start-choices): a whole response."""
+        self._own_answer(
+            own_fields(answer.status, answer.fields, answer.body), b"" if exchange.is_head else answer.body
+        )
+        self.connection.answered()
+
+    def _own_answer(self, fields: Fields, body: bytes) -> None:
         self.exchange = None
         self._unlink()
         if self.ended or self.head_sent:

@@ -19,8 +19,8 @@ from adapter.proxy.headers import (
     forwarded_response_head,
     valid_host,
 )
-
-Fields = list[tuple[bytes, bytes]]
+from adapter.proxy.http1 import OWN_ANSWER_FIELDS, error_answer
+from adapter.proxy.http1 import Fields as Fields  # the name the other modules import from here
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 # Connection-specific fields an HTTP/2 message may not carry (RFC 9113 8.2.2); `te` only as `te: trailers`.
@@ -251,13 +251,10 @@ def error_fields(code: int, message: str, retry_after: int | None, grpc: bool) -
             (b"grpc-message", grpc_message(message)),
             (b"x-zeroscale-proxy", b"error"),
         ], b""
-    body = (message + "\n").encode("utf-8")
-    fields = [
-        (b":status", b"%d" % code),
-        (b"content-type", b"text/plain; charset=utf-8"),
-        (b"content-length", b"%d" % len(body)),
-        (b"x-zeroscale-proxy", b"error"),
-    ]
-    if retry_after is not None:
-        fields.append((b"retry-after", b"%d" % retry_after))
-    return fields, body
+    fields, body = error_answer(message, retry_after)
+    return own_fields(code, fields, body), body
+
+
+def own_fields(code: int, fields: Fields, body: bytes) -> Fields:
+    """An answer of the proxy's own on a stream (the HTTP/2 form of http1.own_response): its head's fields."""
+    return [(b":status", b"%d" % code), *fields, *OWN_ANSWER_FIELDS, (b"content-length", b"%d" % len(body))]

@@ -58,19 +58,45 @@ def trim(value: bytes) -> bytes:
     return value.strip(_OWS)
 
 
-def error_response(code: int, message: str, *, retry_after: int | None = None, close: bool = True) -> bytes:
-    """A plain-text answer from the proxy itself; the body says what happened so a person can act on it."""
-    body = (message + "\n").encode("utf-8")
-    head = [
-        status_line(code),
-        b"Content-Type: text/plain; charset=utf-8\r\n",
-        b"Content-Length: %d\r\n" % len(body),
-        b"X-Zeroscale-Proxy: error\r\n",
-    ]
-    if retry_after is not None:
-        head.append(b"Retry-After: %d\r\n" % retry_after)
+# Fields, lower-case (name, value), as both protocols' writers take them.
+Fields = list[tuple[bytes, bytes]]
+
+# On every answer the proxy gives itself (its errors, a never-wake rule's response, the waking page): no cache keeps
+# it (it says how things are now), and no browser reads its body as a type other than the one it names.
+OWN_ANSWER_FIELDS: Fields = [(b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff")]
+
+
+def own_response(
+    code: int, fields: Fields, body: bytes, *, head: bool = False, close: bool = True, http10: bool = False
+) -> bytes:
+    """An answer of the proxy's own on an HTTP/1.1 connection: `fields` and OWN_ANSWER_FIELDS, the body framed by its
+    length. `head`: the answer to a HEAD (the length the body would have, no body); `close`: the connection ends
+    after it (else it stays open, said explicitly to an HTTP/1.0 client: `http10`)."""
+    lines = [status_line(code)]
+    for name, value in fields:
+        lines += (name, b": ", value, b"\r\n")
+    for name, value in OWN_ANSWER_FIELDS:
+        lines += (name, b": ", value, b"\r\n")
+    lines.append(b"content-length: %d\r\n" % len(body))
     if close:
-        head.append(b"Connection: close\r\n")
-    head.append(b"\r\n")
-    head.append(body)
-    return b"".join(head)
+        lines.append(b"connection: close\r\n")
+    elif http10:
+        lines.append(b"connection: keep-alive\r\n")
+    lines.append(b"\r\n")
+    if not head:
+        lines.append(body)
+    return b"".join(lines)
+
+
+def error_answer(message: str, retry_after: int | None) -> tuple[Fields, bytes]:
+    """The fields and body of the proxy's own error: plain text saying what happened, so a person can act on it."""
+    fields = [(b"content-type", b"text/plain; charset=utf-8"), (b"x-zeroscale-proxy", b"error")]
+    if retry_after is not None:
+        fields.append((b"retry-after", b"%d" % retry_after))
+    return fields, (message + "\n").encode("utf-8")
+
+
+def error_response(code: int, message: str, *, retry_after: int | None = None, close: bool = True) -> bytes:
+    """A plain-text error from the proxy itself (own_response's HTTP/1.1 form of error_answer)."""
+    fields, body = error_answer(message, retry_after)
+    return own_response(code, fields, body, close=close)

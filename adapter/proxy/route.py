@@ -17,6 +17,7 @@ from prometheus_client import Counter
 
 from adapter.config.base import split_address
 from adapter.config.route import RouteConfig, ServiceUpstream
+from adapter.proxy.choices import NAVIGATION, ColdChoices
 from adapter.proxy.counts import CountsBoard, RouteCounts
 from adapter.proxy.exchange import ASSIGNED, QUEUED, Exchange
 from adapter.proxy.refused import RefusedEndpoints
@@ -28,6 +29,8 @@ H2C_APP_PROTOCOL = "kubernetes.io/h2c"
 
 _PROBE_TIMEOUT = 1.0
 _IDLE_PROBE_INTERVAL = 1.0
+# Seconds a waking page keeps counting past its refresh: the browser's reload comes a little after it.
+_PAGE_GRACE = 2.0
 
 
 class Route:
@@ -53,6 +56,13 @@ class Route:
         held_only = config.mode == "activator"
         self.counts = board.counts(self.name, held_only=held_only) if board is not None else RouteCounts(self.name)
         self.queue: deque[Exchange] = deque()
+        # Never-wake rules and the waking page (None: the route has neither, and pays nothing for them).
+        self.choices = ColdChoices.of(config)
+        # While a waking page is out (a browser will ask again): the timer that ends it, and when it ends (the loop's
+        # time). Meanwhile the route counts one held request and stays cold for its waker
+        # (docs/architecture.md#waking-page).
+        self._page_timer: asyncio.TimerHandle | None = None
+        self._page_until = 0.0
         # Called when a request is held while no endpoint is usable (the waker).
         self.on_cold: Callable[[], None] | None = None
         # When the waker last patched the scale subresource (monotonic; see wake_sent).
@@ -160,6 +170,56 @@ class Route:
 
     # --- requests ---
 
+    def answers_itself(self, exchange: Exchange) -> bool:
+        """Before submit, for a request with a choice (exchange.choice is not None): whether the proxy answered it
+        itself (docs/architecture.md#cold-start-choices). A never-wake rule answers always (`when: always`) or while
+        no endpoint is usable (`when: cold`); a navigation gets the waking page while no endpoint is usable."""
+        choice = exchange.choice
+        choices = self.choices
+        assert choices is not None
+        assert choice is not None
+        if choice == NAVIGATION:
+            if self.has_usable():
+                return False
+            self._show_page(exchange, "waking_page")
+            return True
+        if choices.rules[choice].when == "cold" and self.has_usable():
+            return False
+        # Never held, never counted, never a wake: answered and done.
+        telemetry.COLD_CHOICES.labels(self.name, "never_wake").inc()
+        exchange.answer_here(choices.rule_answers[choice])
+        return True
+
+    def _show_page(self, exchange: Exchange, choice: str) -> None:
+        """The waking page for a navigation; while no endpoint is usable the workload wakes as for a held request,
+        and the route counts one held request until the page's browser asks again (`refresh` seconds and a grace),
+        so a route the HPA wakes from its counts (wake: hpa) is woken by a person waiting too."""
+        choices = self.choices
+        assert choices is not None
+        assert choices.page is not None
+        telemetry.COLD_CHOICES.labels(self.name, choice).inc()
+        exchange.answer_here(choices.page)
+        if self.has_usable() or self._closed:
+            return  # overflow of a warm route: every endpoint is busy, nothing to wake
+        loop = asyncio.get_running_loop()
+        self._page_until = loop.time() + choices.page_seconds + _PAGE_GRACE
+        if self._page_timer is None:
+            self.counts.add(1, 0)
+            self._page_timer = loop.call_at(self._page_until, self._page_over)
+        if not self._cold_since:
+            self._cold_since = time.monotonic()
+        if self.on_cold is not None:
+            self.on_cold()
+
+    def _page_over(self) -> None:
+        """The waking page's wait is over, unless a browser asked again meanwhile (then: until its own ends)."""
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._page_until:
+            self._page_timer = loop.call_at(self._page_until, self._page_over)
+            return
+        self._page_timer = None
+        self.counts.add(-1, 0)
+
     def submit(self, exchange: Exchange) -> None:
         if not self.queue:
             endpoint = self._pick()
@@ -168,6 +228,9 @@ class Route:
                 return
         if len(self.queue) >= self.limits.max_held_requests:
             if self.config.overflow == "fallback" and self._to_fallback(exchange, "overflow_fallback"):
+                return
+            if exchange.choice == NAVIGATION and self.choices is not None and self.choices.overflow_page:
+                self._show_page(exchange, "overflow_waking_page")
                 return
             exchange.fail(
                 503,
@@ -178,7 +241,11 @@ class Route:
         self._hold(exchange, front=False)
 
     def retry(self, exchange: Exchange) -> None:
-        """Back to the front of the queue: nothing of it reached an upstream (or it may safely be re-sent)."""
+        """Back to the front of the queue: nothing of it reached an upstream (or it may safely be re-sent). A request
+        with a cold-start choice meets it again first: its endpoint may have been the last one usable (a probe route
+        learns it is cold from the first refused connect)."""
+        if exchange.choice is not None and self.answers_itself(exchange):
+            return
         self._hold(exchange, front=True)
         self.pump()
 
@@ -340,8 +407,8 @@ class Route:
 
     @property
     def cold(self) -> bool:
-        """Requests are held and no endpoint is usable: the workload needs waking."""
-        return bool(self.queue) and not self.has_usable()
+        """Requests are held, or a waking page is out, and no endpoint is usable: the workload needs waking."""
+        return (bool(self.queue) or self._page_timer is not None) and not self.has_usable()
 
     # --- probing endpoints that refused connections ---
 
@@ -405,10 +472,19 @@ class Route:
         for exchange in list(self.queue):
             exchange.fail(code, message, retry_after=self.limits.retry_after)
 
+    def forget_page(self) -> None:
+        """No reload of a waking page is awaited any more (the proxy is shutting down, the route closing): the count
+        it kept goes now."""
+        timer, self._page_timer = self._page_timer, None
+        if timer is not None:
+            timer.cancel()
+            self.counts.add(-1, 0)
+
     async def close(self) -> None:
         if self.fallback is not None:
             await self.fallback.close()
         self._closed = True
+        self.forget_page()
         for endpoint in self._endpoints:
             endpoint.close_idle()
         tasks = list(self._tasks)
