@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from adapter.config.proxy import ProxyConfig
 from adapter.config.route import AddressUpstream, RouteConfig
 from adapter.proxy.claims import Candidate, place
+from adapter.proxy.cold_rules import is_navigation, never_wake_rule, request_headers
 from adapter.proxy.headers import Refused, read_request_head
 from adapter.proxy.routing import Conditions, Router, Step
 
@@ -108,7 +109,41 @@ def route_for(config: ProxyConfig, method: str, target: str, headers: Sequence[t
         lines.append("route: none: the proxy answers 404 (no route for this host and path)")
     else:
         lines.append(f"route: {route.key} (upstream {_upstream(route)})")
+        lines.append(f"rule: {_rule(route, method, path.decode('latin-1'), sent)}")
     return Verdict(route, lines)
+
+
+def _rule(route: RouteConfig, method: str, path: str, sent: Sequence[tuple[bytes, bytes]]) -> str:
+    """What the route does with the request, cold and warm (docs/architecture.md#cold-start-choices)."""
+    headers = request_headers(sent)
+    index = never_wake_rule(route.never_wake, method, path, headers)
+    if index is not None:
+        rule = route.never_wake[index]
+        answer = f"the proxy answers {rule.response.status} itself and wakes nothing"
+        if rule.when == "always":
+            return f"never_wake[{index}] (when: always): {answer}, cold or warm (never forwarded)"
+        return f"never_wake[{index}] (when: cold): while cold {answer}; forwarded when warm"
+    if route.waking_page is not None and is_navigation(method, headers):
+        page = route.waking_page
+        return (
+            f"a browser navigation (waking_page): while cold the waking page ({page.status}, refresh {page.refresh}s) "
+            f"at once{_waking(route)}; forwarded when warm"
+        )
+    held = f"held up to {route.limits.hold_timeout:g}s{_waking(route)}"
+    if route.fallback is not None:
+        fallback = f"{route.home}/{route.fallback.service}"
+        held += f", sent to the fallback Service {fallback} after {route.fallback.after:g}s"
+    return f"none: while cold {held}; forwarded when warm"
+
+
+def _waking(route: RouteConfig) -> str:
+    """What wakes while a request of the route waits: its target and also_wake (wake: scale/always), its HPA."""
+    if route.wake == "hpa":
+        return " while its HPA wakes the workload"
+    if route.target is None or route.wake == "none":
+        return ""
+    names = [route.target.name, *(extra.name for extra in route.also_wake)]
+    return f" while {' + '.join(names)} {'wakes' if len(names) == 1 else 'wake'}"
 
 
 def _step(step: Step[RouteConfig], path: bytes) -> str:

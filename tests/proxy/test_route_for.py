@@ -66,6 +66,7 @@ def test_a_request_with_the_header_goes_to_the_route_asking_for_it(config: Path)
         "routes of that host, longest path_prefix first, then more match_headers, then claim order:",
         "  shop/canary (path_prefix /, match_headers x-canary: 1): takes it",
         "route: shop/canary (upstream Service shop/web-canary)",
+        "rule: none: while cold held up to 120s; forwarded when warm",
     ]
 
 
@@ -83,8 +84,8 @@ def test_without_the_header_the_plain_route_takes_it_and_the_output_says_why_the
     status, lines = route_for(config, "http://shop.example/cart", "--method", "POST", *headers)
     assert status == 0
     assert lines[0] == "request: POST http://shop.example/cart"
-    assert lines[-3].startswith(f"  shop/canary (path_prefix /, match_headers x-canary: 1): {why}")
-    assert lines[-2:] == ["  shop/stable (path_prefix /): takes it", "route: shop/stable (upstream 10.0.0.1:80)"]
+    assert lines[-4].startswith(f"  shop/canary (path_prefix /, match_headers x-canary: 1): {why}")
+    assert lines[-3:-1] == ["  shop/stable (path_prefix /): takes it", "route: shop/stable (upstream 10.0.0.1:80)"]
 
 
 def test_no_route_is_exit_1_with_the_404_and_why(config: Path) -> None:
@@ -113,7 +114,7 @@ def test_a_request_the_proxy_refuses_before_routing_is_exit_1_with_its_answer(co
     )
     # A path with the Host given as a header is what a client sends.
     assert (
-        route_for(config, "/api/x", "-H", "Host: cart.example:8080")[1][-1]
+        route_for(config, "/api/x", "-H", "Host: cart.example:8080")[1][-2]
         == "route: default/api (upstream 10.0.0.2:80)"
     )
 
@@ -128,7 +129,7 @@ def test_equal_routes_go_by_claim_order_which_for_the_file_is_by_namespace_and_n
         f"    - {{name: alpha, match_headers: {{x-b: '1'}}, {upstream}}}\n"
     )
     status, lines = route_for(path, "http://any.example/", "-H", "x-a: 1", "-H", "x-b: 1")
-    assert (status, lines[-1]) == (0, "route: default/alpha (upstream 10.0.0.1:80)")
+    assert (status, lines[-2]) == (0, "route: default/alpha (upstream 10.0.0.1:80)")
 
 
 def test_the_output_says_route_objects_are_not_read(tmp_path: Path) -> None:
@@ -147,3 +148,67 @@ def test_a_bad_url_or_header_is_a_usage_error(config: Path) -> None:
         result = run(config, *args)
         assert result.returncode == 2
         assert "is not" in result.stderr.splitlines()[-1]
+
+
+CHOICES = """
+proxy:
+  routes:
+    - name: web
+      namespace: shop
+      hosts: [shop.example]
+      upstream: {service: web, namespace: shop, port: http}
+      target: {namespace: shop, name: web}
+      also_wake: [{namespace: shop, name: api}]
+      waking_page: {refresh: 3}
+      fallback: {service: static, port: 8080, after: 20s}
+      never_wake:
+        - {path: /healthz, response: {status: 200, body: ok}}
+        - {path: /robots.txt, when: always, response: {status: 200, body: "User-agent: *"}}
+"""
+CHROME = ["--header", "Accept: text/html,application/xhtml+xml,*/*;q=0.8", "--header", "Sec-Fetch-Mode: navigate"]
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "rule"),
+    [
+        (
+            "/healthz",
+            [],
+            "rule: never_wake[0] (when: cold): while cold the proxy answers 200 itself and wakes nothing; "
+            "forwarded when warm",
+        ),
+        (
+            "/robots.txt",
+            CHROME,
+            "rule: never_wake[1] (when: always): the proxy answers 200 itself and wakes nothing, cold or warm "
+            "(never forwarded)",
+        ),
+        (
+            "/cart",
+            CHROME,
+            "rule: a browser navigation (waking_page): while cold the waking page (503, refresh 3s) at once while "
+            "web + api wake; forwarded when warm",
+        ),
+        (
+            "/cart",
+            ["--header", "Accept: application/json"],
+            "rule: none: while cold held up to 120s while web + api wake, sent to the fallback Service shop/static "
+            "after 20s; forwarded when warm",
+        ),
+        # Sent twice, Sec-Fetch-Mode is no navigation (as for the proxy): held like a program's request.
+        (
+            "/cart",
+            [*CHROME, "--header", "Sec-Fetch-Mode: navigate"],
+            "rule: none: while cold held up to 120s while web + api wake, sent to the fallback Service shop/static "
+            "after 20s; forwarded when warm",
+        ),
+    ],
+)
+def test_the_rule_line_says_what_the_route_does_cold_and_warm(
+    tmp_path: Path, path: str, headers: list[str], rule: str
+) -> None:
+    config = tmp_path / "proxy.yaml"
+    config.write_text(CHOICES)
+    code, lines = route_for(config, f"http://shop.example{path}", *headers)
+    assert code == 0
+    assert lines[-2:] == ["route: shop/web (upstream Service shop/web)", rule]
