@@ -201,7 +201,21 @@ def scale_from_zero() -> Dashboard:
             GridPos(h=8, w=12, x=12, y=17),
             unit="reqps",
         ),
-        RowPanel(title="Replicas and the saving", gridPos=GridPos(h=1, w=24, x=0, y=25)),
+        _series(
+            "Cold-start choices",
+            "Requests a route's options answered or sent on instead of holding them (waking_page: a browser's "
+            "navigation got the waking page; never_wake: a rule's answer; fallback: sent to the fallback Service; "
+            "overflow_*: the full queue's choice) and extra workloads woken (also_wake, also_wake_refused)",
+            _targets(
+                (
+                    _rate("increase", "zeroscale_proxy_cold_choices_total", "route, choice", ROUTE),
+                    "{{route}} {{choice}}",
+                )
+            ),
+            GridPos(h=8, w=24, x=0, y=25),
+            drawStyle="bars",
+        ),
+        RowPanel(title="Replicas and the saving", gridPos=GridPos(h=1, w=24, x=0, y=33)),
         _series(
             "Replicas of each target",
             "spec.replicas of each route's scale target and the ready endpoints the proxy sees (no kube-state-metrics)",
@@ -209,7 +223,7 @@ def scale_from_zero() -> Dashboard:
                 (f"max by (route, name) (zeroscale_proxy_target_replicas{{{ROUTE}}})", "replicas {{name}}"),
                 (f"max by (route) (zeroscale_proxy_ready_endpoints{{{ROUTE}}})", "ready endpoints {{route}}"),
             ),
-            GridPos(h=8, w=12, x=0, y=26),
+            GridPos(h=8, w=12, x=0, y=34),
             lineInterpolation="stepAfter",
         ),
         _series(
@@ -218,7 +232,7 @@ def scale_from_zero() -> Dashboard:
             _targets(
                 (f"max by (route) (rate(zeroscale_proxy_target_at_zero_seconds_total{{{ROUTE}}}[{RATE}]))", "{{route}}")
             ),
-            GridPos(h=8, w=6, x=12, y=26),
+            GridPos(h=8, w=6, x=12, y=34),
             unit="percentunit",
             valueMin=0,
             valueMax=1,
@@ -234,7 +248,7 @@ def scale_from_zero() -> Dashboard:
                     "A",
                 )
             ],
-            gridPos=GridPos(h=8, w=6, x=18, y=26),
+            gridPos=GridPos(h=8, w=6, x=18, y=34),
             format="s",
             reduceCalc="lastNotNull",
         ),

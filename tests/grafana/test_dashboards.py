@@ -4,7 +4,8 @@ scraped a real adapter and proxy through a scripted cold start.
 The script: the adapter answers a read of a static metric, fails a read of a Redis metric (nothing listens),
 and answers KEDA's GetMetrics over gRPC; the proxy holds a request for route `web` while its Deployment is at
 zero, patches the scale subresource, and forwards it once an EndpointSlice shows a ready endpoint; route
-`idle` (never ready) answers 503 (over its hold limit), 504 (hold timeout) and 499 (client gone).
+`idle` (never ready) answers 503 (over its hold limit), 504 (hold timeout) and 499 (client gone), and its health
+check itself (a never-wake rule).
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ METRICS_PATH = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default"
 BUILT_INS = {"$__rate_interval": "30s", "$__range": "5m", "$__interval": "1s"}
 
 
-def proxy_get(port: int, host: str, timeout: float = 30.0) -> int:
+def proxy_get(port: int, host: str, timeout: float = 30.0, path: str = "/") -> int:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        connection.request("GET", "/", headers={"Host": host})
+        connection.request("GET", path, headers={"Host": host})
         return connection.getresponse().status
     finally:
         connection.close()
@@ -106,6 +107,8 @@ def cold_start(stack: Stack, kube: KubeStandIn, scale: ScaleStandIn) -> Stack:
     assert proxy_get(stack.proxy_port, "idle") == 503
     first.join(10)
     assert statuses["held"] == 504
+    # A cold-start choice: the never-wake health check is answered by the proxy while `idle` has no endpoint.
+    assert proxy_get(stack.proxy_port, "idle", path="/healthz") == 200
     with socket.create_connection(("127.0.0.1", stack.proxy_port)) as leaving:
         leaving.sendall(b"GET / HTTP/1.1\r\nHost: idle\r\n\r\n")
         time.sleep(0.3)
