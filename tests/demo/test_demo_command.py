@@ -57,8 +57,14 @@ def test_smoke_scales_both_workloads_from_zero_and_back_losing_nothing(tmp_path:
     assert summary["cold_wait_p99"] is not None
     assert summary["jobs_done"] == summary["jobs_pushed"] > 0
     assert summary["seconds"] < 60
+    # A person's browser got the waking page at once (the API clients beside it were held), then the app.
+    [(page_seconds, app_seconds, reloads, error)] = summary["visits"]
+    assert (page_seconds is not None, app_seconds is not None, error) == (True, True, "")
+    assert page_seconds < 1.0
+    assert reloads >= 1
     report = run_dir / "report.html"
     assert f"report: {report}" in done.stdout
+    assert "browser: the waking page after" in report.read_text()
     assert report.read_text().count("<svg") == 4
     assert _leftovers(run_dir) == []
 
