@@ -9,6 +9,7 @@ import yaml
 
 from adapter.config import ZeroscaleConfig
 from adapter.config.delegate import DelegateConfig
+from adapter.proxy.dry_run import route_for
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -51,3 +52,21 @@ def test_readme_route_objects_example_loads() -> None:
     assert objects.max_limits.hold_timeout == 300
     assert objects.activator_ports is not None
     assert 9150 in objects.activator_ports
+
+
+def test_readme_cold_start_example_loads_and_the_dry_run_shown_is_what_it_prints() -> None:
+    """ "The cold start as people meet it": its routes load, and the dry run's rule line is the one shown."""
+    section = README.read_text(encoding="utf-8").split("### The cold start as people meet it", 1)[1]
+    section = section.split("\n### ", 1)[0]
+    block = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
+    assert block is not None
+    config = ZeroscaleConfig(**yaml.safe_load(block.group(1))).proxy
+    shop, canary = config.routes
+    assert shop.waking_page is not None
+    assert [rule.when for rule in shop.never_wake] == ["cold", "always"]
+    assert canary.match_headers == {"x-canary": "1"}
+    navigation = [(b"Accept", b"text/html,application/xhtml+xml,*/*;q=0.8"), (b"Sec-Fetch-Mode", b"navigate")]
+    verdict = route_for(config, "GET", "http://shop.example.com/", navigation)
+    shown = re.search(r"^(route: .*\nrule: .*)$", section, re.MULTILINE)
+    assert shown is not None
+    assert "\n".join(verdict.lines[-2:]) == shown.group(1)
