@@ -13,7 +13,8 @@ while its workload is at zero, the workload woken through it; the route edited w
 added routes at once, a lowered limit applies to new requests, the held ones finish on the version that admitted
 them); deleted while requests are held (answered 503, saying so); two namespaces claiming one host (the oldest wins,
 the other's status names it; the winner deleted, the host passes on); another namespace's Service refused at
-admission.
+admission; a route with a waking page and a never-wake health check (the page for a browser, which wakes the
+workload; the health check answered by the proxy, waking nothing; a program's request held; all forwarded warm).
 """
 
 from __future__ import annotations
@@ -87,10 +88,10 @@ def apply_as_tenant(kube: Kube, obj: dict[str, Any]) -> float:
     return time.monotonic()
 
 
-def get(port: int, host: str, path: str = "/") -> Answer:
+def get(port: int, host: str, path: str = "/", headers: dict[str, str] | None = None) -> Answer:
     connection = HTTPConnection("127.0.0.1", port, timeout=90)
     try:
-        connection.request("GET", path, headers={"Host": host})
+        connection.request("GET", path, headers={"Host": host, **(headers or {})})
         response = connection.getresponse()
         return response.status, response.read().decode(errors="replace")
     finally:
@@ -443,3 +444,47 @@ def test_a_tenant_cannot_name_another_namespaces_service(
     assert get(proxy.port, f"bank.{TEAM_A}.example")[0] == 404
     said = refused.stderr[refused.stderr.index("unknown field") :].splitlines()[0]
     timeline.record(f"routes: the tenant's route naming {TEAM_B}'s Service refused at admission: {said[:140]}")
+
+
+# What Chrome sends when a person opens a page (a navigation).
+BROWSER = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8", "Sec-Fetch-Mode": "navigate"}
+
+
+def test_a_browser_gets_the_waking_page_a_health_check_wakes_nothing_and_a_program_is_held(
+    proxy: ProxyPod, teams: dict[str, Team], kube: Kube, timeline: Timeline
+) -> None:
+    team = teams[TEAM_B]
+    host = f"page.{TEAM_B}.example"
+    team.cold(kube)
+    spec = {
+        "waking_page": {"refresh": 2},
+        "never_wake": [{"path": "/healthz", "response": {"status": 200, "body": "ok"}}],
+        "overflow": "waking_page",
+    }
+    applied = apply_as_tenant(kube, route(TEAM_B, "page", [host], **spec))  # the CRD's maps and rules, for real
+    wait_condition(kube, TEAM_B, "page", "Accepted", "True")
+    wait_cold(kube, TEAM_B, "page")
+    wait_for(lambda: get(proxy.port, host, "/healthz") == (200, "ok"), 10, "the health check answered by the proxy")
+    routed_after = time.monotonic() - applied
+    time.sleep(1.0)  # a wake would have patched the Deployment by now
+    assert kube.replicas(TEAM_B, APP) == 0, "a never-wake health check woke the workload"
+
+    status, page = get(proxy.port, host, "/", BROWSER)
+    assert status == 503
+    assert '<meta http-equiv="refresh" content="2">' in page
+    assert f"{TEAM_B}/page" in page
+    woke = wait_replicas(kube, TEAM_B, APP, 1, timeout=20)  # the page's navigation woke it
+    with ThreadPoolExecutor(1) as pool:
+        program = pool.submit(get, proxy.port, host, "/api/order", {"Accept": "application/json"})
+        time.sleep(0.5)
+        assert not program.done(), "a program's request is held, not given the page"
+        team.warm(kube)
+        assert program.result(timeout=60) == (200, "served /api/order")
+    assert get(proxy.port, host, "/", BROWSER) == (200, "served /")
+    assert get(proxy.port, host, "/healthz") == (200, "served /healthz")  # when: cold: forwarded once warm
+    assert team.served().count("/healthz") == 1  # the cold one never reached the app
+    timeline.record(
+        f"cold-start choices: {TEAM_B}/page (waking_page, never_wake /healthz) answered its health check itself "
+        f"{routed_after:.1f} s after kubectl apply, waking nothing; a browser got the waking page (503) and {APP} was "
+        f"woken 0->1 in {woke:.2f} s; a JSON request was held and answered 200 once warm; warm, both forwarded"
+    )
