@@ -375,11 +375,15 @@ class ControlPlane:
             # (a request is counted before it is assigned its endpoint).
             loop.call_soon(lambda: idle.set() if route.idle else None)
 
-        unsubscribe = route.counts.subscribe(check)
+        # A request at the version's fallback changes the fallback's own counts only (they are not the route's):
+        # both are heard, or a version whose last request was at its fallback would never be seen idle.
+        watched = [route.counts] if route.fallback is None else [route.counts, route.fallback.counts]
+        unsubscribes = [counts.subscribe(check) for counts in watched]
         try:
             await idle.wait()
         finally:
-            unsubscribe()
+            for unsubscribe in unsubscribes:
+                unsubscribe()
         await version.close()
         self._retiring[route.name] -= 1
         if self._retiring[route.name] <= 0:
