@@ -193,7 +193,7 @@ class RouteFields(Strict):
     """wake: scale, for a target no HPA scales: wake it (true) or answer 503 as for one stopped by hand (false)."""
     wake_replicas: int = Field(default=1, ge=1, le=1000)
     """The replicas a wake sets when the target reads 0."""
-    wake_retry_interval: Duration = 5.0
+    wake_retry_interval: Duration = Field(default=5.0, gt=0)
     """While requests are held and the target still reads 0, wake again this often."""
     probe_interval: Duration = Field(default=0.01, gt=0)
     """How often an endpoint that refused a connection is dialled again while requests wait (else every second)."""
