@@ -317,6 +317,20 @@ class RouteConfig(RouteFields):
                 )
             if self.activator is not None and self.activator.service == self.upstream.service:
                 raise ValueError("activator.service is the Service clients call, not the upstream that selects pods")
+            activator, fallback = self.activator, self.fallback
+            same_namespace = self.home == self.upstream.namespace  # the fallback's, the written slices'
+            if (
+                activator is not None
+                and fallback is not None
+                and same_namespace
+                and fallback.service == activator.service
+            ):
+                # Cold, that Service's slices list the proxy's own pods: a request sent there comes back to this route,
+                # is held, goes to the fallback again, and so on, a connection more each time.
+                raise ValueError(
+                    "fallback.service is activator.service, whose slices the proxy writes with its own pods while the "
+                    "route is cold: name another Service"
+                )
             if len(self.name) > LABEL_VALUE_MAX:
                 # Refused here, not shortened: a label nobody can read back as the route's name helps no one.
                 raise ValueError(

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
+from pydantic import ValidationError
 
+from adapter.config.route import RouteConfig
 from adapter.kube.client import KubeClient
 from adapter.proxy.app import Proxy
 from tests.fixtures.h2_peers import H2Upstream, h2_request
@@ -307,3 +309,17 @@ async def test_without_slices_a_fallback_is_probed_at_its_service_address_which_
     with pytest.raises(SystemExit, match=r"give fallback\.port as a number"):
         async with running_proxy([file_route("probe", "http", "127.0.0.1:9")]):
             pass
+
+
+def test_an_activator_routes_fallback_cannot_be_the_service_it_writes() -> None:
+    """Cold, activator.service's slices list the proxy's own pods: as the fallback, a request would come back to the
+    route, be held, go to the fallback again, and so on."""
+    route = fallback_route("loop", fallback={"service": "web-front"}, readiness="auto", mode="activator")
+    route |= {
+        "activator": {"service": "web-front", "port": 8081},
+        "target": {"namespace": "default", "kind": "Deployment", "name": "web"},
+    }
+    with pytest.raises(ValidationError, match=r"fallback\.service is activator\.service"):
+        RouteConfig.model_validate(route)
+    route["fallback"]["service"] = "static"
+    assert RouteConfig.model_validate(route).fallback is not None
