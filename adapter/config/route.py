@@ -27,6 +27,12 @@ from adapter.config.cold import (
 )
 
 LABEL_VALUE_MAX = 63  # a Kubernetes label value
+# Headers a condition could name that an HTTP/1.1 request and the same request over HTTP/2 carry differently, so the
+# two ends (and the dry run) would route it differently (docs/architecture.md#route-precedence).
+_UNMATCHABLE = {
+    "host": "HTTP/2 sends it as :authority, which hosts match (give the host in hosts)",
+    "cookie": "HTTP/2 clients may split it into several fields, one per cookie",
+}
 # The words of also_wake's check, shared with its CEL rule (scripts/crd/generate.py).
 ALSO_WAKE_ONCE = "also_wake names each workload once, and not the route's target"
 # A host as a route claims it, after lowering (the CRD checks the same with CEL, scripts/crd/generate.py): DNS
@@ -187,7 +193,7 @@ class RouteFields(Strict):
     """wake: scale, for a target no HPA scales: wake it (true) or answer 503 as for one stopped by hand (false)."""
     wake_replicas: int = Field(default=1, ge=1, le=1000)
     """The replicas a wake sets when the target reads 0."""
-    wake_retry_interval: Duration = 5.0
+    wake_retry_interval: Duration = Field(default=5.0, gt=0)
     """While requests are held and the target still reads 0, wake again this often."""
     probe_interval: Duration = Field(default=0.01, gt=0)
     """How often an endpoint that refused a connection is dialled again while requests wait (else every second)."""
@@ -212,7 +218,12 @@ class RouteFields(Strict):
     @field_validator("match_headers")
     @classmethod
     def _match_headers(cls, headers: dict[str, str]) -> dict[str, str]:
-        return lowered_headers(headers, response=False)
+        lowered = lowered_headers(headers, response=False)
+        for name in lowered:
+            why = _UNMATCHABLE.get(name)
+            if why is not None:
+                raise ValueError(f"match_headers cannot name {name}: {why}")
+        return lowered
 
     @model_validator(mode="after")
     def _overflow_has_its_place(self) -> RouteFields:
@@ -306,6 +317,20 @@ class RouteConfig(RouteFields):
                 )
             if self.activator is not None and self.activator.service == self.upstream.service:
                 raise ValueError("activator.service is the Service clients call, not the upstream that selects pods")
+            activator, fallback = self.activator, self.fallback
+            same_namespace = self.home == self.upstream.namespace  # the fallback's, the written slices'
+            if (
+                activator is not None
+                and fallback is not None
+                and same_namespace
+                and fallback.service == activator.service
+            ):
+                # Cold, that Service's slices list the proxy's own pods: a request sent there comes back to this route,
+                # is held, goes to the fallback again, and so on, a connection more each time.
+                raise ValueError(
+                    "fallback.service is activator.service, whose slices the proxy writes with its own pods while the "
+                    "route is cold: name another Service"
+                )
             if len(self.name) > LABEL_VALUE_MAX:
                 # Refused here, not shortened: a label nobody can read back as the route's name helps no one.
                 raise ValueError(

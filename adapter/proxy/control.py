@@ -68,6 +68,8 @@ class ControlPlane:
         # Retired versions not yet closed, by route key: a route deleted, re-created and deleted again has two, and
         # its counts and series go only with the last of them.
         self._retiring: collections.Counter[str] = collections.Counter()
+        # Routes some version of which had a fallback: its `<route>/fallback` series go when no version has one.
+        self._fallback_series: set[str] = set()
         self._kube = kube
         self._own_kube = False
         # A sidecar's upstream is the app beside it in the pod: on loopback by design.
@@ -297,6 +299,8 @@ class ControlPlane:
 
     def _start_version(self, config: RouteConfig) -> Version:
         route = Route(config, allow_loopback=self._loopback, board=self.board)
+        if route.fallback is not None:
+            self._fallback_series.add(route.name)
         try:
             activator, closers = self.services.start(route)
         except RouteUnservable as err:  # only the config file's routes can be unservable: a bad config
@@ -377,19 +381,29 @@ class ControlPlane:
             # (a request is counted before it is assigned its endpoint).
             loop.call_soon(lambda: idle.set() if route.idle else None)
 
-        unsubscribe = route.counts.subscribe(check)
+        # A request at the version's fallback changes the fallback's own counts only (they are not the route's):
+        # both are heard, or a version whose last request was at its fallback would never be seen idle.
+        watched = [route.counts] if route.fallback is None else [route.counts, route.fallback.counts]
+        unsubscribes = [counts.subscribe(check) for counts in watched]
         try:
             await idle.wait()
         finally:
-            unsubscribe()
+            for unsubscribe in unsubscribes:
+                unsubscribe()
         await version.close()
         self._retiring[route.name] -= 1
         if self._retiring[route.name] <= 0:
             del self._retiring[route.name]
-        if route.name not in self.versions and route.name not in self._retiring:
+        if route.name in self._retiring:
+            return
+        current = self.versions.get(route.name)
+        if current is None:
             self.board.drop(route.name)
             telemetry.forget_route(route.name)
-            telemetry.forget_route(fallback_name(route.name))  # an earlier version's fallback too
+        if (current is None or current.route.fallback is None) and route.name in self._fallback_series:
+            # No version has a fallback any more: its series would read a closed one for ever (and keep it alive).
+            self._fallback_series.discard(route.name)
+            telemetry.forget_route(fallback_name(route.name))
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -110,7 +110,7 @@ class Route:
         self.fallback_after = 0.0
         if config.fallback is not None:
             self.fallback = Route(fallback_config(config), allow_loopback=allow_loopback, name=fallback_name(self.name))
-            self.fallback.on_warmth = self._fallback_warmed
+            self.fallback.on_warmth = self._send_past_due
             self.fallback_after = config.fallback.after
 
     # --- endpoints ---
@@ -306,8 +306,10 @@ class Route:
             why += f"; the fallback Service {fallback.service} has no ready endpoint either"
         return why
 
-    def _fallback_warmed(self) -> None:
-        """The fallback has a usable endpoint now: the requests held past `fallback.after` while it had none go."""
+    def _send_past_due(self) -> None:
+        """The requests held past `fallback.after` go to the fallback, if the workload has no usable endpoint and the
+        fallback has one: called when the fallback gets ready, and when the workload turns cold (a request past its
+        bound stayed while the workload was warm and full, or while its connect was under way)."""
         if self.has_usable() or not self._fallback_usable():
             return
         due = time.monotonic() - self.fallback_after
@@ -386,6 +388,8 @@ class Route:
                 self._ready_at = now
                 self._await_first_byte = True
             self.pump()
+        elif self.queue and self.fallback is not None:
+            self._send_past_due()
 
     def tunnel_opened(self) -> None:
         self.tunnels += 1

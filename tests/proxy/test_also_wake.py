@@ -187,3 +187,11 @@ def test_also_wake_names_each_workload_once_and_not_the_target() -> None:
     # The same name in another namespace, or of another kind, is another workload.
     other = [api, {"namespace": "jobs", "name": "api"}, {"namespace": "default", "kind": "StatefulSet", "name": "web"}]
     assert len(RouteConfig.model_validate({**base, "also_wake": other}).also_wake) == 3
+
+
+def test_a_wake_retry_interval_of_zero_is_refused() -> None:
+    """The waker and every also_wake loop read the Scale once per wake_retry_interval while requests wait (pods take
+    tens of seconds to get ready): at 0 each loop read and, for a target reading 0, patched back to back, as fast as
+    the API answered, for the whole cold start."""
+    with pytest.raises(ValidationError, match="wake_retry_interval"):
+        RouteConfig.model_validate(stack_route("busy", wake_retry_interval=0))

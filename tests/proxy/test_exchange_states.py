@@ -1223,6 +1223,68 @@ async def test_a_stream_refused_again_and_again_waits_longer_each_time_and_is_ne
     stage.assert_idle()
 
 
+@both
+async def test_settings_arriving_during_a_refusal_pause_take_effect_when_it_ends(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    """A SETTINGS frame (more streams allowed) read while the endpoint is paused for a refusal does not end the pause
+    early, and is its concurrency once the pause is over (never left at the pause's 0)."""
+    stage = stages(endpoint=True, upstream="h2c")
+    caller = CALLERS[protocol](stage)
+    caller.post(b"body")
+    await clock.settle()
+    peer = stage.upstream()
+    assert isinstance(peer, H2Upstream)
+    endpoint = stage.route.endpoints[0]
+    assert len(peer.requests()) == 1
+    _refuse_stream(peer)
+    peer.requests()
+    await clock.settle()
+    assert endpoint.cap == 0
+    await clock.advance(2)
+    peer.h2.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 3})
+    peer.requests()
+    await clock.settle()
+    assert (endpoint.cap, len(peer.requests())) == (0, 1)
+    await clock.advance(3)
+    assert (endpoint.cap, len(peer.requests())) == (3, 2)
+    peer.respond()
+    await clock.settle()
+    assert one_answer(caller).status == 200
+    stage.assert_idle()
+
+
+@both
+async def test_an_endpoint_removed_and_added_again_during_a_refusal_pause_takes_the_request(
+    protocol: str, stages: Stages, clock: VirtualClockLoop
+) -> None:
+    """The paused endpoint leaves the slices and comes back (a pod's readiness flapping): the one that comes back is a
+    new endpoint, with room, and the held request goes there; the old one's pause ends without a trace."""
+    stage = stages(endpoint=True, upstream="h2c")
+    caller = CALLERS[protocol](stage)
+    caller.post(b"body")
+    await clock.settle()
+    peer = stage.upstream()
+    assert isinstance(peer, H2Upstream)
+    assert len(peer.requests()) == 1
+    _refuse_stream(peer)
+    peer.requests()
+    await clock.settle()
+    stage.route.set_endpoints([])
+    stage.route.set_endpoints([ENDPOINT])
+    await clock.settle()
+    assert stage.route.endpoints[0].cap > 0
+    await clock.advance(10)  # the old endpoint's pause is over
+    again = stage.upstream()
+    assert isinstance(again, H2Upstream)
+    assert again is not peer  # the new endpoint dials its own connection
+    assert (len(peer.requests()), len(again.requests())) == (1, 1)
+    again.respond()
+    await clock.settle()
+    assert one_answer(caller).status == 200
+    stage.assert_idle()
+
+
 # --- HTTP/2 flow control: what a paused stream read is given back to the connection ---
 
 

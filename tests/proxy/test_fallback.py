@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
+from pydantic import ValidationError
 
+from adapter.config.route import RouteConfig
 from adapter.kube.client import KubeClient
 from adapter.proxy.app import Proxy
 from tests.fixtures.h2_peers import H2Upstream, h2_request
@@ -190,6 +192,31 @@ async def test_requests_held_past_the_bound_go_when_the_fallback_gets_ready(
     assert [seen.body for seen in fallback.requests] == [b"early", b"late"]
 
 
+async def test_a_request_held_for_room_past_the_bound_goes_to_the_fallback_when_the_workload_turns_cold(
+    kube: KubeStandIn, kube_client: KubeClient, workload: Upstream, fallback: Upstream
+) -> None:
+    """At its bound the workload was warm (its one endpoint full): the request stayed. Its pod then goes away: the
+    workload has no usable endpoint, the request is past its bound, and the fallback has one: it goes there now,
+    not 504 at the hold's end."""
+    ready(kube, "web", workload.port)
+    ready(kube, "static", fallback.port)
+    config = fallback_route("pod-gone", after=0.2, hold_timeout=3, limits={"endpoint_concurrency": 1})
+    async with proxy_with(config, kube, kube_client) as server:
+        route = server.routes["default/pod-gone"]
+        busy = asyncio.create_task(request(server.port, get("/slow?s=5")))
+        await until(lambda: route.counts.inflight == 1)
+        waiting = asyncio.create_task(request(server.port, post(b"second")))
+        await until(lambda: route.counts.held == 1)
+        await asyncio.sleep(0.3)  # past its bound, held for room: it stays
+        assert route.counts.held == 1
+        none_ready(kube, "web")
+        response = await asyncio.wait_for(waiting, 1.5)
+        busy.cancel()
+    assert (response.status, response.body) == (200, b"second")
+    assert [seen.body for seen in fallback.requests] == [b"second"]
+    assert choices("pod-gone", "fallback") == 1
+
+
 async def test_overflow_fallback_sends_a_request_over_max_held_requests_to_the_fallback_at_once(
     kube: KubeStandIn, kube_client: KubeClient, fallback: Upstream
 ) -> None:
@@ -282,3 +309,17 @@ async def test_without_slices_a_fallback_is_probed_at_its_service_address_which_
     with pytest.raises(SystemExit, match=r"give fallback\.port as a number"):
         async with running_proxy([file_route("probe", "http", "127.0.0.1:9")]):
             pass
+
+
+def test_an_activator_routes_fallback_cannot_be_the_service_it_writes() -> None:
+    """Cold, activator.service's slices list the proxy's own pods: as the fallback, a request would come back to the
+    route, be held, go to the fallback again, and so on."""
+    route = fallback_route("loop", fallback={"service": "web-front"}, readiness="auto", mode="activator")
+    route |= {
+        "activator": {"service": "web-front", "port": 8081},
+        "target": {"namespace": "default", "kind": "Deployment", "name": "web"},
+    }
+    with pytest.raises(ValidationError, match=r"fallback\.service is activator\.service"):
+        RouteConfig.model_validate(route)
+    route["fallback"]["service"] = "static"
+    assert RouteConfig.model_validate(route).fallback is not None

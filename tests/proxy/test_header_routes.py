@@ -7,7 +7,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from adapter.config.route import RouteConfig
 from adapter.proxy.app import Proxy
 from tests.fixtures.h2_peers import h2_request
 from tests.fixtures.proxy import get, request, route, running_proxy
@@ -57,6 +59,14 @@ async def test_a_header_sent_twice_does_not_meet_a_condition(
 ) -> None:
     assert await served_by(proxy.port, "shop.example", "x-canary: 1\r\nX-Canary: 1\r\n") == 200
     assert (len(canary.requests), len(upstream.requests)) == (0, 1)
+
+
+@pytest.mark.parametrize("name", ["Host", "cookie"])
+def test_a_header_http2_carries_otherwise_cannot_be_a_condition(name: str) -> None:
+    """HTTP/1.1 sends `Host: shop.example`, HTTP/2 `:authority` and no host field; `cookie: a=1; b=2` may come over
+    HTTP/2 as two fields: a condition on either would route one request two ways, by the client's protocol."""
+    with pytest.raises(ValidationError, match=f"match_headers cannot name {name.lower()}"):
+        RouteConfig.model_validate(route("canary", "127.0.0.1:9", match_headers={name: "shop.example"}))
 
 
 async def test_an_http2_stream_is_routed_by_its_headers(proxy: Proxy, upstream: Upstream, canary: Upstream) -> None:

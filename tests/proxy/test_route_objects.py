@@ -184,6 +184,60 @@ async def test_a_deleted_route_answers_its_held_requests_503_and_leaves_no_serie
         )
 
 
+async def test_a_deleted_route_whose_last_request_is_at_its_fallback_is_closed_once_it_is_answered(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """The retired version waits for what it admitted, its fallback's requests too; the last one answered, it closes
+    and its series go (a request at the fallback changes only the fallback's counts, not the route's)."""
+    static = await Upstream().start()
+    try:
+        serve_pods(kube, "team-a", None)
+        ready = [("127.0.0.1", {"ready": True})]
+        kube.put(slices_collection("team-a"), endpoint_slice("static-1", "static", ready, static.port))
+        fallback = {"service": "static", "port": "http", "after": 0.1}
+        kube.put(routes_collection("team-a"), route_object("team-a", "gone", ["gone.example"], fallback=fallback))
+        async with route_proxy(kube, kube_client) as proxy:
+            await until(lambda: "team-a/gone" in proxy.routes)
+            at_fallback = proxy.routes["team-a/gone"].fallback
+            assert at_fallback is not None
+            await until(at_fallback.has_usable)
+            answered = asyncio.create_task(request(proxy.port, get("/slow?s=0.5", host="gone.example")))
+            await until(lambda: at_fallback.counts.inflight == 1)
+            kube.delete(routes_collection("team-a"), "gone")
+            assert (await asyncio.wait_for(answered, 10)).status == 200
+            await until(lambda: "team-a/gone" not in proxy.control._retiring, within=3)
+            assert held_gauge("team-a/gone") is None
+            assert held_gauge("team-a/gone/fallback") is None
+    finally:
+        await static.stop()
+
+
+async def test_an_edit_that_drops_the_fallback_leaves_no_fallback_series(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """The route stays, its fallback goes: once the version that had it is closed, nothing reads that fallback any
+    more (its gauges read the closed version's endpoints, and kept it alive)."""
+    serve_pods(kube, "team-a", None)
+    kube.put(slices_collection("team-a"), endpoint_slice("static-1", "static", [("127.0.0.1", {"ready": True})], 80))
+    fallback = {"service": "static", "port": "http", "after": 0.1}
+    kube.put(routes_collection("team-a"), route_object("team-a", "shop", ["shop.example"], fallback=fallback))
+    async with route_proxy(kube, kube_client) as proxy:
+        await until(lambda: "team-a/shop" in proxy.routes)
+        old = proxy.routes["team-a/shop"]
+        assert old.fallback is not None
+        await until(old.fallback.has_usable)
+
+        def ready_gauge() -> float | None:
+            return REGISTRY.get_sample_value("zeroscale_proxy_ready_endpoints", {"route": "team-a/shop/fallback"})
+
+        assert ready_gauge() == 1
+        kube.put(routes_collection("team-a"), route_object("team-a", "shop", ["shop.example"], 2))
+        await until(lambda: proxy.routes["team-a/shop"] is not old)
+        await until(lambda: "team-a/shop" not in proxy.control._retiring, within=3)
+        assert ready_gauge() is None
+        assert REGISTRY.get_sample_value("zeroscale_proxy_ready_endpoints", {"route": "team-a/shop"}) == 0
+
+
 async def test_a_route_object_wakes_its_also_wake_targets_in_its_own_namespace(
     kube: KubeStandIn, kube_client: KubeClient
 ) -> None:
