@@ -15,9 +15,10 @@ from pydantic import Field, field_validator, model_validator
 from adapter.config.base import Duration, Strict
 
 # A header name as RFC 9110 spells a token, lowered (HTTP/2 sends names lower case; HTTP/1.1 is compared lowered).
-HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9a-z-]{1,256}$")
+# Both are checked with fullmatch: `$` also matches before a trailing newline, which would let "x\n" through.
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]{1,256}")
 # A field value without control characters (no CR/LF: a configured value is never a way to split a response).
-_HEADER_VALUE = re.compile(r"^[\t\x20-\x7e\x80-\xff]{0,4096}$")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]{0,4096}")
 MAX_HEADERS = 16
 MAX_BODY_BYTES = 64 * 1024
 # Response headers the proxy writes itself (framing, hop-by-hop, the fixed content type): never configured.
@@ -44,9 +45,9 @@ def lowered_headers(headers: dict[str, str], *, response: bool) -> dict[str, str
     lowered: dict[str, str] = {}
     for name, value in headers.items():
         key = name.lower()
-        if HEADER_NAME.match(key) is None:
+        if HEADER_NAME.fullmatch(key) is None:
             raise ValueError(f"{name!r} is not a header name")
-        if _HEADER_VALUE.match(value) is None:
+        if _HEADER_VALUE.fullmatch(value) is None:
             raise ValueError(f"the value of {name} has control characters or is longer than 4096 bytes")
         if not response and key == "host":
             # A request's host is its Host header in HTTP/1.1 and its :authority in HTTP/2 (or an absolute-form

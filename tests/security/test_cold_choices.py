@@ -13,7 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from adapter.config import ConfigError, load_config
-from adapter.config.cold import MAX_BODY_BYTES, FixedResponse, WakingPage
+from adapter.config.cold import MAX_BODY_BYTES, FixedResponse, NeverWakeRule, WakingPage
 from tests.fixtures.h2_peers import h2_request
 from tests.fixtures.netutil import refused_port
 from tests.fixtures.proxy import Response, get, known_cold, read_response, request, route, running_proxy
@@ -126,6 +126,23 @@ def test_the_headers_the_proxy_fixes_cannot_be_configured(name: str) -> None:
         WakingPage(headers={name: "x"})
     with pytest.raises(ValidationError, match="written by the proxy itself"):
         FixedResponse(headers={name: "x"})
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"x-a": "b\n"},  # `$` matches before a trailing newline: a pattern check with it lets this through
+        {"x-a": "b\r\n"},
+        {"x-a": "b\r\nset-cookie: s=1"},
+        {"x-a\n": "b"},
+    ],
+)
+def test_a_configured_header_never_ends_a_line(headers: dict[str, str]) -> None:
+    """A route object is a tenant's input: a newline in a header it configures would end the proxy's response head
+    early (what follows read as body, or as a next response) on every client of the route."""
+    for model, fields in ((WakingPage, {}), (FixedResponse, {}), (NeverWakeRule, {"path": "/x"})):
+        with pytest.raises(ValidationError, match=r"control characters|not a header name"):
+            model.model_validate({**fields, "headers": headers})
 
 
 def test_a_rule_s_content_type_is_one_of_a_fixed_few() -> None:
