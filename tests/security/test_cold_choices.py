@@ -180,6 +180,13 @@ ALWAYS_REQUESTS = [
     b"POST /admin HTTP/1.1\r\nHost: app.example\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc",
     b"GET /admin HTTP/1.0\r\n\r\n",
     get("/admin", extra="Connection: Upgrade\r\nUpgrade: websocket\r\n"),
+    # Spellings an upstream reads as /admin (servers decode and clean a path before routing it).
+    get("/%61dmin"),
+    get("//admin"),
+    get("/./admin/x"),
+    get("/x/../admin"),
+    get("/%2e%2e/admin"),
+    get("/x/%2E%2E/%61dmin/"),
 ]
 
 
