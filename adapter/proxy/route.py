@@ -376,6 +376,8 @@ class Route:
             self.on_warmth()
         self._warm = warm
         if warm:
+            # A page's browser will be forwarded when it asks again, counted as any request: nothing waits meanwhile.
+            self.forget_page()
             if self._cold_since:
                 now = time.monotonic()
                 began = self._wake_sent_at if self._wake_sent_at >= self._cold_since else self._cold_since
@@ -473,8 +475,8 @@ class Route:
             exchange.fail(code, message, retry_after=self.limits.retry_after)
 
     def forget_page(self) -> None:
-        """No reload of a waking page is awaited any more (the proxy is shutting down, the route closing): the count
-        it kept goes now."""
+        """No reload of a waking page is awaited any more (the workload is ready, the proxy is shutting down, the
+        route closing): the count it kept goes now."""
         timer, self._page_timer = self._page_timer, None
         if timer is not None:
             timer.cancel()

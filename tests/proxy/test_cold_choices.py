@@ -246,6 +246,26 @@ async def test_a_page_keeps_an_hpa_woken_route_pending_until_the_browser_asks_ag
         assert not routed.cold
 
 
+async def test_a_page_counts_nothing_once_the_workload_is_ready() -> None:
+    """The browser's reload will be forwarded (and counted as any request): a page's count kept on past the wake
+    would be a held request that is not there, in the HPA's pending count for up to `refresh` seconds more."""
+    port = refused_port()
+    slow = {**CHOICES, "waking_page": {"refresh": 600}}
+    async with running_proxy([route("ready", f"127.0.0.1:{port}", wake="hpa", **slow)]) as server:
+        routed = await known_cold(server, "ready")
+        assert (await request(server.port, get("/", extra=NAVIGATION), within=2)).status == 503
+        assert routed.counts.held == 1
+        upstream = await Upstream(port).start()
+        try:
+            await until(routed.has_usable)
+            await until(lambda: routed.counts.held == 0, within=1)
+            reload = await request(server.port, get("/echo", extra=NAVIGATION))
+        finally:
+            await upstream.stop()
+    assert reload.status == 200
+    assert routed.counts.pending == 0
+
+
 def h2_headers(port: int, path: str, method: str = "GET", *extra: tuple[str, str]) -> Headers:
     return [(":method", method), (":scheme", "http"), (":path", path), (":authority", f"127.0.0.1:{port}"), *extra]
 
