@@ -7,7 +7,9 @@ Everything here is bounded: a route object is a tenant's input to a shared proxy
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -125,7 +127,12 @@ class WakingPageWithFile(WakingPage):
 def read_body_file(path: str) -> str:
     """A page body from a file (UTF-8, at most MAX_BODY_BYTES); raises ValueError saying what is wrong with it."""
     try:
-        with open(path, "rb") as file:
+        # Not blocking: opening a FIFO would wait for a writer (the proxy would never start); it is refused below.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise ValueError(
+                    f"waking_page.body_file {path} is not a regular file (a FIFO, a device): give a file's path"
+                )
             data = file.read(MAX_BODY_BYTES + 1)
     except OSError as err:
         raise ValueError(f"waking_page.body_file {path}: cannot read it: {err.strerror or err}") from None

@@ -5,6 +5,7 @@ configured to answer and never reaches the upstream, whatever the request looks 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,25 @@ def test_a_page_file_that_cannot_be_served_is_refused_naming_it(
         load_config(page_config(tmp_path, page, 1))
     assert str(page) in str(refused.value)
     assert why in str(refused.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+async def test_a_page_file_that_is_no_regular_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    """A FIFO would block the load until something writes to it (the proxy never starts); a device (/dev/zero, a
+    terminal) is no page either."""
+    page = tmp_path / "page.html"
+    if kind == "fifo":
+        os.mkfifo(page)
+    else:
+        page.symlink_to("/dev/zero")
+    loading = asyncio.create_task(asyncio.to_thread(load_config, page_config(tmp_path, page, 1)))
+    done, _ = await asyncio.wait([loading], timeout=2)
+    if not done:  # blocked opening the FIFO: a writer lets it go on, then the test fails
+        os.close(os.open(page, os.O_WRONLY | os.O_NONBLOCK))
+    with pytest.raises(ConfigError) as refused:
+        await loading
+    assert done, "the load blocked on the page file"
+    assert f"{page} is not a regular file" in str(refused.value)
 
 
 async def test_a_page_file_of_64_kib_is_served_whole_as_html(tmp_path: Path) -> None:
