@@ -294,6 +294,8 @@ class Route:
         if fallback is None or not fallback.has_usable():
             return False
         telemetry.COLD_CHOICES.labels(self.name, choice).inc()
+        # The fallback has no cold-start choices: there the request is one as any other (its retry meets none).
+        exchange.choice = None
         exchange.to_route(fallback)
         fallback.submit(exchange)
         return True
