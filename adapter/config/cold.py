@@ -12,7 +12,7 @@ import re
 import stat
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from adapter.config.base import Duration, Strict
 
@@ -40,6 +40,16 @@ _OWN_HEADERS = frozenset(
     }
 )
 METHOD = Annotated[str, Field(pattern=r"^[A-Z]{1,16}$")]
+
+
+def _body_bytes(body: str) -> str:
+    if len(body.encode()) > MAX_BODY_BYTES:
+        raise ValueError(f"the body is larger than {MAX_BODY_BYTES} bytes (64 KiB) in UTF-8: make it smaller")
+    return body
+
+
+# A configured body, bounded as it is sent: in UTF-8 bytes (a character may take four), not in characters.
+Body = Annotated[str, Field(max_length=MAX_BODY_BYTES), AfterValidator(_body_bytes)]
 
 
 def lowered_headers(headers: dict[str, str], *, response: bool) -> dict[str, str]:
@@ -74,7 +84,7 @@ class FixedResponse(Strict):
         "text/plain; charset=utf-8"
     )
     """The body's type: one of a fixed few, so a configured body is never sniffed as something else."""
-    body: str = Field(default="", max_length=MAX_BODY_BYTES)
+    body: Body = ""
     """The body (at most 64 KiB)."""
 
     @field_validator("headers")
@@ -95,7 +105,7 @@ class WakingPage(Strict):
     """The page's status: 503 by default, with Retry-After, so crawlers and caches do not keep it."""
     headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
     """Extra response headers (not the framing ones, Content-Type or Cache-Control, which the proxy writes)."""
-    body: str = Field(default="", max_length=MAX_BODY_BYTES)
+    body: Body = ""
     """The page's HTML (at most 64 KiB), served as `text/html; charset=utf-8`; empty: the default page."""
     refresh: int = Field(default=5, ge=1, le=3600)
     """Seconds the default page waits before it reloads itself, and the Retry-After of every waking page."""

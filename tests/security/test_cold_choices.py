@@ -165,6 +165,14 @@ def test_a_configured_header_never_ends_a_line(headers: dict[str, str]) -> None:
             model.model_validate({**fields, "headers": headers})
 
 
+def test_a_configured_body_is_bounded_in_bytes_not_characters() -> None:
+    """64 KiB as sent: 30,000 euro signs are 90,000 bytes of UTF-8 (a route object's page or rule answers, each)."""
+    for model in (WakingPage, FixedResponse):
+        with pytest.raises(ValidationError, match="larger than 65536 bytes"):
+            model.model_validate({"body": "\u20ac" * 30_000})
+        assert model.model_validate({"body": "\u20ac" * 21_845}).body  # 65,535 bytes
+
+
 def test_a_rule_s_content_type_is_one_of_a_fixed_few() -> None:
     with pytest.raises(ValidationError):
         FixedResponse.model_validate({"content_type": "image/svg+xml"})
