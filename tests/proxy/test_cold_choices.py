@@ -266,6 +266,31 @@ async def test_a_page_counts_nothing_once_the_workload_is_ready() -> None:
     assert routed.counts.pending == 0
 
 
+async def test_a_navigation_after_a_refused_wake_is_told_why_not_shown_a_page_promising_one(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """A target the route may not wake (here: no HPA scales it, and the route says not to wake it then): the first
+    page goes out before the refusal is known; after it, a navigation is held as any request and gets the refusal's
+    503 with its words, and no page keeps the route counted (nor its waker reading the HPAs) meanwhile."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    collection = slices_collection("default")
+    kube.put(collection, endpoint_slice("web-abc", "web", [], refused_port()))
+    refused = {"route": "default/stopped", "reason": "no_hpa"}
+    refusals = REGISTRY.get_sample_value("zeroscale_proxy_wake_refusals_total", refused) or 0
+    stopped = wake_route("stopped", wake_without_hpa=False, wake_retry_interval=0.2, **CHOICES)
+    async with running_proxy([stopped], kube=kube_client) as server:
+        routed = server.routes["default/stopped"]
+        await until(lambda: routed.readiness_known)
+        assert_waking_page(await request(server.port, get("/", extra=NAVIGATION), within=2), "default/stopped")
+        await until(lambda: REGISTRY.get_sample_value("zeroscale_proxy_wake_refusals_total", refused) == refusals + 1)
+        assert routed.counts.held == 0
+        told = await request(server.port, get("/", extra=NAVIGATION), within=5)
+    assert told.status == 503
+    assert told.headers["content-type"] == "text/plain; charset=utf-8"
+    assert "no HorizontalPodAutoscaler scales it" in told.body.decode()
+    assert scale.patches == []
+
+
 def h2_headers(port: int, path: str, method: str = "GET", *extra: tuple[str, str]) -> Headers:
     return [(":method", method), (":scheme", "http"), (":path", path), (":authority", f"127.0.0.1:{port}"), *extra]
 
