@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 import yaml
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.events import DataReceived
 from pydantic import ValidationError
 
 from adapter.config import ConfigError, load_config
@@ -268,3 +271,42 @@ async def test_a_slow_client_s_unread_body_after_a_rule_answer_is_dropped() -> N
     assert b"connection: close" in head
     assert rest == b"no uploads here"
     assert upstream.requests == []
+
+
+async def test_body_sent_after_a_rule_answered_its_stream_is_given_back_to_the_connection_s_window() -> None:
+    """An HTTP/2 client may send a stream's body until it reads the answer and the proxy's RST_STREAM: what it sent
+    is credited back to the connection's window, or some 256 such uploads would stall every stream of the connection
+    (the proxy's connection window is 16 MiB)."""
+    upstream = await Upstream().start()
+    rule = {"path_prefix": "/upload", "when": "always", "response": {"status": 403, "body": "no"}}
+    window = 65535  # a stream's initial window
+    try:
+        async with running_proxy([route("uploads", upstream.address, never_wake=[rule])]) as server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            client = H2Connection(H2Configuration(client_side=True, header_encoding="utf-8"))
+            client.initiate_connection()
+
+            async def exchange_frames() -> None:
+                writer.write(client.data_to_send())
+                async with asyncio.timeout(2):
+                    for event in client.receive_data(await reader.read(1 << 20)):
+                        if isinstance(event, DataReceived):
+                            client.acknowledge_received_data(event.flow_controlled_length or 0, event.stream_id or 0)
+
+            for _ in range(300):  # 19.7 MB, more than the connection's window
+                while client.outbound_flow_control_window < window or client.open_outbound_streams > 50:
+                    await exchange_frames()  # TimeoutError: the window was never given back
+                stream_id = client.get_next_available_stream_id()
+                client.send_headers(stream_id, h2_fields("POST", "/upload"))
+                for offset in range(0, window, 16384):
+                    client.send_data(stream_id, b"x" * min(16384, window - offset))
+            writer.close()
+            answer = await h2_request(server.port, h2_fields("GET", "/echo"))
+    finally:
+        await upstream.stop()
+    assert answer.header(":status") == "200"
+    assert [seen.path for seen in upstream.requests] == ["/echo"]
+
+
+def h2_fields(method: str, path: str) -> list[tuple[str, str]]:
+    return [(":method", method), (":scheme", "http"), (":path", path), (":authority", "app.example")]
