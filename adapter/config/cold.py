@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from adapter.config.base import Duration, Strict
+from adapter.proxy.http1 import NO_CONTENT
 
 # A header name as RFC 9110 spells a token, lowered (HTTP/2 sends names lower case; HTTP/1.1 is compared lowered).
 # Both are checked with fullmatch: `$` also matches before a trailing newline, which would let "x\n" through.
@@ -77,7 +78,7 @@ class FixedResponse(Strict):
     """A response the proxy gives itself; served with `Cache-Control: no-store`."""
 
     status: int = Field(default=200, ge=200, le=599)
-    """The status code."""
+    """The status code (a 204, 205 or 304 with an empty body: those responses have none)."""
     headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
     """Extra response headers (not the framing ones, Content-Type or Cache-Control, which the proxy writes)."""
     content_type: Literal["text/plain; charset=utf-8", "application/json", "text/html; charset=utf-8"] = (
@@ -92,6 +93,15 @@ class FixedResponse(Strict):
     def _headers(cls, headers: dict[str, str]) -> dict[str, str]:
         return lowered_headers(headers, response=True)
 
+    @model_validator(mode="after")
+    def _no_content(self) -> FixedResponse:
+        if self.status in NO_CONTENT and self.body:
+            raise ValueError(
+                f"a {self.status} response has no body (a client would read it as the next response): "
+                "give an empty body or another status"
+            )
+        return self
+
 
 class WakingPage(Strict):
     """The page a browser navigation gets at once while the workload is cold (and the workload still wakes).
@@ -102,7 +112,8 @@ class WakingPage(Strict):
     the request carried (Host, path, headers)."""
 
     status: int = Field(default=503, ge=200, le=599)
-    """The page's status: 503 by default, with Retry-After, so crawlers and caches do not keep it."""
+    """The page's status: 503 by default, with Retry-After, so crawlers and caches do not keep it (not 204, 205 or
+    304: those responses have no body)."""
     headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
     """Extra response headers (not the framing ones, Content-Type or Cache-Control, which the proxy writes)."""
     body: Body = ""
@@ -114,6 +125,13 @@ class WakingPage(Strict):
     @classmethod
     def _headers(cls, headers: dict[str, str]) -> dict[str, str]:
         return lowered_headers(headers, response=True)
+
+    @field_validator("status")
+    @classmethod
+    def _status(cls, status: int) -> int:
+        if status in NO_CONTENT:
+            raise ValueError(f"a waking page is a body: its status cannot be {status} (a response without content)")
+        return status
 
 
 class WakingPageWithFile(WakingPage):

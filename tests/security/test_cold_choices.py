@@ -18,9 +18,10 @@ from pydantic import ValidationError
 
 from adapter.config import ConfigError, load_config
 from adapter.config.cold import MAX_BODY_BYTES, FixedResponse, NeverWakeRule, WakingPage
+from adapter.proxy.http1 import own_response
 from tests.fixtures.h2_peers import h2_request
 from tests.fixtures.netutil import refused_port
-from tests.fixtures.proxy import Response, get, known_cold, read_response, request, route, running_proxy
+from tests.fixtures.proxy import Response, Responses, get, known_cold, read_response, request, route, running_proxy
 from tests.fixtures.upstream_app import Upstream
 
 NAVIGATE = "Accept: text/html\r\nSec-Fetch-Mode: navigate\r\n"
@@ -174,6 +175,42 @@ def test_a_configured_body_is_bounded_in_bytes_not_characters() -> None:
         with pytest.raises(ValidationError, match="larger than 65536 bytes"):
             model.model_validate({"body": "\u20ac" * 30_000})
         assert model.model_validate({"body": "\u20ac" * 21_845}).body  # 65,535 bytes
+
+
+@pytest.mark.parametrize("status", [204, 205, 304])
+def test_a_response_without_content_is_never_configured_with_a_body(status: int) -> None:
+    """A client reads no body after a 204, 205 or 304 head: a configured body would be read as the answer to the next
+    request on the connection, which a proxy in front may be sending for another client and another host."""
+    with pytest.raises(ValidationError, match=f"a {status} response has no body"):
+        FixedResponse(status=status, body="HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nforged")
+    with pytest.raises(ValidationError, match="a waking page is a body"):
+        WakingPage(status=status)
+    assert FixedResponse(status=status).status == status  # an empty one is fine
+    assert own_response(status, [], b"forged").endswith(b"\r\n\r\n")  # and the writer never writes one
+
+
+async def test_a_204_rule_answer_has_no_length_and_the_next_request_gets_its_own_answer() -> None:
+    upstream = await Upstream().start()
+    rule = {"path": "/probe", "when": "always", "response": {"status": 204}}
+    try:
+        async with running_proxy([route("empty", upstream.address, never_wake=[rule])]) as server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            try:
+                writer.write(get("/probe"))
+                async with asyncio.timeout(5):
+                    head = await reader.readuntil(b"\r\n\r\n")
+                writer.write(get("/echo?next"))
+                following = await Responses(reader).next()
+            finally:
+                writer.close()
+            stream = await h2_request(server.port, h2_fields("GET", "/probe"))
+    finally:
+        await upstream.stop()
+    assert head.startswith(b"HTTP/1.1 204 No Content\r\n")
+    assert b"content-length" not in head  # RFC 9110 8.6: never in a 204
+    assert (following.status, following.headers["x-seen-path"]) == (200, "/echo?next")
+    assert stream.header(":status") == "204"
+    assert stream.header("content-length") is None
 
 
 def test_a_rule_s_content_type_is_one_of_a_fixed_few() -> None:
