@@ -66,6 +66,9 @@ def lowered_headers(headers: dict[str, str], *, response: bool) -> dict[str, str
             # A request's host is its Host header in HTTP/1.1 and its :authority in HTTP/2 (or an absolute-form
             # target's): routes and rules match it one way, by `hosts`, never as a header.
             raise ValueError("the host is matched by the route's hosts, not as a header")
+        if response and value != value.strip(" \t"):
+            # RFC 9110 5.5: a field value has none; an HTTP/2 client takes such a response as malformed.
+            raise ValueError(f"the value of {name} has whitespace around it")
         if response and (key in _OWN_HEADERS or key.startswith(":")):
             raise ValueError(f"{name} is written by the proxy itself: it cannot be configured")
         if key in lowered:

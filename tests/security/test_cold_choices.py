@@ -213,6 +213,15 @@ async def test_a_204_rule_answer_has_no_length_and_the_next_request_gets_its_own
     assert stream.header("content-length") is None
 
 
+@pytest.mark.parametrize("value", [" b", "b ", "\tb"])
+def test_a_configured_response_header_has_no_whitespace_around_its_value(value: str) -> None:
+    """HTTP/2 clients refuse such a field (h2: "header value surrounded by whitespace"): the page or answer would
+    never reach them."""
+    for model in (WakingPage, FixedResponse):
+        with pytest.raises(ValidationError, match="whitespace around it"):
+            model.model_validate({"headers": {"x-a": value}})
+
+
 def test_a_rule_s_content_type_is_one_of_a_fixed_few() -> None:
     with pytest.raises(ValidationError):
         FixedResponse.model_validate({"content_type": "image/svg+xml"})
