@@ -7,17 +7,21 @@ Everything here is bounded: a route object is a tenant's input to a shared proxy
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from adapter.config.base import Duration, Strict
+from adapter.proxy.http1 import NO_CONTENT
 
 # A header name as RFC 9110 spells a token, lowered (HTTP/2 sends names lower case; HTTP/1.1 is compared lowered).
-HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9a-z-]{1,256}$")
+# Both are checked with fullmatch: `$` also matches before a trailing newline, which would let "x\n" through.
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]{1,256}")
 # A field value without control characters (no CR/LF: a configured value is never a way to split a response).
-_HEADER_VALUE = re.compile(r"^[\t\x20-\x7e\x80-\xff]{0,4096}$")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]{0,4096}")
 MAX_HEADERS = 16
 MAX_BODY_BYTES = 64 * 1024
 # Response headers the proxy writes itself (framing, hop-by-hop, the fixed content type): never configured.
@@ -39,19 +43,32 @@ _OWN_HEADERS = frozenset(
 METHOD = Annotated[str, Field(pattern=r"^[A-Z]{1,16}$")]
 
 
+def _body_bytes(body: str) -> str:
+    if len(body.encode()) > MAX_BODY_BYTES:
+        raise ValueError(f"the body is larger than {MAX_BODY_BYTES} bytes (64 KiB) in UTF-8: make it smaller")
+    return body
+
+
+# A configured body, bounded as it is sent: in UTF-8 bytes (a character may take four), not in characters.
+Body = Annotated[str, Field(max_length=MAX_BODY_BYTES), AfterValidator(_body_bytes)]
+
+
 def lowered_headers(headers: dict[str, str], *, response: bool) -> dict[str, str]:
     """Header names lowered and checked; a response's may not name what the proxy writes itself."""
     lowered: dict[str, str] = {}
     for name, value in headers.items():
         key = name.lower()
-        if HEADER_NAME.match(key) is None:
+        if HEADER_NAME.fullmatch(key) is None:
             raise ValueError(f"{name!r} is not a header name")
-        if _HEADER_VALUE.match(value) is None:
+        if _HEADER_VALUE.fullmatch(value) is None:
             raise ValueError(f"the value of {name} has control characters or is longer than 4096 bytes")
         if not response and key == "host":
             # A request's host is its Host header in HTTP/1.1 and its :authority in HTTP/2 (or an absolute-form
             # target's): routes and rules match it one way, by `hosts`, never as a header.
             raise ValueError("the host is matched by the route's hosts, not as a header")
+        if response and value != value.strip(" \t"):
+            # RFC 9110 5.5: a field value has none; an HTTP/2 client takes such a response as malformed.
+            raise ValueError(f"the value of {name} has whitespace around it")
         if response and (key in _OWN_HEADERS or key.startswith(":")):
             raise ValueError(f"{name} is written by the proxy itself: it cannot be configured")
         if key in lowered:
@@ -64,20 +81,29 @@ class FixedResponse(Strict):
     """A response the proxy gives itself; served with `Cache-Control: no-store`."""
 
     status: int = Field(default=200, ge=200, le=599)
-    """The status code."""
+    """The status code (a 204, 205 or 304 with an empty body: those responses have none)."""
     headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
     """Extra response headers (not the framing ones, Content-Type or Cache-Control, which the proxy writes)."""
     content_type: Literal["text/plain; charset=utf-8", "application/json", "text/html; charset=utf-8"] = (
         "text/plain; charset=utf-8"
     )
     """The body's type: one of a fixed few, so a configured body is never sniffed as something else."""
-    body: str = Field(default="", max_length=MAX_BODY_BYTES)
+    body: Body = ""
     """The body (at most 64 KiB)."""
 
     @field_validator("headers")
     @classmethod
     def _headers(cls, headers: dict[str, str]) -> dict[str, str]:
         return lowered_headers(headers, response=True)
+
+    @model_validator(mode="after")
+    def _no_content(self) -> FixedResponse:
+        if self.status in NO_CONTENT and self.body:
+            raise ValueError(
+                f"a {self.status} response has no body (a client would read it as the next response): "
+                "give an empty body or another status"
+            )
+        return self
 
 
 class WakingPage(Strict):
@@ -89,10 +115,11 @@ class WakingPage(Strict):
     the request carried (Host, path, headers)."""
 
     status: int = Field(default=503, ge=200, le=599)
-    """The page's status: 503 by default, with Retry-After, so crawlers and caches do not keep it."""
+    """The page's status: 503 by default, with Retry-After, so crawlers and caches do not keep it (not 204, 205 or
+    304: those responses have no body)."""
     headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
     """Extra response headers (not the framing ones, Content-Type or Cache-Control, which the proxy writes)."""
-    body: str = Field(default="", max_length=MAX_BODY_BYTES)
+    body: Body = ""
     """The page's HTML (at most 64 KiB), served as `text/html; charset=utf-8`; empty: the default page."""
     refresh: int = Field(default=5, ge=1, le=3600)
     """Seconds the default page waits before it reloads itself, and the Retry-After of every waking page."""
@@ -101,6 +128,13 @@ class WakingPage(Strict):
     @classmethod
     def _headers(cls, headers: dict[str, str]) -> dict[str, str]:
         return lowered_headers(headers, response=True)
+
+    @field_validator("status")
+    @classmethod
+    def _status(cls, status: int) -> int:
+        if status in NO_CONTENT:
+            raise ValueError(f"a waking page is a body: its status cannot be {status} (a response without content)")
+        return status
 
 
 class WakingPageWithFile(WakingPage):
@@ -124,7 +158,12 @@ class WakingPageWithFile(WakingPage):
 def read_body_file(path: str) -> str:
     """A page body from a file (UTF-8, at most MAX_BODY_BYTES); raises ValueError saying what is wrong with it."""
     try:
-        with open(path, "rb") as file:
+        # Not blocking: opening a FIFO would wait for a writer (the proxy would never start); it is refused below.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise ValueError(
+                    f"waking_page.body_file {path} is not a regular file (a FIFO, a device): give a file's path"
+                )
             data = file.read(MAX_BODY_BYTES + 1)
     except OSError as err:
         raise ValueError(f"waking_page.body_file {path}: cannot read it: {err.strerror or err}") from None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
+from urllib.parse import unquote_to_bytes
 
 from adapter.config.cold import NeverWakeRule
 from adapter.proxy.routing import at_boundary
@@ -39,20 +41,47 @@ def path_of(target: str) -> str:
     return target.split("?", 1)[0]
 
 
-def _path_matches(rule: NeverWakeRule, path: str) -> bool:
+def rule_path(path: bytes) -> bytes:
+    """A path as a never-wake rule compares it (the request's and the rule's own alike): percent-decoded once, without
+    `.` and `..` segments and repeated slashes, a trailing slash kept. An upstream reads `/%61dmin`, `//admin` or
+    `/x/../admin` as `/admin` (servers decode and clean a path before routing it): spelled so, a request would
+    pass a `when: always` rule and reach it. Rule paths are compared as UTF-8 bytes, as a route's path_prefix."""
+    if not path.startswith(b"/"):
+        return path  # `*` (OPTIONS): no path to clean
+    decoded = unquote_to_bytes(path)
+    segments: list[bytes] = []
+    for segment in decoded.split(b"/"):
+        if segment == b"..":
+            if segments:
+                segments.pop()
+        elif segment not in (b"", b"."):
+            segments.append(segment)
+    last = decoded.rsplit(b"/", 1)[-1]
+    trailing = b"/" if segments and last in (b"", b".", b"..") else b""
+    return b"/" + b"/".join(segments) + trailing
+
+
+@lru_cache(maxsize=4096)
+def _configured(path: str) -> bytes:
+    """A rule's own path as rule_path reads it (once per path, not once per request)."""
+    return rule_path(path.encode())
+
+
+def _path_matches(rule: NeverWakeRule, path: bytes) -> bool:
     if rule.path:
-        return path == rule.path
+        return path == _configured(rule.path)
     # At a `/` boundary, as a route's path_prefix: /health takes /health and /health/x, not /healthz.
-    return at_boundary(rule.path_prefix.encode("latin-1"), path.encode("latin-1"))
+    return at_boundary(_configured(rule.path_prefix), path)
 
 
 def never_wake_rule(rules: Sequence[NeverWakeRule], method: str, path: str, headers: Mapping[str, str]) -> int | None:
-    """The index of the first rule a request matches (its path without the query, its method, every header the rule
-    names with exactly that value; `headers` as request_headers gives them), or None."""
-    path = path_of(path)
+    """The index of the first rule a request matches (its path without the query, as rule_path reads it; its method;
+    every header the rule names with exactly that value, `headers` as request_headers gives them), or None. `path`:
+    the target's bytes read as Latin-1."""
+    compared = rule_path(path_of(path).encode("latin-1"))
     for index, rule in enumerate(rules):
         if (
-            _path_matches(rule, path)
+            _path_matches(rule, compared)
             and (not rule.methods or method in rule.methods)
             and all(headers.get(name) == value for name, value in rule.headers.items())
         ):

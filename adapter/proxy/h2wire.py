@@ -19,7 +19,7 @@ from adapter.proxy.headers import (
     forwarded_response_head,
     valid_host,
 )
-from adapter.proxy.http1 import OWN_ANSWER_FIELDS, error_answer
+from adapter.proxy.http1 import NO_LENGTH, OWN_ANSWER_FIELDS, error_answer
 from adapter.proxy.http1 import Fields as Fields  # the name the other modules import from here
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -257,4 +257,5 @@ def error_fields(code: int, message: str, retry_after: int | None, grpc: bool) -
 
 def own_fields(code: int, fields: Fields, body: bytes) -> Fields:
     """An answer of the proxy's own on a stream (the HTTP/2 form of http1.own_response): its head's fields."""
-    return [(b":status", b"%d" % code), *fields, *OWN_ANSWER_FIELDS, (b"content-length", b"%d" % len(body))]
+    length = [] if code in NO_LENGTH else [(b"content-length", b"%d" % len(body))]
+    return [(b":status", b"%d" % code), *fields, *OWN_ANSWER_FIELDS, *length]

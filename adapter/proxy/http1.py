@@ -58,6 +58,12 @@ def trim(value: bytes) -> bytes:
     return value.strip(_OWS)
 
 
+# Statuses whose responses never have content (RFC 9110 15.3.5, 15.3.6, 15.4.5): a client reads no body after their
+# head, so bytes written there would be read as the next response on the connection (a forged answer to whoever sends
+# the next request on it: a proxy in front pools its connections across hosts). 204 and 304 carry no Content-Length.
+NO_CONTENT = frozenset({204, 205, 304})
+NO_LENGTH = frozenset({204, 304})
+
 # Fields, lower-case (name, value), as both protocols' writers take them.
 Fields = list[tuple[bytes, bytes]]
 
@@ -72,12 +78,15 @@ def own_response(
     """An answer of the proxy's own on an HTTP/1.1 connection: `fields` and OWN_ANSWER_FIELDS, the body framed by its
     length. `head`: the answer to a HEAD (the length the body would have, no body); `close`: the connection ends
     after it (else it stays open, said explicitly to an HTTP/1.0 client: `http10`)."""
+    if code in NO_CONTENT:
+        body = b""  # never written after such a head (the config refuses one too)
     lines = [status_line(code)]
     for name, value in fields:
         lines += (name, b": ", value, b"\r\n")
     for name, value in OWN_ANSWER_FIELDS:
         lines += (name, b": ", value, b"\r\n")
-    lines.append(b"content-length: %d\r\n" % len(body))
+    if code not in NO_LENGTH:
+        lines.append(b"content-length: %d\r\n" % len(body))
     if close:
         lines.append(b"connection: close\r\n")
     elif http10:

@@ -69,6 +69,9 @@ class Route:
         self._wake_sent_at = 0.0
         # Why the waker's latest attempt failed ("": it did not), for requests whose hold times out meanwhile.
         self.wake_failure = ""
+        # Why the waker's latest attempt was refused ("": it was not, or a wake went out since, or the route is warm):
+        # a navigation then is held, to be told it, not shown a page promising a wake.
+        self.wake_refusal = ""
         # Called after the endpoints were replaced (the waker reads the target's replicas again).
         self.on_endpoints: Callable[[], None] | None = None
         # Whether the endpoints were ever set (its slices read once): until then nothing is known of its readiness.
@@ -179,7 +182,7 @@ class Route:
         assert choices is not None
         assert choice is not None
         if choice == NAVIGATION:
-            if self.has_usable():
+            if self.has_usable() or self.wake_refusal:
                 return False
             self._show_page(exchange, "waking_page")
             return True
@@ -294,6 +297,8 @@ class Route:
         if fallback is None or not fallback.has_usable():
             return False
         telemetry.COLD_CHOICES.labels(self.name, choice).inc()
+        # The fallback has no cold-start choices: there the request is one as any other (its retry meets none).
+        exchange.choice = None
         exchange.to_route(fallback)
         fallback.submit(exchange)
         return True
@@ -378,6 +383,9 @@ class Route:
             self.on_warmth()
         self._warm = warm
         if warm:
+            # A page's browser will be forwarded when it asks again, counted as any request: nothing waits meanwhile.
+            self.forget_page()
+            self.wake_refusal = ""
             if self._cold_since:
                 now = time.monotonic()
                 began = self._wake_sent_at if self._wake_sent_at >= self._cold_since else self._cold_since
@@ -465,11 +473,14 @@ class Route:
 
     def wake_sent(self) -> None:
         self._wake_sent_at = time.monotonic()
+        self.wake_refusal = ""
 
     def wake_failed(self, message: str) -> None:
         self.wake_failure = message
 
     def wake_refused(self, message: str) -> None:
+        self.wake_refusal = message
+        self.forget_page()  # no wake is coming: the page's count would keep the waker asking for nothing
         self.fail_held(503, message)
 
     def fail_held(self, code: int, message: str) -> None:
@@ -477,8 +488,8 @@ class Route:
             exchange.fail(code, message, retry_after=self.limits.retry_after)
 
     def forget_page(self) -> None:
-        """No reload of a waking page is awaited any more (the proxy is shutting down, the route closing): the count
-        it kept goes now."""
+        """No reload of a waking page is awaited any more (the workload is ready, the proxy is shutting down, the
+        route closing): the count it kept goes now."""
         timer, self._page_timer = self._page_timer, None
         if timer is not None:
             timer.cancel()

@@ -246,6 +246,51 @@ async def test_a_page_keeps_an_hpa_woken_route_pending_until_the_browser_asks_ag
         assert not routed.cold
 
 
+async def test_a_page_counts_nothing_once_the_workload_is_ready() -> None:
+    """The browser's reload will be forwarded (and counted as any request): a page's count kept on past the wake
+    would be a held request that is not there, in the HPA's pending count for up to `refresh` seconds more."""
+    port = refused_port()
+    slow = {**CHOICES, "waking_page": {"refresh": 600}}
+    async with running_proxy([route("ready", f"127.0.0.1:{port}", wake="hpa", **slow)]) as server:
+        routed = await known_cold(server, "ready")
+        assert (await request(server.port, get("/", extra=NAVIGATION), within=2)).status == 503
+        assert routed.counts.held == 1
+        upstream = await Upstream(port).start()
+        try:
+            await until(routed.has_usable)
+            await until(lambda: routed.counts.held == 0, within=1)
+            reload = await request(server.port, get("/echo", extra=NAVIGATION))
+        finally:
+            await upstream.stop()
+    assert reload.status == 200
+    assert routed.counts.pending == 0
+
+
+async def test_a_navigation_after_a_refused_wake_is_told_why_not_shown_a_page_promising_one(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """A target the route may not wake (here: no HPA scales it, and the route says not to wake it then): the first
+    page goes out before the refusal is known; after it, a navigation is held as any request and gets the refusal's
+    503 with its words, and no page keeps the route counted (nor its waker reading the HPAs) meanwhile."""
+    scale = ScaleStandIn(kube, "default", "web", replicas=0)
+    collection = slices_collection("default")
+    kube.put(collection, endpoint_slice("web-abc", "web", [], refused_port()))
+    refused = {"route": "default/stopped", "reason": "no_hpa"}
+    refusals = REGISTRY.get_sample_value("zeroscale_proxy_wake_refusals_total", refused) or 0
+    stopped = wake_route("stopped", wake_without_hpa=False, wake_retry_interval=0.2, **CHOICES)
+    async with running_proxy([stopped], kube=kube_client) as server:
+        routed = server.routes["default/stopped"]
+        await until(lambda: routed.readiness_known)
+        assert_waking_page(await request(server.port, get("/", extra=NAVIGATION), within=2), "default/stopped")
+        await until(lambda: REGISTRY.get_sample_value("zeroscale_proxy_wake_refusals_total", refused) == refusals + 1)
+        assert routed.counts.held == 0
+        told = await request(server.port, get("/", extra=NAVIGATION), within=5)
+    assert told.status == 503
+    assert told.headers["content-type"] == "text/plain; charset=utf-8"
+    assert "no HorizontalPodAutoscaler scales it" in told.body.decode()
+    assert scale.patches == []
+
+
 def h2_headers(port: int, path: str, method: str = "GET", *extra: tuple[str, str]) -> Headers:
     return [(":method", method), (":scheme", "http"), (":path", path), (":authority", f"127.0.0.1:{port}"), *extra]
 

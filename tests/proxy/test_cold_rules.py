@@ -79,6 +79,26 @@ def test_a_prefix_ending_in_a_slash_takes_what_is_under_it() -> None:
     assert never_wake_rule(rules, "GET", "/static", {}) is None
 
 
+@pytest.mark.parametrize("path", ["/%61dmin", "//admin", "/./admin", "/x/../admin", "/%2e%2E/admin/", "/admin/./x"])
+def test_a_path_is_compared_as_an_upstream_reads_it(path: str) -> None:
+    """Decoded once and cleaned: a `when: always` rule is not passed by spelling its path another way."""
+    assert never_wake_rule([rule(path_prefix="/admin")], "GET", path, {}) == 0
+
+
+def test_a_cleaned_path_keeps_its_trailing_slash_and_a_star_is_no_path() -> None:
+    assert never_wake_rule([rule(path="/robots.txt")], "GET", "/x/../robots.txt/", {}) is None
+    assert never_wake_rule([rule(path_prefix="/static/")], "GET", "/static/./", {}) == 0
+    assert never_wake_rule([rule(path_prefix="/")], "OPTIONS", "*", {}) is None
+
+
+def test_a_rule_s_path_beyond_latin_1_is_compared_as_utf_8() -> None:
+    """As a route's path_prefix: a client sends the UTF-8 bytes, raw or percent-encoded (read here as Latin-1)."""
+    rules = [rule(path_prefix="/caf\u00e9/\u20ac")]
+    assert never_wake_rule(rules, "GET", "/caf%C3%A9/%E2%82%AC/x", {}) == 0
+    assert never_wake_rule(rules, "GET", "/café/€".encode().decode("latin-1"), {}) == 0
+    assert never_wake_rule(rules, "GET", "/other", {}) is None
+
+
 def test_every_header_must_have_exactly_its_value() -> None:
     rules = [rule(path="/", headers={"User-Agent": "ELB-HealthChecker/2.0", "X-Check": "1"})]
     both = {"user-agent": "ELB-HealthChecker/2.0", "x-check": "1"}

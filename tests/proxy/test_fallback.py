@@ -323,3 +323,26 @@ def test_an_activator_routes_fallback_cannot_be_the_service_it_writes() -> None:
         RouteConfig.model_validate(route)
     route["fallback"]["service"] = "static"
     assert RouteConfig.model_validate(route).fallback is not None
+
+
+async def test_a_navigation_the_fallback_refuses_is_held_for_it_not_lost(
+    kube: KubeStandIn, kube_client: KubeClient, workload: Upstream
+) -> None:
+    """A request with a cold-start choice (here a navigation to a route with a waking page) that overflows to the
+    fallback meets the fallback's refused connect there: the fallback has no choices of its own, so it holds it as
+    any request (up to hold_timeout) instead of failing on the route's."""
+    ready(kube, "web", workload.port)
+    ready(kube, "static", refused_port())  # its slice says ready; its first connect is refused
+    limits = {"max_held_requests": 1, "endpoint_concurrency": 1}
+    options = {"waking_page": {}, "overflow": "fallback", "limits": limits}
+    route_config = fallback_route("busy", after=0.4, hold_timeout=0.5, **options)
+    async with proxy_with(route_config, kube, kube_client) as server:
+        route = server.routes["default/busy"]
+        busy = asyncio.create_task(request(server.port, get("/slow?s=2")))
+        await until(lambda: route.counts.inflight == 1)
+        held = asyncio.create_task(request(server.port, get("/echo?held")))
+        await until(lambda: route.counts.held == 1)
+        navigation = await request(server.port, get("/", extra="Accept: text/html\r\n"), within=3)
+        await asyncio.gather(busy, held)
+    assert navigation.status == 504
+    assert b"did not become ready" in navigation.body
