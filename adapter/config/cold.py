@@ -40,6 +40,12 @@ _OWN_HEADERS = frozenset(
         "x-content-type-options",
     }
 )
+# Request headers HTTP/1.1 and HTTP/2 carry differently, so a condition on them would treat one request two ways by
+# the client's protocol (match_headers and never-wake rules alike).
+_NOT_CONDITIONS = {
+    "host": "HTTP/2 sends it as :authority; a route matches the host by its hosts",
+    "cookie": "HTTP/2 clients may split it into several fields, one per cookie",
+}
 METHOD = Annotated[str, Field(pattern=r"^[A-Z]{1,16}$")]
 
 
@@ -62,10 +68,8 @@ def lowered_headers(headers: dict[str, str], *, response: bool) -> dict[str, str
             raise ValueError(f"{name!r} is not a header name")
         if _HEADER_VALUE.fullmatch(value) is None:
             raise ValueError(f"the value of {name} has control characters or is longer than 4096 bytes")
-        if not response and key == "host":
-            # A request's host is its Host header in HTTP/1.1 and its :authority in HTTP/2 (or an absolute-form
-            # target's): routes and rules match it one way, by `hosts`, never as a header.
-            raise ValueError("the host is matched by the route's hosts, not as a header")
+        if not response and key in _NOT_CONDITIONS:
+            raise ValueError(f"a header condition cannot name {key}: {_NOT_CONDITIONS[key]}")
         if response and value != value.strip(" \t"):
             # RFC 9110 5.5: a field value has none; an HTTP/2 client takes such a response as malformed.
             raise ValueError(f"the value of {name} has whitespace around it")

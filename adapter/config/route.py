@@ -29,10 +29,6 @@ from adapter.config.cold import (
 LABEL_VALUE_MAX = 63  # a Kubernetes label value
 # Headers a condition could name that an HTTP/1.1 request and the same request over HTTP/2 carry differently, so the
 # two ends (and the dry run) would route it differently (docs/architecture.md#route-precedence).
-_UNMATCHABLE = {
-    "host": "HTTP/2 sends it as :authority, which hosts match (give the host in hosts)",
-    "cookie": "HTTP/2 clients may split it into several fields, one per cookie",
-}
 # The words of also_wake's check, shared with its CEL rule (scripts/crd/generate.py).
 ALSO_WAKE_ONCE = "also_wake names each workload once, and not the route's target"
 # A host as a route claims it, after lowering (the CRD checks the same with CEL, scripts/crd/generate.py): DNS
@@ -218,12 +214,7 @@ class RouteFields(Strict):
     @field_validator("match_headers")
     @classmethod
     def _match_headers(cls, headers: dict[str, str]) -> dict[str, str]:
-        lowered = lowered_headers(headers, response=False)
-        for name in lowered:
-            why = _UNMATCHABLE.get(name)
-            if why is not None:
-                raise ValueError(f"match_headers cannot name {name}: {why}")
-        return lowered
+        return lowered_headers(headers, response=False)
 
     @model_validator(mode="after")
     def _overflow_has_its_place(self) -> RouteFields:
