@@ -231,7 +231,8 @@ class Fallback(Strict):
     """The HTTP the fallback speaks (as the upstream's `protocol`)."""
     after: Duration = Field(default=10.0, gt=0)
     """A request held this long without a ready endpoint goes to the fallback (it must be below limits.hold_timeout,
-    which still bounds the whole wait)."""
+    which still bounds the whole wait). A request at the fallback is no longer pending for the workload: with wake:
+    hpa, keep this above the HPA's sync period plus the metric's refresh, or the HPA may never see the request."""
 
 
 Overflow = Literal["reject", "waking_page", "fallback"]
