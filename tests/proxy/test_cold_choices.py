@@ -15,7 +15,14 @@ from adapter.config.route import RouteConfig
 from adapter.kube.client import KubeClient
 from adapter.telemetry import proxy as telemetry
 from tests.fixtures.h2_peers import Headers, h2_request
-from tests.fixtures.kube_routes import ScaleStandIn, endpoint_slice, slices_collection, wake_route, wake_standin
+from tests.fixtures.kube_routes import (
+    ColdWeb,
+    ScaleStandIn,
+    endpoint_slice,
+    slices_collection,
+    wake_route,
+    wake_standin,
+)
 from tests.fixtures.kube_standin import KubeStandIn
 from tests.fixtures.netutil import refused_port
 from tests.fixtures.proxy import Response, Responses, get, known_cold, request, route, running_proxy, until
@@ -58,10 +65,8 @@ def assert_waking_page(response: Response, route_key: str) -> None:
 async def test_a_browser_navigation_to_a_cold_route_gets_the_page_at_once_and_wakes_the_workload(
     kube: KubeStandIn, kube_client: KubeClient
 ) -> None:
-    scale = ScaleStandIn(kube, "default", "web", replicas=0)
-    collection = slices_collection("default")
-    port = refused_port()
-    kube.put(collection, endpoint_slice("web-abc", "web", [], port))
+    web = ColdWeb(kube)
+    scale, port = web.scale, web.port
     pages = chosen("paged", "waking_page")
     async with running_proxy([wake_route("paged", wake="always", **CHOICES)], kube=kube_client) as server:
         page = await request(server.port, get("/", extra=NAVIGATION), within=2)
@@ -70,7 +75,7 @@ async def test_a_browser_navigation_to_a_cold_route_gets_the_page_at_once_and_wa
         await until(lambda: scale.replicas == 1)  # woken, as a held request would have
         upstream = await Upstream(port).start()
         try:
-            kube.put(collection, endpoint_slice("web-abc", "web", [("127.0.0.1", {"ready": True})], port))
+            web.ready()
             await until(lambda: server.routes["default/paged"].has_usable())
             again = await request(server.port, get("/echo", extra=NAVIGATION))
         finally:
@@ -106,10 +111,8 @@ async def test_a_program_is_held_and_answered_when_warm(extra: str) -> None:
 async def test_a_health_check_while_cold_is_answered_wakes_nothing_and_is_counted_on_its_own(
     kube: KubeStandIn, kube_client: KubeClient
 ) -> None:
-    scale = ScaleStandIn(kube, "default", "web", replicas=0)
-    collection = slices_collection("default")
-    port = refused_port()
-    kube.put(collection, endpoint_slice("web-abc", "web", [], port))
+    web = ColdWeb(kube)
+    scale, port = web.scale, web.port
     answered = chosen("checked", "never_wake")
     async with running_proxy([wake_route("checked", wake="always", **CHOICES)], kube=kube_client) as server:
         route_now = server.routes["default/checked"]
@@ -125,7 +128,7 @@ async def test_a_health_check_while_cold_is_answered_wakes_nothing_and_is_counte
         assert not route_now.cold
         upstream = await Upstream(port).start()
         try:
-            kube.put(collection, endpoint_slice("web-abc", "web", [("127.0.0.1", {"ready": True})], port))
+            web.ready()
             await until(route_now.has_usable)
             warm = await request(server.port, get("/healthz"))
         finally:

@@ -20,6 +20,7 @@ from tests.fixtures.kube_routes import (
     HPAS,
     SLICES_V1,
     SLICES_V1BETA1,
+    ColdWeb,
     ScaleStandIn,
     endpoint_slice,
     hpas_collection,
@@ -57,10 +58,8 @@ def wakes(route: str, result: str) -> float:
 async def test_cold_start_wakes_the_target_and_forwards_when_a_slice_is_ready(
     kube: KubeStandIn, kube_client: KubeClient
 ) -> None:
-    scale = ScaleStandIn(kube, "default", "web", replicas=0)
-    collection = slices_collection("default")
-    port = refused_port()
-    kube.put(collection, endpoint_slice("web-abc", "web", [], port))
+    web = ColdWeb(kube)
+    scale, port = web.scale, web.port
     async with running_proxy([wake_route("woken")], kube=kube_client) as server:
         pending = asyncio.create_task(request(server.port, get("/echo?cold")))
         await until(lambda: scale.replicas == 1)
@@ -69,10 +68,10 @@ async def test_cold_start_wakes_the_target_and_forwards_when_a_slice_is_ready(
         upstream = await Upstream(port).start()
         try:
             # Not ready yet, then ready: only the ready endpoint is used.
-            kube.put(collection, endpoint_slice("web-abc", "web", [("127.0.0.1", {"ready": False})], port))
+            web.ready(False)
             await asyncio.sleep(0.1)
             assert not pending.done()
-            kube.put(collection, endpoint_slice("web-abc", "web", [("127.0.0.1", {"ready": True})], port))
+            web.ready()
             response = await pending
         finally:
             await upstream.stop()
