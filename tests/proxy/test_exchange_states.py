@@ -1194,6 +1194,25 @@ async def test_a_stream_the_upstream_did_not_process_is_sent_again(
     assert stage.counts == [(0, 0), (0, 1), (1, 0), (0, 1), (0, 0)]
 
 
+async def _posted_to_h2c(stages: Stages, protocol: str, clock: VirtualClockLoop) -> tuple[Stage, Caller, H2Upstream]:
+    """A POST from a `protocol` client, sent on to an h2c upstream: the stage, the client, the upstream."""
+    stage = stages(endpoint=True, upstream="h2c")
+    caller = CALLERS[protocol](stage)
+    caller.post(b"body")
+    await clock.settle()
+    peer = stage.upstream()
+    assert isinstance(peer, H2Upstream)
+    return stage, caller, peer
+
+
+async def _answered(peer: H2Upstream, caller: Caller, stage: Stage, clock: VirtualClockLoop) -> None:
+    """The upstream answers: the client gets its 200 once, and nothing is left held or in flight."""
+    peer.respond()
+    await clock.settle()
+    assert one_answer(caller).status == 200
+    stage.assert_idle()
+
+
 @both
 async def test_a_stream_refused_again_and_again_waits_longer_each_time_and_is_never_failed_for_it(
     protocol: str, stages: Stages, clock: VirtualClockLoop
@@ -1201,12 +1220,7 @@ async def test_a_stream_refused_again_and_again_waits_longer_each_time_and_is_ne
     """grpc's server refuses a stream for a moment after its previous one ended: each refusal pauses the endpoint
     (5 ms, doubling), and refusals spend none of the request's attempts (three connection failures would have failed
     it with a 502 before)."""
-    stage = stages(endpoint=True, upstream="h2c")
-    caller = CALLERS[protocol](stage)
-    caller.post(b"body")
-    await clock.settle()
-    peer = stage.upstream()
-    assert isinstance(peer, H2Upstream)
+    stage, caller, peer = await _posted_to_h2c(stages, protocol, clock)
     request = peer.requests()[0]
     for sent, pause in enumerate((5, 10, 20, 40, 80), start=1):
         _refuse_stream(peer)
@@ -1217,10 +1231,7 @@ async def test_a_stream_refused_again_and_again_waits_longer_each_time_and_is_ne
         await clock.advance(1)
         assert len(peer.requests()) == sent + 1, pause
         assert peer.requests()[-1] == request
-    peer.respond()
-    await clock.settle()
-    assert one_answer(caller).status == 200
-    stage.assert_idle()
+    await _answered(peer, caller, stage, clock)
 
 
 @both
@@ -1229,12 +1240,7 @@ async def test_settings_arriving_during_a_refusal_pause_take_effect_when_it_ends
 ) -> None:
     """A SETTINGS frame (more streams allowed) read while the endpoint is paused for a refusal does not end the pause
     early, and is its concurrency once the pause is over (never left at the pause's 0)."""
-    stage = stages(endpoint=True, upstream="h2c")
-    caller = CALLERS[protocol](stage)
-    caller.post(b"body")
-    await clock.settle()
-    peer = stage.upstream()
-    assert isinstance(peer, H2Upstream)
+    stage, caller, peer = await _posted_to_h2c(stages, protocol, clock)
     endpoint = stage.route.endpoints[0]
     assert len(peer.requests()) == 1
     _refuse_stream(peer)
@@ -1248,10 +1254,7 @@ async def test_settings_arriving_during_a_refusal_pause_take_effect_when_it_ends
     assert (endpoint.cap, len(peer.requests())) == (0, 1)
     await clock.advance(3)
     assert (endpoint.cap, len(peer.requests())) == (3, 2)
-    peer.respond()
-    await clock.settle()
-    assert one_answer(caller).status == 200
-    stage.assert_idle()
+    await _answered(peer, caller, stage, clock)
 
 
 @both
@@ -1260,12 +1263,7 @@ async def test_an_endpoint_removed_and_added_again_during_a_refusal_pause_takes_
 ) -> None:
     """The paused endpoint leaves the slices and comes back (a pod's readiness flapping): the one that comes back is a
     new endpoint, with room, and the held request goes there; the old one's pause ends without a trace."""
-    stage = stages(endpoint=True, upstream="h2c")
-    caller = CALLERS[protocol](stage)
-    caller.post(b"body")
-    await clock.settle()
-    peer = stage.upstream()
-    assert isinstance(peer, H2Upstream)
+    stage, caller, peer = await _posted_to_h2c(stages, protocol, clock)
     assert len(peer.requests()) == 1
     _refuse_stream(peer)
     peer.requests()
@@ -1279,10 +1277,7 @@ async def test_an_endpoint_removed_and_added_again_during_a_refusal_pause_takes_
     assert isinstance(again, H2Upstream)
     assert again is not peer  # the new endpoint dials its own connection
     assert (len(peer.requests()), len(again.requests())) == (1, 1)
-    again.respond()
-    await clock.settle()
-    assert one_answer(caller).status == 200
-    stage.assert_idle()
+    await _answered(again, caller, stage, clock)
 
 
 # --- HTTP/2 flow control: what a paused stream read is given back to the connection ---
