@@ -15,13 +15,17 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from adapter.config.base import Duration, Strict
-from adapter.proxy.http1 import NO_CONTENT
 
 # A header name as RFC 9110 spells a token, lowered (HTTP/2 sends names lower case; HTTP/1.1 is compared lowered).
 # Both are checked with fullmatch: `$` also matches before a trailing newline, which would let "x\n" through.
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]{1,256}")
 # A field value without control characters (no CR/LF: a configured value is never a way to split a response).
 _HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]{0,4096}")
+# Statuses whose responses never have content (RFC 9110 15.3.5, 15.3.6, 15.4.5): a client reads no body after their
+# head, so bytes written there would be read as the next response on the connection (a forged answer to whoever sends
+# the next request on it: a proxy in front pools its connections across hosts). The proxy's writer (http1.py) never
+# writes one either.
+NO_CONTENT = frozenset({204, 205, 304})
 MAX_HEADERS = 16
 MAX_BODY_BYTES = 64 * 1024
 # Response headers the proxy writes itself (framing, hop-by-hop, the fixed content type): never configured.

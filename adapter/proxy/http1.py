@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
+from adapter.config.cold import NO_CONTENT
+
 CHUNK_END = b"0\r\n\r\n"
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
@@ -58,10 +60,8 @@ def trim(value: bytes) -> bytes:
     return value.strip(_OWS)
 
 
-# Statuses whose responses never have content (RFC 9110 15.3.5, 15.3.6, 15.4.5): a client reads no body after their
-# head, so bytes written there would be read as the next response on the connection (a forged answer to whoever sends
-# the next request on it: a proxy in front pools its connections across hosts). 204 and 304 carry no Content-Length.
-NO_CONTENT = frozenset({204, 205, 304})
+# 204 and 304 carry no Content-Length either (NO_CONTENT: the statuses without content, which the config refuses a
+# body for).
 NO_LENGTH = frozenset({204, 304})
 
 # Fields, lower-case (name, value), as both protocols' writers take them.
