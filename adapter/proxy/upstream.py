@@ -151,7 +151,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._cancel_timer()
+        self._clear_deadline()
         self.endpoint.forget(self)
         tunnel, self._tunnel = self._tunnel, None
         if tunnel is not None:
@@ -318,7 +318,7 @@ class UpstreamConnection(asyncio.Protocol):
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self._cancel_timer()
+            self._clear_deadline()
             self.transport.close()
         self._unpair()
 
@@ -424,7 +424,7 @@ class UpstreamConnection(asyncio.Protocol):
         if exchange is not None:
             exchange.fail(504, f"the upstream did not answer in {self._timeout:g} s (limits.response_timeout)")
 
-    def _cancel_timer(self) -> None:
+    def _clear_deadline(self) -> None:
         self.deadline = 0.0
 
 
