@@ -59,7 +59,15 @@ class _HeadResponse:
 
 
 class UpstreamConnection(asyncio.Protocol):
-    """One HTTP/1.1 connection to an endpoint, serving one exchange at a time."""
+    """One HTTP/1.1 connection to an endpoint, serving one exchange at a time: the upstream end of an exchange.
+    Its one job is the response: it parses what the upstream sends (httptools), has headers.py re-frame the head
+    and passes head and body on to the client end through the exchange's `Flow` as they arrive, and ends the
+    exchange (`response_done`), or fails it with 502/504 when the upstream breaks or is late.
+
+    Its `Endpoint` dials it and keeps it idle between exchanges (keep-alive); when a `Route` assigns an exchange to
+    the endpoint, `Endpoint.dispatch` binds an idle connection to it (`use_for`) or dials one, and the exchange
+    sends its request on it (`Exchange.attach`). The server's sweeper checks its response deadline through the
+    client connection it serves. An h2c route's upstream end is h2upstream.py's `H2UpstreamStream`."""
 
     # One exchange at a time (h2upstream.H2UpstreamStream: many on one connection).
     multiplexed = False
