@@ -27,7 +27,7 @@ from adapter.proxy.h2wire import PREFACE
 from adapter.proxy.headers import (
     CONTENT_UNDEFINED,
     IDEMPOTENT,
-    Refused,
+    MessageRefused,
     forwarded_request_head,
     read_request_head,
 )
@@ -54,7 +54,7 @@ _HEAD_END = b"\r\n\r\n"
 _LINGER = 2.0
 
 
-class _Rejected(Exception):
+class _StopParsing(Exception):
     """Raised in a parser callback after the proxy answered an error: stops parsing this connection."""
 
 
@@ -408,10 +408,10 @@ class ClientConnection(asyncio.Protocol):
         version = parser.get_http_version()
         try:
             request = read_request_head(method, version, self._url, self._headers)
-        except Refused as refused:
-            if refused.args[1]:
-                self._refuse_framing(refused.args[1], refused.args[0])
-            self._reject(refused.code, refused.args[0])
+        except MessageRefused as refused:
+            if refused.framing_reason:
+                self._refuse_framing(refused.framing_reason, refused.message)
+            self._reject(refused.code, refused.message)
         # A plain tuple, unpacked: docs/architecture.md#hot-head-tuples.
         _, host, url, http10, chunked, content_length, expect_continue, keep_alive, upgrade, _, _ = request
         route = self._listener.router.match(host or b"", url, self._headers)
@@ -595,7 +595,7 @@ class ClientConnection(asyncio.Protocol):
     def _reject(self, code: int, message: str) -> NoReturn:
         """In a parser callback: refuse the request being parsed, and stop parsing."""
         self._refuse(code, message)
-        raise _Rejected(message)
+        raise _StopParsing(message)
 
     def _refuse(self, code: int, message: str) -> None:
         """Nothing more is read from this client; the answer goes out in order.

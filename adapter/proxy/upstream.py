@@ -20,7 +20,7 @@ from adapter.kube.endpointslices import refusal
 from adapter.proxy.client import ClientConnection
 from adapter.proxy.exchange import ASSIGNED
 from adapter.proxy.h2upstream import H2UpstreamConnection, H2UpstreamStream
-from adapter.proxy.headers import HOP_BY_HOP, RESPONSE_SPECIAL_LENGTHS, Refused, forwarded_response_head
+from adapter.proxy.headers import HOP_BY_HOP, RESPONSE_SPECIAL_LENGTHS, MessageRefused, forwarded_response_head
 from adapter.proxy.http1 import CHUNK_END, chunk
 from adapter.telemetry import proxy as telemetry
 
@@ -49,13 +49,13 @@ class _HeadResponse:
 
     def on_message_begin(self) -> None:
         if self.connection.complete is not None:
-            raise Refused("sent a second response after the head of a HEAD response", "bytes_after_head")
+            raise MessageRefused("sent a second response after the head of a HEAD response", "bytes_after_head")
 
     def on_body(self, _body: bytes) -> None:
-        raise Refused("sent a body after the head of a HEAD response", "bytes_after_head")
+        raise MessageRefused("sent a body after the head of a HEAD response", "bytes_after_head")
 
     def on_chunk_header(self) -> None:
-        raise Refused("sent a body after the head of a HEAD response", "bytes_after_head")
+        raise MessageRefused("sent a body after the head of a HEAD response", "bytes_after_head")
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -144,7 +144,7 @@ class UpstreamConnection(asyncio.Protocol):
                 self.complete = False
                 self._finish()
                 return
-            self._refused(err.__context__ if isinstance(err.__context__, Refused) else None)
+            self._refused(err.__context__ if isinstance(err.__context__, MessageRefused) else None)
             return
         if self.complete is not None:
             self._finish()
@@ -196,7 +196,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self.complete is not None:
             # A second message in the read that ended the response: on a pooled connection it would be read as
             # the answer to the next request sent on it (another client's).
-            raise Refused("sent bytes after its response", "bytes_after_response")
+            raise MessageRefused("sent bytes after its response", "bytes_after_response")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._chunk_empty:
@@ -391,20 +391,20 @@ class UpstreamConnection(asyncio.Protocol):
         limit = exchange.route.limits.max_response_head_bytes
         telemetry.LIMIT_HITS.labels(exchange.route.name, "max_response_head_bytes").inc()
         self._refused(
-            Refused(
+            MessageRefused(
                 f"sent a response head or trailers larger than {limit} bytes (route {exchange.route.name}: "
                 "limits.max_response_head_bytes)",
                 "head_too_large",
             )
         )
 
-    def _refused(self, bad: Refused | None) -> None:
+    def _refused(self, bad: MessageRefused | None) -> None:
         """A response that cannot be forwarded: 502 if nothing of it reached the client, else cut off; the
         connection is closed, never pooled."""
         self.complete = None
-        reason = bad.args[0] if bad is not None else "sent a malformed response"
+        reason = bad.message if bad is not None else "sent a malformed response"
         if bad is not None:
-            telemetry.REFUSED_MESSAGES.labels("response", bad.args[1]).inc()
+            telemetry.REFUSED_MESSAGES.labels("response", bad.framing_reason).inc()
         exchange = self.exchange
         if exchange is not None and (self._unsent_head or bad is not None):
             # The upstream answered, badly: no retry. A head still here is replaced by the 502.
