@@ -48,7 +48,7 @@ _SPARE_DESCRIPTORS = 1024
 _PAGE_SECONDS = 1.0
 
 
-class _Refused(Exception):
+class _CannotStart(Exception):
     """Startup cannot go on; the message is logged and the process exits with `code`."""
 
     def __init__(self, message: str, code: int = 2) -> None:
@@ -111,7 +111,7 @@ async def _authentication(
     try:
         client = KubeClient.from_config(auth.kubernetes)
     except KubeConfigError as err:
-        raise _Refused(f"authentication needs the Kubernetes API: {err} (server.auth.kubernetes)") from None
+        raise _CannotStart(f"authentication needs the Kubernetes API: {err} (server.auth.kubernetes)") from None
     stack.push_async_callback(client.close)
     authenticator = Authenticator(
         TokenReviewer(client, auth.token_cache_ttl, auth.cache_size, auth.max_token_reviews)
@@ -128,7 +128,7 @@ async def _authentication(
     try:
         await watcher.load()
     except ValueError as err:
-        raise _Refused(str(err)) from None
+        raise _CannotStart(str(err)) from None
     _background(stack, watcher.run(), "trust watcher")
     return authenticator, authorizer
 
@@ -192,9 +192,9 @@ async def serve(config: ZeroscaleConfig, stop: asyncio.Event, ready_file: Path |
     async with contextlib.AsyncExitStack() as stack:
         try:
             authenticator, authorizer = await _authentication(stack, config, tls)
-        except _Refused as refused:
-            log.error("%s", refused)
-            return refused.code
+        except _CannotStart as cannot:
+            log.error("%s", cannot)
+            return cannot.code
         _background(stack, _reload_certificates(tls, server.tls.reload_interval), "certificate reload")
         cache, delegate = await _metrics(stack, config)
         try:

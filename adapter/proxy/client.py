@@ -27,7 +27,7 @@ from adapter.proxy.h2wire import PREFACE
 from adapter.proxy.headers import (
     CONTENT_UNDEFINED,
     IDEMPOTENT,
-    Refused,
+    MessageRefused,
     forwarded_request_head,
     read_request_head,
 )
@@ -54,7 +54,7 @@ _HEAD_END = b"\r\n\r\n"
 _LINGER = 2.0
 
 
-class _Rejected(Exception):
+class _StopParsing(Exception):
     """Raised in a parser callback after the proxy answered an error: stops parsing this connection."""
 
 
@@ -175,7 +175,7 @@ class ClientConnection(asyncio.Protocol):
         self._forwarded = b"X-Forwarded-For: %b\r\nX-Forwarded-Proto: http\r\n" % self._peer
         # RFC 7239 6: an IPv6 node is quoted and bracketed.
         self._forwarded_node = b'"[%b]"' % self._peer if b":" in self._peer else self._peer
-        self._arm(self._config.header_timeout)
+        self._set_deadline(self._config.header_timeout)
 
     def data_received(self, data: bytes) -> None:
         if self._sniff is not None:
@@ -312,7 +312,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
-        self._cancel_timer()
+        self._clear_deadline()
         self.server.forget(self)
         tunnel, self._tunnel = self._tunnel, None
         if tunnel is not None:
@@ -340,7 +340,8 @@ class ClientConnection(asyncio.Protocol):
         self._headers = []
         self._header_bytes = 0
         self._in_headers = True
-        self.deadline = monotonic() + self._header_timeout  # _arm, inlined: docs/architecture.md#hot-inlined-deadline
+        # _set_deadline, inlined: docs/architecture.md#hot-inlined-deadline
+        self.deadline = monotonic() + self._header_timeout
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -366,7 +367,7 @@ class ClientConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._in_headers = False
         self._head_bytes = 0
-        self.deadline = 0.0  # _cancel_timer, inlined: docs/architecture.md#hot-inlined-deadline
+        self.deadline = 0.0  # _clear_deadline, inlined: docs/architecture.md#hot-inlined-deadline
         exchange = self._exchange()
         self._parsing = exchange
         self._body_left = exchange.content_length or 0
@@ -407,10 +408,10 @@ class ClientConnection(asyncio.Protocol):
         version = parser.get_http_version()
         try:
             request = read_request_head(method, version, self._url, self._headers)
-        except Refused as refused:
-            if refused.args[1]:
-                self._refuse_framing(refused.args[1], refused.args[0])
-            self._reject(refused.code, refused.args[0])
+        except MessageRefused as refused:
+            if refused.framing_reason:
+                self._refuse_framing(refused.framing_reason, refused.message)
+            self._reject(refused.code, refused.message)
         # A plain tuple, unpacked: docs/architecture.md#hot-head-tuples.
         _, host, url, http10, chunked, content_length, expect_continue, keep_alive, upgrade, _, _ = request
         route = self._listener.router.match(host or b"", url, self._headers)
@@ -530,7 +531,8 @@ class ClientConnection(asyncio.Protocol):
         if self._ahead is not None:
             self._parse_ahead()
         elif self._parsing is None and self._active is None:
-            self.deadline = monotonic() + self._idle_timeout  # _arm, inlined: docs/architecture.md#hot-inlined-deadline
+            # _set_deadline, inlined: docs/architecture.md#hot-inlined-deadline
+            self.deadline = monotonic() + self._idle_timeout
 
     def start_tunnel(self, upstream: UpstreamConnection) -> None:
         """The upstream relayed 101: from here bytes pass through, and the request is no longer pending.
@@ -593,7 +595,7 @@ class ClientConnection(asyncio.Protocol):
     def _reject(self, code: int, message: str) -> NoReturn:
         """In a parser callback: refuse the request being parsed, and stop parsing."""
         self._refuse(code, message)
-        raise _Rejected(message)
+        raise _StopParsing(message)
 
     def _refuse(self, code: int, message: str) -> None:
         """Nothing more is read from this client; the answer goes out in order.
@@ -634,10 +636,10 @@ class ClientConnection(asyncio.Protocol):
             if not self._pauses and not self._closed:
                 self.transport.resume_reading()
 
-    def _arm(self, timeout: float) -> None:
+    def _set_deadline(self, timeout: float) -> None:
         self.deadline = monotonic() + timeout
 
-    def _cancel_timer(self) -> None:
+    def _clear_deadline(self) -> None:
         self.deadline = 0.0
 
     def check_deadlines(self, now: float) -> None:

@@ -19,7 +19,7 @@ from adapter.config.proxy import ProxyConfig
 from adapter.config.route import AddressUpstream, RouteConfig
 from adapter.proxy.claims import Candidate, place
 from adapter.proxy.cold_rules import is_navigation, never_wake_rule, request_headers
-from adapter.proxy.headers import Refused, read_request_head
+from adapter.proxy.headers import MessageRefused, read_request_head
 from adapter.proxy.routing import Conditions, Router, Step
 
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -90,8 +90,8 @@ def route_for(config: ProxyConfig, method: str, target: str, headers: Sequence[t
         sent.append((b"host", target.split("/", 3)[2].encode("latin-1")))  # the client writes it; the target wins
     try:
         head = read_request_head(method.encode("latin-1"), "1.1", target.encode("latin-1"), sent)
-    except Refused as refused:
-        lines.append(f"route: none: the proxy refuses the request itself ({refused.code}: {refused.args[0]})")
+    except MessageRefused as refused:
+        lines.append(f"route: none: the proxy refuses the request itself ({refused.code}: {refused.message})")
         return Verdict(None, lines)
     host, path = head[1] or b"", head[2]
     shown = _text(host) or "(none)"

@@ -49,7 +49,7 @@ from adapter.proxy.h2wire import (
     h2_response_head,
     own_fields,
 )
-from adapter.proxy.headers import CONTENT_UNDEFINED, Refused
+from adapter.proxy.headers import CONTENT_UNDEFINED, MessageRefused
 from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
@@ -246,8 +246,8 @@ class H2ClientConnection(asyncio.Protocol):
             return
         try:
             request = StreamRequest(headers)
-        except Refused as refused:
-            stream.refuse(refused.code, refused.args[0])
+        except MessageRefused as refused:
+            stream.refuse(refused.code, refused.message)
             return
         route = self._listener.router.match(request.authority, request.path, headers)
         if route is None:

@@ -15,7 +15,7 @@ from adapter.proxy.headers import (
     HOP_BY_HOP,
     IDEMPOTENT,
     REPLACED,
-    Refused,
+    MessageRefused,
     forwarded_response_head,
     valid_host,
 )
@@ -48,7 +48,7 @@ class StreamRequest:
     __slots__ = ("authority", "content_length", "fields", "grpc", "grpc_timeout", "method", "path", "scheme")
 
     def __init__(self, headers: Fields) -> None:
-        """`headers` as h2 validated them (pseudo-headers first, names lower-case); raises `Refused`."""
+        """`headers` as h2 validated them (pseudo-headers first, names lower-case); raises `MessageRefused`."""
         pseudo: dict[bytes, bytes] = {}
         fields: Fields = []
         self.content_length: int | None = None
@@ -76,19 +76,19 @@ class StreamRequest:
                 fields.append((name, value))
         method = pseudo.get(b":method", b"")
         if method == b"CONNECT":
-            raise Refused("CONNECT is not served by this proxy", code=405)
+            raise MessageRefused("CONNECT is not served by this proxy", code=405)
         if _TOKEN.fullmatch(method) is None:
-            raise Refused("the request method is not a token")
+            raise MessageRefused("the request method is not a token")
         self.method = method
         self.scheme = pseudo.get(b":scheme", b"http")
         self.path = pseudo.get(b":path", b"")
         self.authority = pseudo.get(b":authority") or host
         if not self.path.startswith(b"/") and not (self.path == b"*" and method == b"OPTIONS"):
-            raise Refused("the request target must be a path")
+            raise MessageRefused("the request target must be a path")
         if _NOT_IN_PATH.search(self.path):
-            raise Refused("the request target has a space or a control character")
+            raise MessageRefused("the request target has a space or a control character")
         if self.authority and not valid_host(self.authority):
-            raise Refused("the :authority is not a host name or address with an optional port", "bad_host")
+            raise MessageRefused("the :authority is not a host name or address with an optional port", "bad_host")
         self.fields = fields
 
     @property

@@ -4,7 +4,7 @@ What a forwarded head keeps, drops, adds and refuses: hop-by-hop headers and the
 Connection are removed, a Connection naming a framing or routing header is refused (never rewritten),
 spellings of the proxy's own headers with underscores are dropped, Forwarded / X-Forwarded-* are
 appended to or replaced, and the body framing is written by the proxy itself. The protocols
-(client.py, upstream.py) parse; this module decides; a refusal is a `Refused` they turn into their answer.
+(client.py, upstream.py) parse; this module decides; a refusal is a `MessageRefused` they turn into their answer.
 
 A head is kept as pieces, four per header line (name, b": ", value, CRLF), joined once at the end: a
 list of pieces is cheaper than a line per header on the hot path.
@@ -70,12 +70,16 @@ RESPONSE_SPECIAL_LENGTHS = frozenset(len(name) for name in (*HOP_BY_HOP, b"conte
 _PLAIN_TOKENS = {value: frozenset({value.lower()}) for value in (b"keep-alive", b"close", b"Keep-Alive", b"Close")}
 
 
-class Refused(Exception):
-    """A head the policy refuses. args: (message for the answer, reason label of
-    zeroscale_proxy_refused_messages_total or "" when not a framing refusal); `code`: the status to answer."""
+class MessageRefused(Exception):
+    """A request or response the policy refuses (its head, or bytes its framing does not allow). `message`: why,
+    as the answer says it; `framing_reason`: its reason label of zeroscale_proxy_refused_messages_total (messages
+    refused for how they are framed or routed), "" for any other refusal; `code`: the status a refused request
+    is answered with."""
 
-    def __init__(self, message: str, reason: str = "", code: int = 400) -> None:
-        super().__init__(message, reason)
+    def __init__(self, message: str, framing_reason: str = "", code: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.framing_reason = framing_reason
         self.code = code
 
 
@@ -102,7 +106,7 @@ def drop_connection_named(parts: list[bytes], first: int, tokens: frozenset[byte
     """
     named = tokens & FRAMING
     if named:
-        raise Refused(
+        raise MessageRefused(
             f"Connection names {b', '.join(sorted(named)).decode()}: framing and routing headers are never dropped",
             "connection_names_framing",
         )
@@ -131,11 +135,11 @@ RequestHead = tuple[list[bytes], bytes | None, bytes, bool, bool, int | None, bo
 def read_request_head(
     method: bytes, version: str | None, url: bytes, headers: list[tuple[bytes, bytes]]
 ) -> RequestHead:
-    """The request policy up to routing: raises `Refused` in the order the checks are made here."""
+    """The request policy up to routing: raises `MessageRefused` in the order the checks are made here."""
     if version not in ("1.1", "1.0"):
-        raise Refused("only HTTP/1.0 and HTTP/1.1 are served", code=505)
+        raise MessageRefused("only HTTP/1.0 and HTTP/1.1 are served", code=505)
     if method == b"CONNECT":
-        raise Refused("CONNECT is not served by this proxy", code=405)
+        raise MessageRefused("CONNECT is not served by this proxy", code=405)
     http10 = version == "1.0"
     expect_continue = False
     host: bytes | None = None
@@ -157,7 +161,7 @@ def read_request_head(
             parts += (name, b": ", value, b"\r\n")
         elif kind == _HOST:
             if host is not None:
-                raise Refused("the request has more than one Host header")
+                raise MessageRefused("the request has more than one Host header")
             host = value.strip(_OWS)  # trim, written out: docs/architecture.md#hot-skipped-calls
         elif kind == _LENGTH:
             content_length = int(value)  # llhttp accepted only digits (and whitespace), and only one value
@@ -169,7 +173,7 @@ def read_request_head(
             upgrade = trim(value)
         elif kind == _EXPECT:
             if trim(value).lower() != b"100-continue":
-                raise Refused("only Expect: 100-continue is understood", code=417)
+                raise MessageRefused("only Expect: 100-continue is understood", code=417)
             # RFC 9110 10.1.1: ignored in HTTP/1.0, whose client would read a 100 as its final answer.
             expect_continue = not http10
         elif kind == _FORWARDED:
@@ -181,14 +185,14 @@ def read_request_head(
     if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:  # docs/architecture.md#hot-skipped-calls
         drop_connection_named(parts, 4, tokens)
     if host is None and not http10:
-        raise Refused("an HTTP/1.1 request needs a Host header")
+        raise MessageRefused("an HTTP/1.1 request needs a Host header")
     if url[:8].lower().startswith((b"http://", b"https://")):
         # Absolute form: the authority in the target is the host, whatever Host says (RFC 9112 3.2.2).
         host, url = _split_absolute(url)
     elif not url.startswith(b"/") and not (url == b"*" and method == b"OPTIONS"):
-        raise Refused("the request target must be a path")
+        raise MessageRefused("the request target must be a path")
     if host and _HOST_VALUE.fullmatch(host) is None:
-        raise Refused("the Host is not a host name or address with an optional port", "bad_host")
+        raise MessageRefused("the Host is not a host name or address with an optional port", "bad_host")
     # As the parser decides: after such a head it only passes bytes through, so the connection ends with
     # this request even when the upgrade is not relayed.
     upgrade_asked = bool(upgrade) and b"upgrade" in tokens
@@ -211,13 +215,13 @@ def read_request_head(
 def _check_codings(codings: list[bytes], http10: bool, content_length: int | None) -> bool:
     """RFC 9112 6.1 and 6.3 for a request's Transfer-Encoding: True (chunked) or the request is refused."""
     if http10:
-        raise Refused("Transfer-Encoding in an HTTP/1.0 request is refused", "transfer_encoding_http10")
+        raise MessageRefused("Transfer-Encoding in an HTTP/1.0 request is refused", "transfer_encoding_http10")
     if content_length is not None:
-        raise Refused("Content-Length and Transfer-Encoding together are refused", "length_and_chunked")
+        raise MessageRefused("Content-Length and Transfer-Encoding together are refused", "length_and_chunked")
     if not codings or codings[-1] != b"chunked":
-        raise Refused("a Transfer-Encoding must end with chunked", "chunked_not_last")
+        raise MessageRefused("a Transfer-Encoding must end with chunked", "chunked_not_last")
     if codings != [b"chunked"]:
-        raise Refused("only Transfer-Encoding: chunked is accepted", code=501)
+        raise MessageRefused("only Transfer-Encoding: chunked is accepted", code=501)
     return True
 
 
@@ -231,7 +235,7 @@ def _split_absolute(url: bytes) -> tuple[bytes, bytes]:
             end = at
     authority, path = rest[:end], rest[end:]
     if not authority or b"@" in authority:
-        raise Refused("the request target's authority is empty or carries user information", "bad_host")
+        raise MessageRefused("the request target's authority is empty or carries user information", "bad_host")
     if not path.startswith(b"/"):
         path = b"/" + path
     return authority, path
@@ -299,7 +303,7 @@ def forwarded_response_head(
     via: bool,
 ) -> ResponseHead:
     """The head for the client from the pieces the parser kept: `parts` (a slot for the status line, then
-    end-to-end lines, modified in place), `hop` (lower-cased hop-by-hop name, value); raises `Refused`.
+    end-to-end lines, modified in place), `hop` (lower-cased hop-by-hop name, value); raises `MessageRefused`.
     Positional arguments only, from the hot path: docs/architecture.md#hot-head-tuples."""
     parts[0] = STATUS_LINES.get(status) or status_line(status)  # docs/architecture.md#hot-skipped-calls
     codings: list[bytes] = []
@@ -314,11 +318,11 @@ def forwarded_response_head(
             upgrade = trim(value)
     # The body is re-framed for the client: only chunked (which the parser removes) can be carried over.
     if codings and codings != [b"chunked"]:
-        raise Refused("sent a Transfer-Encoding other than chunked", "transfer_coding")
+        raise MessageRefused("sent a Transfer-Encoding other than chunked", "transfer_coding")
     chunked = bool(codings)
     if tokens and not tokens <= _PLAIN_CONNECTION_TOKENS:  # docs/architecture.md#hot-skipped-calls
         if not tokens.isdisjoint(FRAMING):
-            raise Refused(
+            raise MessageRefused(
                 "named a framing header in Connection (it would be forwarded unframed)", "connection_names_framing"
             )
         drop_connection_named(parts, 1, tokens)

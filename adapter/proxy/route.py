@@ -34,7 +34,18 @@ _PAGE_GRACE = 2.0
 
 
 class Route:
-    """One version of a route: a changed route gets a new one, sharing its counts with the version it replaces
+    """One configured route at run time, between the client ends and the upstream ends. Its one job is to decide
+    where each request it is given goes: straight to one of its endpoints (`Endpoint`, whose `UpstreamConnection`s
+    carry it) while one has room, otherwise into its FIFO of held requests until `pump` finds room; and to tell
+    its waker (`on_cold`) when a request is held while no endpoint is usable. Its held and in-flight counts are
+    what the HPA scales on.
+
+    The client end (client.py, h2client.py) finds it in the `RouteTable` the control plane installed and hands it
+    each request's `Exchange` (`submit`); the exchange keeps it until the request is answered. Readiness, waking
+    and the activator are the control plane's (services.py); its readiness (readiness.py) tells it its endpoints
+    (`set_endpoints`).
+
+    One version of a route: a changed route gets a new one, sharing its counts with the version it replaces
     (`board`), while the old one finishes the requests it admitted."""
 
     def __init__(

@@ -29,6 +29,15 @@ _REFUSAL_LOG_INTERVAL = 10.0
 
 
 class ProxyServer:
+    """The data plane's one object: it owns the sockets, never a route. Its one job is to keep the ports and the
+    connections on them: it binds the proxy port, the admin port and the activator routes' ports, admits client
+    connections up to `proxy.max_connections` (each a client.py `ClientConnection`, or the h2client.py one it
+    became), sweeps all their deadlines in one task, and drains them at shutdown.
+
+    Routes reach it as a whole `RouteTable` that the control plane (control.py) `install`s; a connection looks its
+    `Route` up there per request, and the route's endpoints hold the `UpstreamConnection`s. app.py starts and
+    stops it together with the control plane."""
+
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self.via = config.via

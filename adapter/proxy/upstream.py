@@ -20,7 +20,7 @@ from adapter.kube.endpointslices import refusal
 from adapter.proxy.client import ClientConnection
 from adapter.proxy.exchange import ASSIGNED
 from adapter.proxy.h2upstream import H2UpstreamConnection, H2UpstreamStream
-from adapter.proxy.headers import HOP_BY_HOP, RESPONSE_SPECIAL_LENGTHS, Refused, forwarded_response_head
+from adapter.proxy.headers import HOP_BY_HOP, RESPONSE_SPECIAL_LENGTHS, MessageRefused, forwarded_response_head
 from adapter.proxy.http1 import CHUNK_END, chunk
 from adapter.telemetry import proxy as telemetry
 
@@ -49,17 +49,25 @@ class _HeadResponse:
 
     def on_message_begin(self) -> None:
         if self.connection.complete is not None:
-            raise Refused("sent a second response after the head of a HEAD response", "bytes_after_head")
+            raise MessageRefused("sent a second response after the head of a HEAD response", "bytes_after_head")
 
     def on_body(self, _body: bytes) -> None:
-        raise Refused("sent a body after the head of a HEAD response", "bytes_after_head")
+        raise MessageRefused("sent a body after the head of a HEAD response", "bytes_after_head")
 
     def on_chunk_header(self) -> None:
-        raise Refused("sent a body after the head of a HEAD response", "bytes_after_head")
+        raise MessageRefused("sent a body after the head of a HEAD response", "bytes_after_head")
 
 
 class UpstreamConnection(asyncio.Protocol):
-    """One HTTP/1.1 connection to an endpoint, serving one exchange at a time."""
+    """One HTTP/1.1 connection to an endpoint, serving one exchange at a time: the upstream end of an exchange.
+    Its one job is the response: it parses what the upstream sends (httptools), has headers.py re-frame the head
+    and passes head and body on to the client end through the exchange's `Flow` as they arrive, and ends the
+    exchange (`response_done`), or fails it with 502/504 when the upstream breaks or is late.
+
+    Its `Endpoint` dials it and keeps it idle between exchanges (keep-alive); when a `Route` assigns an exchange to
+    the endpoint, `Endpoint.dispatch` binds an idle connection to it (`use_for`) or dials one, and the exchange
+    sends its request on it (`Exchange.attach`). The server's sweeper checks its response deadline through the
+    client connection it serves. An h2c route's upstream end is h2upstream.py's `H2UpstreamStream`."""
 
     # One exchange at a time (h2upstream.H2UpstreamStream: many on one connection).
     multiplexed = False
@@ -136,7 +144,7 @@ class UpstreamConnection(asyncio.Protocol):
                 self.complete = False
                 self._finish()
                 return
-            self._refused(err.__context__ if isinstance(err.__context__, Refused) else None)
+            self._refused(err.__context__ if isinstance(err.__context__, MessageRefused) else None)
             return
         if self.complete is not None:
             self._finish()
@@ -151,7 +159,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._cancel_timer()
+        self._clear_deadline()
         self.endpoint.forget(self)
         tunnel, self._tunnel = self._tunnel, None
         if tunnel is not None:
@@ -188,7 +196,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self.complete is not None:
             # A second message in the read that ended the response: on a pooled connection it would be read as
             # the answer to the next request sent on it (another client's).
-            raise Refused("sent bytes after its response", "bytes_after_response")
+            raise MessageRefused("sent bytes after its response", "bytes_after_response")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._chunk_empty:
@@ -318,7 +326,7 @@ class UpstreamConnection(asyncio.Protocol):
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self._cancel_timer()
+            self._clear_deadline()
             self.transport.close()
         self._unpair()
 
@@ -383,20 +391,20 @@ class UpstreamConnection(asyncio.Protocol):
         limit = exchange.route.limits.max_response_head_bytes
         telemetry.LIMIT_HITS.labels(exchange.route.name, "max_response_head_bytes").inc()
         self._refused(
-            Refused(
+            MessageRefused(
                 f"sent a response head or trailers larger than {limit} bytes (route {exchange.route.name}: "
                 "limits.max_response_head_bytes)",
                 "head_too_large",
             )
         )
 
-    def _refused(self, bad: Refused | None) -> None:
+    def _refused(self, bad: MessageRefused | None) -> None:
         """A response that cannot be forwarded: 502 if nothing of it reached the client, else cut off; the
         connection is closed, never pooled."""
         self.complete = None
-        reason = bad.args[0] if bad is not None else "sent a malformed response"
+        reason = bad.message if bad is not None else "sent a malformed response"
         if bad is not None:
-            telemetry.REFUSED_MESSAGES.labels("response", bad.args[1]).inc()
+            telemetry.REFUSED_MESSAGES.labels("response", bad.framing_reason).inc()
         exchange = self.exchange
         if exchange is not None and (self._unsent_head or bad is not None):
             # The upstream answered, badly: no retry. A head still here is replaced by the 502.
@@ -424,7 +432,7 @@ class UpstreamConnection(asyncio.Protocol):
         if exchange is not None:
             exchange.fail(504, f"the upstream did not answer in {self._timeout:g} s (limits.response_timeout)")
 
-    def _cancel_timer(self) -> None:
+    def _clear_deadline(self) -> None:
         self.deadline = 0.0
 
 

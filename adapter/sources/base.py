@@ -87,10 +87,16 @@ class Source(abc.ABC):
         self._change_listener = listener
 
     def watch(self, query: SourceQuery) -> None:  # noqa: B027 - polling sources ignore this
-        """A series for this query is now kept warm."""
+        """Follow this query's changes (call `changed` for them): its series was created, or asked for or
+        subscribed to after an `unwatch`."""
 
     def unwatch(self, query: SourceQuery) -> None:  # noqa: B027 - polling sources ignore this
-        """The series for this query was dropped."""
+        """Stop following this query's changes, until the next `watch`. The cache calls it when it drops the
+        series (`cache.idle_ttl` without asks, or a read failed before any answered) and also for a live series
+        nobody is around for: not subscribed, and `cache.unwatch_after` passed since its latest ask (more
+        while its asks have a period and the next is not half an `interval` late; MetricCache._unwatch_at).
+        Such a series stays in the cache: its next ask or subscription calls `watch` with the same query
+        object before querying it again."""
 
     def changed(self, query: SourceQuery) -> None:
         if self._change_listener is not None:

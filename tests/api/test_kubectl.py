@@ -174,6 +174,22 @@ def test_auth_off_is_refused_off_loopback(tmp_path: Path) -> None:
     assert "bind='0.0.0.0'" in output
 
 
+def test_auth_that_cannot_reach_the_kubernetes_api_stops_the_start(tmp_path: Path) -> None:
+    """Authentication asks the Kubernetes API (TokenReview, SubjectAccessReview): no API, no start (exit 2)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")  # readable, and names no cluster
+    env = {
+        "ZEROSCALE_SERVER__PORT": "0",
+        "ZEROSCALE_SERVER__AUTH__ENABLED": "true",
+        "ZEROSCALE_SERVER__AUTH__KUBERNETES__KUBECONFIG": str(kubeconfig),
+    }
+    adapter = spawn("adapter", "serve", tmp_path, "--config", str(CONFIG), env=env)
+    assert adapter.process.wait(30) == 2
+    output = adapter.log.read_text()
+    assert "authentication needs the Kubernetes API" in output, output
+    assert "(server.auth.kubernetes)" in output
+
+
 def _https_json(port: int, path: str) -> tuple[int, dict[str, object]]:
     """Status code and JSON body; error answers must be JSON too."""
     context = ssl.create_default_context()

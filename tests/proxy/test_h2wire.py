@@ -16,7 +16,7 @@ from adapter.proxy.h2wire import (
     h2_request_head,
     h2_response_head,
 )
-from adapter.proxy.headers import Refused
+from adapter.proxy.headers import MessageRefused
 
 _GRPC_CALL = [
     (b":method", b"POST"),
@@ -74,10 +74,10 @@ def test_the_forwarded_fields_are_the_proxys_own() -> None:
 
 
 def test_connect_and_a_target_that_is_no_path_are_refused() -> None:
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(MessageRefused) as refused:
         StreamRequest([(b":method", b"CONNECT"), (b":authority", b"example:443")])
     assert refused.value.code == 405
-    with pytest.raises(Refused):
+    with pytest.raises(MessageRefused):
         StreamRequest([(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"example/x")])
 
 
@@ -182,6 +182,6 @@ def test_hop_by_hop_fields_and_their_underscore_spellings_are_not_forwarded() ->
 )
 def test_pseudo_fields_that_would_forge_an_http11_request_line_or_host_are_refused(name: bytes, value: bytes) -> None:
     head = [(key, value if key == name else given) for key, given in _GRPC_CALL[:4]]
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(MessageRefused) as refused:
         StreamRequest(head)
     assert refused.value.code == 400

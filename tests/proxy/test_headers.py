@@ -9,7 +9,7 @@ import pytest
 from adapter.proxy.headers import (
     REQUEST_FIELDS,
     RESPONSE_FIELDS,
-    Refused,
+    MessageRefused,
     RequestHead,
     connection_tokens,
     forwarded_request_head,
@@ -59,10 +59,12 @@ def test_a_request_head_loses_hop_by_hop_and_connection_named_headers() -> None:
 @pytest.mark.parametrize("named", [b"Content-Length", b"Transfer-Encoding", b"Host"])
 def test_a_request_connection_naming_a_framing_header_is_refused(named: bytes) -> None:
     headers = [(b"Host", b"a"), (b"Connection", b"close, " + named), (b"Content-Length", b"3")]
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(MessageRefused) as refused:
         read_request_head(b"POST", "1.1", b"/", headers)
-    assert refused.value.args[1] == "connection_names_framing"
+    assert refused.value.framing_reason == "connection_names_framing"
     assert refused.value.code == 400
+    assert refused.value.message.startswith("Connection names ")  # the answer's text, the exception's str
+    assert str(refused.value) == refused.value.message
 
 
 def test_underscore_spellings_of_the_proxys_headers_are_dropped() -> None:
@@ -118,15 +120,15 @@ def test_the_proxy_writes_the_framing_itself() -> None:
     ],
 )
 def test_request_refusals(version: str, headers: list[tuple[bytes, bytes]], code: int, reason: str) -> None:
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(MessageRefused) as refused:
         read_request_head(b"POST", version, b"/", headers)
-    assert (refused.value.code, refused.value.args[1]) == (code, reason)
+    assert (refused.value.code, refused.value.framing_reason) == (code, reason)
 
 
 def test_an_absolute_target_names_the_host() -> None:
     request = _fields(read_request_head(b"GET", "1.1", b"http://app.example:8080/x", [(b"Host", b"other")]))
     assert (request["host"], request["url"]) == (b"app.example:8080", b"/x")
-    with pytest.raises(Refused, match="user information"):
+    with pytest.raises(MessageRefused, match="user information"):
         read_request_head(b"GET", "1.1", b"http://user@app/x", [(b"Host", b"app")])
 
 
@@ -161,9 +163,9 @@ def test_a_response_head_loses_connection_named_headers() -> None:
 
 
 def test_a_response_connection_naming_a_framing_header_is_refused() -> None:
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(MessageRefused) as refused:
         _respond(200, [], [(b"connection", b"content-length")], False)
-    assert refused.value.args[1] == "connection_names_framing"
+    assert refused.value.framing_reason == "connection_names_framing"
 
 
 def test_a_response_without_length_is_chunked_for_an_http11_client_and_closed_for_http10() -> None:
@@ -181,6 +183,6 @@ def test_a_response_without_length_is_chunked_for_an_http11_client_and_closed_fo
 def test_a_204_loses_its_content_length_and_a_foreign_coding_is_refused() -> None:
     response = _respond(204, [b"Content-Length", b": ", b"5", b"\r\n"], [], True)
     assert response["head"] == b"HTTP/1.1 204 No Content\r\n\r\n"
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(MessageRefused) as refused:
         _respond(200, [], [(b"transfer-encoding", b"gzip")], False)
-    assert refused.value.args[1] == "transfer_coding"
+    assert refused.value.framing_reason == "transfer_coding"
