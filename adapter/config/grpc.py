@@ -64,8 +64,8 @@ class GRPCServerConfig(Strict):
     handshake_timeout: Duration = Field(default=5.0, gt=0)
     """From accept to the client's HTTP/2 SETTINGS (TLS handshake and preface included). Our clients (KEDA, the adapter)
     take milliseconds; a silent connection holds a place under max_connections for this long. gRPC has no per-address
-    cap for connections not yet authenticated: the NetworkPolicies are what keep strangers from the port (README
-    "Security model")."""
+    cap for connections not yet authenticated: the NetworkPolicies are what keep strangers from the port (the
+    security model, docs/reference/security.md)."""
     idle_timeout: Duration = Field(default=120.0, gt=0)
     """A connection with no call open for this long is closed (clients reconnect when they need to)."""
     max_connection_age: Duration = Field(default=1800.0, gt=0)

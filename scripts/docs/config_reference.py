@@ -158,7 +158,7 @@ def type_text(prop: Schema) -> str:
             return "duration"
         return " or ".join(dict.fromkeys(type_text(branch) for branch in others))
     if "const" in prop:
-        return f"`{json.dumps(prop['const'])}`"
+        return f"`{prop['const']}`"
     if "enum" in prop:
         return "one of " + ", ".join(f"`{value}`" for value in prop["enum"])
     kind = prop.get("type")
@@ -199,7 +199,7 @@ def default_text(model: type[BaseModel], name: str, field: FieldInfo, prop: Sche
     if (model, name) in COMPUTED:
         return COMPUTED[(model, name)]
     if field.is_required():
-        return "none: required"
+        return "none (required)"
     value = field.get_default(call_default_factory=True)
     if isinstance(value, BaseModel):
         return None
@@ -211,6 +211,8 @@ def default_text(model: type[BaseModel], name: str, field: FieldInfo, prop: Sche
         return f"`{json.dumps(value)}`"
     if isinstance(value, int):
         return f"`{value}`" + (_size_note(value) if name.endswith("_bytes") else "")
+    if isinstance(value, float):
+        return f"`{value:g}`"
     if isinstance(value, str):
         # Quoted where YAML would read the bare text as something else (`1.2` a number, "" nothing).
         return f"`{value}`" if value and yaml.safe_load(value) == value else f"`{json.dumps(value)}`"

@@ -131,7 +131,7 @@ def test_defaults_are_the_models() -> None:
     assert by_path["server.tls.min_version"].default == '`"1.2"`'  # YAML would read 1.2 as a number
     assert by_path["proxy.port"].env == "ZEROSCALE_PROXY__PORT"
     assert by_path["proxy.routes[].name"].env is None  # inside a list: only the whole list, as JSON
-    assert by_path["sources[kafka].bootstrap_servers"].default == "none: required"
+    assert by_path["sources[kafka].bootstrap_servers"].default == "none (required)"
 
 
 def test_every_limit_metric_names_a_key_and_a_metric() -> None:
