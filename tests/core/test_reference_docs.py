@@ -173,3 +173,10 @@ def test_the_cli_reference_does_not_follow_the_terminal(monkeypatch: pytest.Monk
     narrow = cli_reference.page()
     monkeypatch.setenv("COLUMNS", "300")
     assert cli_reference.page() == narrow
+
+
+def test_the_chart_readme_describes_each_config_section_by_its_model() -> None:
+    readme = (ROOT / "deploy" / "helm" / "zeroscale" / "README.md").read_text(encoding="utf-8")
+    for name, field in ZeroscaleConfig.model_fields.items():
+        assert f"| `config.{name}` |  | {field.description} " in readme, name
+        assert f"(../../../docs/reference/configuration.md#{config_reference.anchor(name)})" in readme, name
