@@ -210,7 +210,7 @@ class ProxyConfig(Strict):
     admin_port: int = Field(default=9090, ge=0, le=65535)
     """The admin listener's port."""
     max_connections: int = Field(default=10_000, ge=1)
-    """Client connections open at once; more are closed at accept."""
+    """Client connections open at once; more are refused until some close."""
     admin_max_connections: int = Field(default=64, ge=1)
     """Connections at once on the admin port (metrics, probes); more are closed unanswered."""
     max_request_line_bytes: int = Field(default=8192, ge=64)
@@ -220,7 +220,7 @@ class ProxyConfig(Strict):
     max_headers: int = Field(default=100, ge=4)
     """Header fields one request may have (431 beyond)."""
     header_timeout: Duration = 10.0
-    """From a connection's accept, or its previous response, to a complete request head (408 beyond)."""
+    """How long a request's head may take to arrive, all of its header fields (408 beyond)."""
     idle_timeout: Duration = 75.0
     """A keep-alive connection with no request for this long is closed."""
     send_timeout: Duration = Field(default=60.0, gt=0)

@@ -62,7 +62,7 @@ class RedisSource(SourceBase):
     password: SecretFile | None = None
     """The password, from a file."""
     tls: TLSClientFiles | None = None
-    """TLS towards Redis (Sentinel and Cluster; standalone takes `rediss://` too)."""
+    """TLS towards Redis: CA, client certificate, hostname check (a `rediss://` url turns TLS on as well)."""
     connect_timeout: Duration = 5.0
     """The longest a connection may take to open."""
     timeout: Duration = 5.0
