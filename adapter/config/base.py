@@ -94,6 +94,7 @@ class SecretFile(Strict):
     """A secret is named by the file that holds it; its content is read when needed and never logged."""
 
     file: Path
+    """The file holding the secret; its content, without surrounding whitespace, is the value."""
 
     def read(self) -> str:
         return self.file.read_text(encoding="utf-8").strip()
@@ -106,9 +107,13 @@ class TLSClientFiles(Strict):
     """TLS towards a queue system: CA bundle and optional client certificate and key, all files."""
 
     ca_file: Path | None = None
+    """CA bundle the server's certificate is checked against; unset: the system CAs."""
     cert_file: Path | None = None
+    """Client certificate (PEM), for a server that asks for one."""
     key_file: Path | None = None
+    """The client certificate's private key (PEM)."""
     verify_hostname: bool = True
+    """Check that the server's certificate names the host dialled."""
 
 
 # In a selector label's pattern, this stands for the namespace the request comes from (regex-escaped).
@@ -127,7 +132,10 @@ class SelectorLabel(Strict):
     """
 
     pattern: str = ".+"
+    """A regular expression each value the selector gives for the label must match in full; `{namespace}` stands for the
+    namespace asking."""
     required: bool = False
+    """The selector must give this label: a read without it is refused."""
 
     @field_validator("pattern")
     @classmethod
@@ -151,22 +159,27 @@ class SourceBase(Strict):
     """Connection settings for one queue system; subclasses add `type` and their own keys."""
 
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
+    """The source's name, which metrics give as their `source`."""
 
 
 class MetricBase(Strict):
     """One external metric the HPA can ask for; subclasses add `type`, `query` and fixed parameters."""
 
     name: str = Field(pattern=r"^[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$")
+    """The metric name an HPA or ScaledObject asks for (matched case-insensitively)."""
     source: str
-    # Labels the HPA's selector supplies; anything else in an `=`/`in` requirement is refused.
+    """The name of the source (in `sources`) the metric reads: one of the metric's type."""
     labels: dict[str, SelectorLabel] = Field(default_factory=dict)
-    # Empty: every namespace may read this metric.
+    """Labels the HPA's selector supplies; anything else in an `=`/`in` requirement is refused."""
     namespaces: list[str] = Field(default_factory=list)
+    """Empty: every namespace may read this metric."""
     interval: Duration | None = None
+    """How often each series of this metric is read from its source; unset: `cache.interval`."""
     max_staleness: Duration | None = None
-    # A workload is active (KEDA IsActive) when the value is at least this. A number: NaN compares with no
-    # value, and the cache compares every reading with it (docs/architecture.md#edge-from-zero).
+    """A read whose last good value is older than this is answered 503; unset: `cache.max_staleness`."""
     activation_threshold: float = Field(default=1.0, allow_inf_nan=False)
+    """A workload is active (KEDA IsActive) when the value is at least this. A number: NaN compares with no value, and
+    the cache compares every reading with it (docs/architecture.md#edge-from-zero)."""
 
     @property
     def key(self) -> str:

@@ -16,28 +16,34 @@ class DelegateService(Strict):
     """A Service in the cluster, reached at `https://<name>.<namespace>.svc:<port>`."""
 
     namespace: str
+    """The Service's namespace."""
     name: str
+    """The Service's name."""
     port: int = Field(default=443, ge=1, le=65535)
+    """The Service's port."""
 
 
 class DelegateConfig(Strict):
     """Exactly one of `service` or `url`; always HTTPS, its certificate checked against `ca_file`."""
 
     service: DelegateService | None = None
+    """The delegate as a Service in the cluster (or give url)."""
     url: str | None = None
-    # The CA that signed the delegate's serving certificate (KEDA: ca.crt of the Secret kedaorg-certs).
+    """The delegate's `https://host[:port]` (or give service)."""
     ca_file: Path | None = None
-    # The name the delegate's certificate must carry; default: the Service's DNS name, or the URL's host.
+    """The CA that signed the delegate's serving certificate (KEDA: ca.crt of the Secret kedaorg-certs)."""
     server_name: str | None = None
-    # Zeroscale's own identity towards the delegate (re-read every minute: projected tokens rotate).
+    """The name the delegate's certificate must carry; default: the Service's DNS name, or the URL's host."""
     token_file: Path = SERVICE_ACCOUNT_DIR / "token"
-    # One deadline for the whole call: connect, TLS handshake, request and the complete answer.
+    """Zeroscale's own identity towards the delegate (re-read every minute: projected tokens rotate)."""
     timeout: Duration = Field(default=5.0, gt=0, le=55)
+    """One deadline for the whole call: connect, TLS handshake, request and the complete answer."""
     max_response_bytes: int = Field(default=1_048_576, ge=4096)
-    # Calls to the delegate at once; more wait for a slot within `timeout`.
+    """The largest answer read from the delegate; a larger one fails the call."""
     max_in_flight: int = Field(default=64, ge=1)
-    # How often the delegate's discovery document is fetched again (sooner after a failure).
+    """Calls to the delegate at once; more wait for a slot within `timeout`."""
     discovery_refresh: Duration = Field(default=60.0, gt=0)
+    """How often the delegate's discovery document is fetched again (sooner after a failure)."""
 
     @field_validator("url")
     @classmethod

@@ -20,16 +20,18 @@ class GRPCServerTLS(Strict):
     """Certificate and key files, re-read when they change; `client_ca_file` turns on mutual TLS."""
 
     cert_file: Path
+    """The server's certificate (PEM)."""
     key_file: Path
-    # Clients must present a certificate signed by one of these CAs.
+    """Its private key (PEM)."""
     client_ca_file: Path | None = None
-    # How often the files are checked for changes (new connections get the new certificate).
+    """Clients must present a certificate signed by one of these CAs."""
     reload_interval: Duration = 10.0
-    # Only client certificates naming one of these (a subjectAltName DNS name, or the common name of a
-    # certificate without subjectAltNames) may call; others get PERMISSION_DENIED. Empty: any
-    # certificate client_ca_file signed. One CA signs every part of an installation, so without it
-    # KEDA's certificate would open the counts port and the adapter's the scaler.
+    """How often the files are checked for changes (new connections get the new certificate)."""
     client_names: list[str] = Field(default_factory=list)
+    """Only client certificates naming one of these (a subjectAltName DNS name, or the common name of a certificate
+    without subjectAltNames) may call; others get PERMISSION_DENIED. Empty: any certificate client_ca_file signed. One
+    CA signs every part of an installation, so without it KEDA's certificate would open the counts port and the
+    adapter's the scaler."""
 
     @model_validator(mode="after")
     def _names_need_a_ca(self) -> GRPCServerTLS:
@@ -40,44 +42,50 @@ class GRPCServerTLS(Strict):
 
 class GRPCServerConfig(Strict):
     enabled: bool = False
+    """Start this server."""
     bind: str = "0.0.0.0"
+    """The address it listens on."""
     port: int = Field(default=9443, ge=0, le=65535)
+    """Its port."""
     tls: GRPCServerTLS | None = None
-    # Plaintext on a non-loopback address: only inside a network you trust.
+    """Certificate and key; without them the server speaks plaintext (on loopback only, unless allow_plaintext)."""
     allow_plaintext: bool = False
-    # No client certificate required on a non-loopback address: anyone who can connect may call.
+    """Plaintext on a non-loopback address: only inside a network you trust."""
     allow_unauthenticated: bool = False
-    # Server pings an idle connection this often and closes it when no answer comes within the timeout.
+    """No client certificate required on a non-loopback address: anyone who can connect may call."""
     keepalive_time: Duration = 30.0
+    """Server pings an idle connection this often and closes it when no answer comes within the timeout."""
     keepalive_timeout: Duration = 10.0
-    # Clients may ping at most this often (KEDA and our adapter ping every 10 s or more).
+    """A keepalive ping unanswered this long closes the connection."""
     min_client_ping_interval: Duration = 5.0
-    # Open connections, counted from accept; gRPC closes one more at once.
+    """Clients may ping at most this often (KEDA and our adapter ping every 10 s or more)."""
     max_connections: int = Field(default=256, ge=1)
-    # From accept to the client's HTTP/2 SETTINGS (TLS handshake and preface included). Our clients
-    # (KEDA, the adapter) take milliseconds; a silent connection holds a place under max_connections
-    # for this long. gRPC has no per-address cap for connections not yet authenticated: the
-    # NetworkPolicies are what keep strangers from the port (README "Security model").
+    """Open connections, counted from accept; gRPC closes one more at once."""
     handshake_timeout: Duration = Field(default=5.0, gt=0)
-    # A connection with no call open for this long is closed (clients reconnect when they need to).
+    """From accept to the client's HTTP/2 SETTINGS (TLS handshake and preface included). Our clients (KEDA, the adapter)
+    take milliseconds; a silent connection holds a place under max_connections for this long. gRPC has no per-address
+    cap for connections not yet authenticated: the NetworkPolicies are what keep strangers from the port (the
+    security model, docs/reference/security.md)."""
     idle_timeout: Duration = Field(default=120.0, gt=0)
-    # Every connection is told to go (HTTP/2 GOAWAY) at this age, and closed `max_connection_age_grace`
-    # later with whatever it still has open: the one deadline for a call whose request never comes, and
-    # for a peer opening and resetting streams without end. Clients reconnect at once; streams resume.
+    """A connection with no call open for this long is closed (clients reconnect when they need to)."""
     max_connection_age: Duration = Field(default=1800.0, gt=0)
+    """Every connection is told to go (HTTP/2 GOAWAY) at this age, and closed `max_connection_age_grace` later with
+    whatever it still has open: the one deadline for a call whose request never comes, and for a peer opening and
+    resetting streams without end. Clients reconnect at once; streams resume."""
     max_connection_age_grace: Duration = Field(default=30.0, gt=0)
-    # Concurrent long-lived streams on this server (health watches included); one more is refused
-    # with RESOURCE_EXHAUSTED.
+    """How long a connection told to go may finish what it has open before it is closed."""
     max_streams: int = Field(default=1000, ge=1)
-    # Streams one peer (its address, or IPv6 /64, and certificate identity) may hold, so no one peer
-    # starves the others.
+    """Concurrent long-lived streams on this server (health watches included); one more is refused with
+    RESOURCE_EXHAUSTED."""
     max_streams_per_peer: int = Field(default=100, ge=1)
-    # HTTP/2 streams per connection.
+    """Streams one peer (its address, or IPv6 /64, and certificate identity) may hold, so no one peer starves the
+    others."""
     max_concurrent_streams: int = Field(default=100, ge=1)
-    # The largest message a client may send; every request here is a few hundred bytes.
+    """HTTP/2 streams per connection."""
     max_message_bytes: int = Field(default=64 * 1024, ge=1024)
-    # A stream with nothing new to say still sends a message this often, so a silent peer is noticed.
+    """The largest message a client may send; every request here is a few hundred bytes."""
     heartbeat_interval: Duration = Field(default=5.0, gt=0)
+    """A stream with nothing new to say still sends a message this often, so a silent peer is noticed."""
 
     @property
     def address(self) -> str:
@@ -98,33 +106,38 @@ class ScalerServerConfig(GRPCServerConfig):
     """KEDA's `external` / `external-push` triggers connect here (scalerAddress)."""
 
     port: int = Field(default=9443, ge=0, le=65535)
-    # KEDA is one peer holding a stream per external-push ScaledObject (and StreamMetricSpec): below
-    # max_streams, so one peer never holds them all. More push ScaledObjects: raise both.
+    """The port KEDA's triggers dial (their scalerAddress)."""
     max_streams_per_peer: int = Field(default=500, ge=1)
-    # All scalerMetadata keys and values of one request together; the same bound as the HTTP API's
-    # server.max_header_bytes, checked before anything is parsed.
+    """KEDA is one peer holding a stream per external-push ScaledObject (and StreamMetricSpec): below max_streams, so
+    one peer never holds them all. More push ScaledObjects: raise both."""
     max_metadata_bytes: int = Field(default=16_384, ge=1024)
-    # A trigger reads its ScaledObject's namespace. True lets scalerMetadata.namespace name another one:
-    # then anyone who may create a ScaledObject reads every namespace's series through KEDA, and the
-    # series count against the namespace read (cache.max_series_per_namespace).
+    """All scalerMetadata keys and values of one request together; the same bound as the HTTP API's
+    server.max_header_bytes, checked before anything is parsed."""
     allow_namespace_override: bool = False
+    """A trigger reads its ScaledObject's namespace. True lets scalerMetadata.namespace name another one: then anyone
+    who may create a ScaledObject reads every namespace's series through KEDA, and the series count against the
+    namespace read (cache.max_series_per_namespace)."""
 
 
 class CountsServerConfig(GRPCServerConfig):
     """Each proxy replica serves its per-route counts here; the adapter's `http` source subscribes."""
 
     port: int = Field(default=9091, ge=0, le=65535)
+    """The port the adapter's `http` source dials."""
     heartbeat_interval: Duration = Field(default=1.0, gt=0)
-    # An adapter holds one stream per `http` source that lists this replica.
+    """A stream with nothing new to say still sends a message this often, so a silent peer is noticed."""
     max_streams_per_peer: int = Field(default=16, ge=1)
-    # Changes closer together than this go out as one message, except one that lifts a route from 0: at once,
-    # once per interval beside (docs/architecture.md#edge-from-zero).
+    """An adapter holds one stream per `http` source that lists this replica."""
     coalesce: Duration = 0.002
+    """Changes closer together than this go out as one message, except one that lifts a route from 0: at once, once per
+    interval beside (docs/architecture.md#edge-from-zero)."""
 
 
 class GRPCConfig(Strict):
     scaler: ScalerServerConfig = Field(default_factory=ScalerServerConfig)
+    """KEDA's external scaler, served by `zeroscale serve`."""
     counts: CountsServerConfig = Field(default_factory=CountsServerConfig)
+    """The per-route pending counts, served by each `zeroscale proxy` replica."""
 
     def unauthenticated(self) -> list[str]:
         """A warning for each enabled server off loopback that lets peers without a client certificate call."""

@@ -15,40 +15,47 @@ from adapter.config.base import Duration, MetricBase, SelectorLabel, SourceBase,
 
 class HTTPSource(SourceBase):
     type: Literal["http"]
-    # host:port of a headless Service (every A/AAAA record is one proxy replica), e.g.
-    # `zeroscale-proxy-counts.zeroscale.svc.cluster.local:9091`; or a list of them, e.g. the cluster proxies' and
-    # the headless Service of an app's sidecars (route mode activator): every address of every name is one replica.
+    """`http`: the requests held or in flight in the buffering proxies."""
     dns: str | list[str] | None = None
-    # Or fixed host:port addresses, one per replica.
+    """host:port of a headless Service (every A/AAAA record is one proxy replica), e.g.
+    `zeroscale-proxy-counts.zeroscale.svc.cluster.local:9091`; or a list of them, e.g. the cluster proxies' and the
+    headless Service of an app's sidecars (route mode activator): every address of every name is one replica."""
     proxies: list[str] = Field(default_factory=list)
+    """Or fixed host:port addresses, one per replica."""
     resolve_interval: Duration = Field(default=5.0, gt=0)
-    # Until a replica has sent nothing (not even a heartbeat) for this long, its last counts stay in the
-    # sum: a blip in the connection does not make requests vanish. After it, a replica discovery still
-    # lists fails the read (its counts are unknown, not zero); one discovery no longer lists drops out.
+    """How often the dns names are resolved again."""
     stale_after: Duration = Field(default=5.0, gt=0)
-    # A count above this (or below 0) is a broken or hostile replica: it fails the metric until it
-    # sends sane counts again. Far above any real backlog, far below int64 overflow when summed.
+    """Until a replica has sent nothing (not even a heartbeat) for this long, its last counts stay in the sum: a blip in
+    the connection does not make requests vanish. After it, a replica discovery still lists fails the read (its counts
+    are unknown, not zero); one discovery no longer lists drops out."""
     max_count: int = Field(default=10**9, ge=1, le=10**12)
-    # A replica's updates closer together than this are applied as one (the newest), except one that lifts a
-    # route from 0 (applied at once, once per interval beside: docs/architecture.md#edge-from-zero), so a
-    # replica flooding updates costs at most two applies per interval.
+    """A count above this (or below 0) is a broken or hostile replica: it fails the metric until it sends sane counts
+    again. Far above any real backlog, far below int64 overflow when summed."""
     coalesce: Duration = 0.005
+    """A replica's updates closer together than this are applied as one (the newest), except one that lifts a route from
+    0 (applied at once, once per interval beside: docs/architecture.md#edge-from-zero), so a replica flooding updates
+    costs at most two applies per interval."""
     tls: TLSClientFiles | None = None
-    # Name to check in the proxies' certificate (replicas are dialled by IP address).
+    """TLS towards the proxies' counts servers; unset: plaintext."""
     tls_server_name: str | None = None
+    """Name to check in the proxies' certificate (replicas are dialled by IP address)."""
     reconnect_min: Duration = 0.05
+    """The first wait before reconnecting to a replica; it doubles on each failure up to reconnect_max."""
     reconnect_max: Duration = 2.0
+    """The longest wait between reconnects."""
     keepalive_time: Duration = 10.0
+    """An idle connection to a replica is pinged this often."""
     keepalive_timeout: Duration = 5.0
-    # A snapshot larger than this is refused by gRPC before it is decoded (max_routes keys `<namespace>/<name>` of
-    # up to 317 characters fit): decoding costs CPU per message, whoever sends it.
+    """A ping unanswered this long closes the connection."""
     max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
-    # Routes in one replica's snapshot; more is a broken or hostile replica: it fails the metric. A replica lists only
-    # the routes holding or forwarding something now, so this bounds busy routes, not configured ones; the default is
-    # the most route objects one proxy serves (proxy.route_objects.max_routes), all busy at once.
+    """A snapshot larger than this is refused by gRPC before it is decoded (max_routes keys `<namespace>/<name>` of up
+    to 317 characters fit): decoding costs CPU per message, whoever sends it."""
     max_routes: int = Field(default=10_000, ge=1)
-    # Replicas discovery may list; more fails the metric (each one is a channel and a task here).
+    """Routes in one replica's snapshot; more is a broken or hostile replica: it fails the metric. A replica lists only
+    the routes holding or forwarding something now, so this bounds busy routes, not configured ones; the default is the
+    most route objects one proxy serves (proxy.route_objects.max_routes), all busy at once."""
     max_replicas: int = Field(default=256, ge=1)
+    """Replicas discovery may list; more fails the metric (each one is a channel and a task here)."""
 
     @field_validator("proxies")
     @classmethod
@@ -89,9 +96,11 @@ class HTTPMetric(MetricBase):
     """
 
     type: Literal["http"]
-    # pending = held + in flight: the requests that need a ready replica.
+    """`http`: read from an `http` source."""
     count: Literal["pending", "held", "inflight"] = "pending"
+    """pending = held + in flight: the requests that need a ready replica."""
     labels: dict[str, SelectorLabel] = Field(default_factory=_route_label)
+    """The selector labels: exactly one, `route`, required."""
 
     @model_validator(mode="after")
     def _route_required(self) -> HTTPMetric:

@@ -22,21 +22,30 @@ MetricConfig = Annotated[StaticMetric | RedisMetric | KafkaMetric | HTTPMetric, 
 
 
 class ZeroscaleConfig(BaseSettings):
+    """The configuration file's top level; every key may also be set as `ZEROSCALE_<SECTION>__<KEY>`."""
+
     model_config = SettingsConfigDict(
         env_prefix="ZEROSCALE_",
         env_nested_delimiter="__",
         extra="forbid",
         frozen=True,
+        use_attribute_docstrings=True,
     )
 
     server: ServerConfig = Field(default_factory=ServerConfig)
+    """The external metrics API (`zeroscale serve`): listeners, TLS, authentication and connection limits."""
     cache: CacheConfig = Field(default_factory=CacheConfig)
+    """How series are read from their sources and kept warm."""
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    """The buffering proxy (`zeroscale proxy`): listeners, connection defences and routes."""
     grpc: GRPCConfig = Field(default_factory=GRPCConfig)
+    """The two gRPC servers: KEDA's external scaler (in `serve`) and the pending-count stream (in `proxy`)."""
     sources: list[SourceConfig] = Field(default_factory=list)
+    """The queue systems to read, each named; `type` picks the kind."""
     metrics: list[MetricConfig] = Field(default_factory=list)
-    # Another external metrics API server answering the metric names not in `metrics` (adapter/api/delegate.py).
+    """The external metrics served, each read from a source of its type."""
     delegate: DelegateConfig | None = None
+    """Another external metrics API server answering the metric names not in `metrics` (adapter/api/delegate.py)."""
 
     @classmethod
     def settings_customise_sources(

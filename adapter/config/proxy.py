@@ -39,17 +39,20 @@ class SidecarConfig(Strict):
     """One upstream beside the proxy in the same pod: every request goes there, readiness by connect probes."""
 
     upstream: str
-    # The route name its counts are reported under: the cluster route's name, so that a route's `http` metric sums
-    # what the cluster proxies hold and what the sidecars have in flight (docs/architecture.md#activator).
+    """The app beside the proxy in the pod, as `host:port` (usually `127.0.0.1:<port>`)."""
     route: str = Field(default="sidecar", pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
-    # The pod's namespace: the route's counts are reported as `<namespace>/<route>`, which an HPA in that namespace
-    # reads as `route=<route>`. Set it from the downward API (metadata.namespace); unset: the namespace of the pod's
-    # service account token, if mounted, else `default`.
+    """The route name its counts are reported under: the cluster route's name, so that a route's `http` metric sums what
+    the cluster proxies hold and what the sidecars have in flight (docs/architecture.md#activator)."""
     namespace: str = Field(default_factory=lambda: pod_namespace(), pattern=DNS_LABEL)
+    """The pod's namespace: the route's counts are reported as `<namespace>/<route>`, which an HPA in that namespace
+    reads as `route=<route>`. Set it from the downward API (metadata.namespace); unset: the namespace of the pod's
+    service account token, if mounted, else `default`."""
     limits: RouteLimits = Field(default_factory=RouteLimits)
+    """What the sidecar's route may hold and how long each phase of a request may take."""
     probe_interval: Duration = Field(default=0.01, gt=0)
-    # The HTTP the app beside it speaks: http1 (auto) or h2c (a gRPC server). Clients may speak either to the proxy.
+    """How often the app is dialled again while requests wait for it."""
     protocol: UpstreamProtocol = "auto"
+    """The HTTP the app beside it speaks: http1 (auto) or h2c (a gRPC server). Clients may speak either to the proxy."""
 
     @field_validator("upstream")
     @classmethod
@@ -73,23 +76,26 @@ class ActivatorConfig(Strict):
     """What every `mode: activator` route of this proxy shares: where the proxy's own pods are listed, and the
     Lease through which one replica at a time writes the routes' EndpointSlices (docs/protocols.md#leases)."""
 
-    # The Service selecting the proxy's own pods: its EndpointSlices list them (any port of it; only the
-    # addresses are used, with each route's activator.port).
     proxy_service: ServiceRef
+    """The Service selecting the proxy's own pods: its EndpointSlices list them (any port of it; only the addresses are
+    used, with each route's activator.port)."""
     lease_namespace: str = Field(pattern=DNS_LABEL)
-    # Empty: `<proxy_service.service>-activator` (prefixed with `<proxy_service.namespace>.` when that is not
-    # lease_namespace), so each installation, with a proxy Service of its own, has a Lease of its own: two sharing one
-    # would leave one's routes unwritten (docs/architecture.md#activator).
+    """The namespace of the Lease whose holder writes the routes' EndpointSlices."""
     lease_name: str = Field(default="", pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$", max_length=253)
-    # This replica's name in the Lease; empty: the host name (a pod's name). Set it from the downward API.
+    """Empty: `<proxy_service.service>-activator` (prefixed with `<proxy_service.namespace>.` when that is not
+    lease_namespace), so each installation, with a proxy Service of its own, has a Lease of its own: two sharing one
+    would leave one's routes unwritten (docs/architecture.md#activator)."""
     identity: str = Field(default="", max_length=253)
-    # As Kubernetes' own components elect a leader: a holder that has not renewed for lease_duration is replaced;
-    # a holder that could not renew within renew_deadline stops writing; everyone retries every retry_period.
+    """This replica's name in the Lease; empty: the host name (a pod's name). Set it from the downward API."""
     lease_duration: Duration = Field(default=15.0, gt=0)
+    """As Kubernetes' own components elect a leader: a holder that has not renewed for lease_duration is replaced; a
+    holder that could not renew within renew_deadline stops writing; everyone retries every retry_period."""
     renew_deadline: Duration = Field(default=10.0, gt=0)
+    """A holder that could not renew the Lease within this long stops writing."""
     retry_period: Duration = Field(default=2.0, gt=0)
-    # The written slices are listed and compared with what they should be this often, whatever the watches said.
+    """Every replica tries to take or renew the Lease this often."""
     resync_interval: Duration = Field(default=30.0, gt=0)
+    """The written slices are listed and compared with what they should be this often, whatever the watches said."""
 
     def lease(self) -> str:
         """The Lease's name: lease_name, or the one that follows the installation's proxy Service."""
@@ -130,7 +136,9 @@ class PortRange(Strict):
     """Ports of the proxy's pods, first to last (both included)."""
 
     first: int = Field(ge=1, le=65535)
+    """The first port of the range."""
     last: int = Field(ge=1, le=65535)
+    """The last port of the range (not below first)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> PortRange:
@@ -194,41 +202,56 @@ class Http2Config(Strict):
 
 class ProxyConfig(Strict):
     bind: str = "0.0.0.0"
+    """The address the proxy listens on for clients."""
     port: int = Field(default=8080, ge=0, le=65535)
+    """The port clients' requests arrive on."""
     admin_bind: str = "0.0.0.0"
+    """The address of the admin listener (metrics, health and readiness probes)."""
     admin_port: int = Field(default=9090, ge=0, le=65535)
+    """The admin listener's port."""
     max_connections: int = Field(default=10_000, ge=1)
-    # Connections at once on the admin port (metrics, probes); more are closed unanswered.
+    """Client connections open at once; more are refused until some close."""
     admin_max_connections: int = Field(default=64, ge=1)
+    """Connections at once on the admin port (metrics, probes); more are closed unanswered."""
     max_request_line_bytes: int = Field(default=8192, ge=64)
+    """The longest request line (method, target, version) a client may send (414 beyond)."""
     max_header_bytes: int = Field(default=16_384, ge=256)
+    """The largest request head a client may send, all header fields together (431 beyond)."""
     max_headers: int = Field(default=100, ge=4)
+    """Header fields one request may have (431 beyond)."""
     header_timeout: Duration = 10.0
+    """How long a request's head may take to arrive, all of its header fields (408 beyond)."""
     idle_timeout: Duration = 75.0
-    # A client that reads none of its response for this long (the proxy's send buffer stays full) is cut off.
+    """A keep-alive connection with no request for this long is closed."""
     send_timeout: Duration = Field(default=60.0, gt=0)
-    # Bytes read from a client past the request being answered (pipelined requests); more are refused with 503.
+    """A client that reads none of its response for this long (the proxy's send buffer stays full) is cut off."""
     max_pipelined_bytes: int = Field(default=64 * 1024, ge=1024)
-    # SIGTERM: held and in-flight requests get this long to finish; the rest are answered 503.
+    """Bytes read from a client past the request being answered (pipelined requests); more are refused with 503."""
     grace_period: Duration = 25.0
-    # SIGTERM: first keep accepting new connections this long (the admin port already says not ready), so those
-    # made while every node's kube-proxy learns the pod is going still find a listener; then drain. The margin the
-    # activator's switches rely on: set it above the data plane's propagation delay (docs/architecture.md#activator).
+    """SIGTERM: held and in-flight requests get this long to finish; the rest are answered 503."""
     stop_delay: Duration = 0.0
+    """SIGTERM: first keep accepting new connections this long (the admin port already says not ready), so those made
+    while every node's kube-proxy learns the pod is going still find a listener; then drain. The margin the activator's
+    switches rely on: set it above the data plane's propagation delay (docs/architecture.md#activator)."""
     via: bool = False
+    """Add a `Via` header to requests and responses (RFC 9110 7.6.3)."""
     http2: Http2Config = Field(default_factory=Http2Config)
+    """HTTP/2 from clients, and what one HTTP/2 connection may cost."""
     kubernetes: KubeAPIConfig = Field(default_factory=KubeAPIConfig)
+    """How the proxy reaches the Kubernetes API (EndpointSlices, scale, Leases, route objects)."""
     routes: list[RouteConfig] = Field(default_factory=list)
+    """Cluster mode: the routes requests are held and forwarded for."""
     sidecar: SidecarConfig | None = None
-    # Needed by routes in mode: activator.
+    """Sidecar mode: one upstream beside the proxy in the same pod, instead of routes."""
     activator: ActivatorConfig | None = None
-    # Routes as ZeroscaleRoute objects, beside the ones above.
+    """Needed by routes in mode: activator."""
     route_objects: RouteObjectsConfig = Field(default_factory=RouteObjectsConfig)
-    # Development only (`zeroscale demo`, tests on a stand-in of the API): a loopback address may be a route's endpoint,
-    # from the config, a slice or a name's DNS answer. In a cluster one is the proxy's own pod (its admin port, its
-    # counts), never an upstream, and the API refuses it in a slice (docs/architecture.md#only-ip-endpoints). A
-    # sidecar's upstream, the app beside it in the pod, is on loopback whatever this says.
+    """Routes as ZeroscaleRoute objects, beside the ones above."""
     allow_loopback_endpoints: bool = False
+    """Development only (`zeroscale demo`, tests on a stand-in of the API): a loopback address may be a route's
+    endpoint, from the config, a slice or a name's DNS answer. In a cluster one is the proxy's own pod (its admin port,
+    its counts), never an upstream, and the API refuses it in a slice (docs/architecture.md#only-ip-endpoints). A
+    sidecar's upstream, the app beside it in the pod, is on loopback whatever this says."""
 
     @model_validator(mode="after")
     def _one_mode(self) -> ProxyConfig:

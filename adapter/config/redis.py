@@ -30,10 +30,13 @@ class RedisSentinel(Strict):
     """Sentinels to ask for the current master of `master_name`."""
 
     addresses: list[str]
+    """The Sentinels, as `host:port`."""
     master_name: str
-    # Sentinels often have their own password (`requirepass` in sentinel.conf); unset: none.
+    """The name the Sentinels know the master by."""
     username: SecretFile | None = None
+    """Sentinels often have their own password (`requirepass` in sentinel.conf); unset: none."""
     password: SecretFile | None = None
+    """The Sentinels' password, from a file; unset: none."""
 
     @model_validator(mode="after")
     def _valid(self) -> RedisSentinel:
@@ -45,23 +48,31 @@ class RedisSource(SourceBase):
     """Connection to one Redis deployment; exactly one of `url`, `sentinel` and `cluster_nodes` is set."""
 
     type: Literal["redis"]
-    # Standalone: redis://host:port (or rediss:// for TLS). Put credentials in the files below, not here.
+    """`redis`: a Redis server, Sentinel set or Cluster."""
     url: str | None = None
+    """Standalone: redis://host:port (or rediss:// for TLS). Put credentials in the files below, not here."""
     sentinel: RedisSentinel | None = None
-    # Cluster: a few seed nodes; the rest of the topology is discovered.
+    """Sentinel: the Sentinels to ask for the current master."""
     cluster_nodes: list[str] = Field(default_factory=list)
+    """Cluster: a few seed nodes; the rest of the topology is discovered."""
     db: int = Field(default=0, ge=0)
-    # ACL user (Redis 6+) and password, each read from a file.
+    """The database number (standalone and Sentinel)."""
     username: SecretFile | None = None
+    """ACL user (Redis 6+) and password, each read from a file."""
     password: SecretFile | None = None
+    """The password, from a file."""
     tls: TLSClientFiles | None = None
+    """TLS towards Redis: CA, client certificate, hostname check (a `rediss://` url turns TLS on as well)."""
     connect_timeout: Duration = 5.0
+    """The longest a connection may take to open."""
     timeout: Duration = 5.0
+    """The longest one command may take."""
     max_connections: int = Field(default=16, ge=1)
-    # Reads arriving within this window go out together in one pipeline.
+    """Connections open to one server at most."""
     batch_window: Duration = 0.002
-    # Subscribe to keyspace notifications of the keys being read, to refresh at once on a change.
+    """Reads arriving within this window go out together in one pipeline."""
     notifications: bool = False
+    """Subscribe to keyspace notifications of the keys being read, to refresh at once on a change."""
 
     @model_validator(mode="after")
     def _one_mode(self) -> RedisSource:
@@ -114,11 +125,16 @@ class RedisMetric(MetricBase):
     """
 
     type: Literal["redis"]
+    """`redis`: read from a `redis` source."""
     query: RedisQueryKind
+    """What is read: length (a list), zset_due (sorted-set members due by now), stream_length, and for a consumer group
+    stream_pending, stream_lag or stream_backlog."""
     redis_key: str = "${key}"
+    """The key, a template filled from the selector's labels (`${key}`, `${namespace}`)."""
     group: str | None = None
-    # zset_due: the unit of the scores (the due time as a Unix timestamp).
+    """The consumer group of a group query, a template as redis_key."""
     score_unit: Literal["seconds", "milliseconds"] = "seconds"
+    """zset_due: the unit of the scores (the due time as a Unix timestamp)."""
 
     @model_validator(mode="after")
     def _templates(self) -> RedisMetric:

@@ -109,6 +109,7 @@ class AddressUpstream(Strict):
     """A fixed `host:port`; readiness comes from connect probes."""
 
     address: str
+    """The upstream's `host:port` (`[v6]:port` for IPv6)."""
     protocol: UpstreamProtocol = "auto"
     """The HTTP the upstream speaks: http1, h2c (HTTP/2 over cleartext with prior knowledge: gRPC servers); auto
     is http1 for an address (there is no Service port to read an appProtocol from)."""
@@ -140,8 +141,11 @@ class LocalScaleTarget(Strict):
     """
 
     kind: Literal["Local"]
+    """`Local`: a workload of local processes (`zeroscale demo`)."""
     name: str = Field(pattern=DNS_LABEL)
+    """The local workload's name, as the local scaler knows it."""
     url: str
+    """The local scaler's loopback address, `http://127.0.0.1:PORT`."""
 
     @field_validator("url")
     @classmethod
