@@ -1,0 +1,42 @@
+"""The manual builds: `mkdocs build --strict` on mkdocs.yml fails on any warning (a broken link, a missing anchor,
+a page under docs/ that the nav leaves out), so `make test` catches them before a reader does."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _build(project: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)]
+    # Material's banner about its successor is not a warning of ours.
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run(command, cwd=project, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_the_manual_builds_without_a_warning(tmp_path: Path) -> None:
+    done = _build(ROOT, tmp_path / "site")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "site" / "reference" / "security" / "index.html").is_file()
+
+
+def test_a_missing_anchor_or_page_fails_the_build(tmp_path: Path) -> None:
+    """The strict build is a check: a link to an anchor that does not exist, or a page the nav omits, fails it."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "docs", project / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", project / "mkdocs.yml")
+    page = project / "docs" / "how-to" / "upgrading.md"
+    page.write_text(page.read_text(encoding="utf-8") + "\n[gone](../architecture.md#no-such-anchor)\n")
+    done = _build(project, tmp_path / "site")
+    assert done.returncode == 1
+    assert "does not contain an anchor '#no-such-anchor'" in done.stdout + done.stderr
+    shutil.copy(ROOT / "docs" / "how-to" / "upgrading.md", page)
+    (project / "docs" / "orphan.md").write_text("# Not in the nav\n")
+    done = _build(project, tmp_path / "site")
+    assert done.returncode == 1
+    assert "orphan.md" in done.stdout + done.stderr
