@@ -31,7 +31,7 @@ def test_a_missing_anchor_or_page_fails_the_build(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "docs", project / "docs")
     shutil.copy(ROOT / "mkdocs.yml", project / "mkdocs.yml")
     page = project / "docs" / "how-to" / "upgrading.md"
-    page.write_text(page.read_text(encoding="utf-8") + "\n[gone](../architecture.md#no-such-anchor)\n")
+    page.write_text(page.read_text(encoding="utf-8") + "\n[gone](../reference/apis.md#no-such-anchor)\n")
     done = _build(project, tmp_path / "site")
     assert done.returncode == 1
     assert "does not contain an anchor '#no-such-anchor'" in done.stdout + done.stderr

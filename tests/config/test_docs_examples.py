@@ -1,4 +1,4 @@
-"""The README's `zeroscale serve` example is a valid config."""
+"""The manual's configuration examples are valid configs and mean what the pages say (tests/fixtures/docs.py)."""
 
 from __future__ import annotations
 
@@ -10,25 +10,20 @@ import yaml
 from adapter.config import ZeroscaleConfig
 from adapter.config.delegate import DelegateConfig
 from adapter.proxy.dry_run import route_for
+from tests.fixtures.docs import section, yaml_blocks
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 
-
-def test_readme_server_example_loads() -> None:
-    section = README.read_text(encoding="utf-8").split("## The external metrics API", 1)[1]
-    match = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
-    assert match is not None, "the README's API section has no yaml example"
-    config = ZeroscaleConfig(**yaml.safe_load(match.group(1)))
+def test_the_api_example_loads() -> None:
+    (block,) = yaml_blocks(section("reference/apis.md", "## The external metrics API (`zeroscale serve`)"))
+    config = ZeroscaleConfig(**yaml.safe_load(block))
     assert config.server.auth.enabled
     assert config.server.tls.cert_file == Path("/tls/tls.crt")
     assert config.server.auth.request_header.from_configmap
 
 
-def test_readme_delegate_example_loads() -> None:
-    section = README.read_text(encoding="utf-8").split("### The delegate", 1)[1]
-    match = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
-    assert match is not None, "the README's delegate section has no yaml example"
-    delegate = ZeroscaleConfig(**yaml.safe_load(match.group(1))).delegate
+def test_the_delegate_example_loads() -> None:
+    (block,) = yaml_blocks(section("concepts/beside-keda.md", "## The delegate"))
+    delegate = ZeroscaleConfig(**yaml.safe_load(block)).delegate
     assert delegate is not None
     assert delegate.address() == ("keda-operator-metrics-apiserver.keda.svc", 443)
     # Every other value the block shows is the default.
@@ -36,11 +31,10 @@ def test_readme_delegate_example_loads() -> None:
     assert shown == DelegateConfig(service=delegate.service).model_dump(exclude={"service", "ca_file"})
 
 
-def test_readme_route_objects_example_loads() -> None:
+def test_the_route_objects_example_loads() -> None:
     """ "One route per app, in its namespace": its first block is deploy/examples/route-object.yaml (checked by
-    tests/deploy/test_readme_files.py), its second the platform's proxy settings, which load and mean what it says."""
-    section = README.read_text(encoding="utf-8").split("## One route per app, in its namespace", 1)[1]
-    blocks = re.findall(r"```yaml\n(.*?)```", section.split("\n## ", 1)[0], re.DOTALL)
+    tests/deploy/test_docs_files.py), its second the platform's proxy settings, which load and mean what it says."""
+    blocks = yaml_blocks(section("how-to/http-routes.md", "## One route per app, in its namespace"))
     assert len(blocks) == 2, "the section shows the example file and the platform's settings"
     objects = ZeroscaleConfig(**yaml.safe_load(blocks[1])).proxy.route_objects
     assert objects.enabled
@@ -54,19 +48,16 @@ def test_readme_route_objects_example_loads() -> None:
     assert 9150 in objects.activator_ports
 
 
-def test_readme_cold_start_example_loads_and_the_dry_run_shown_is_what_it_prints() -> None:
+def test_the_cold_start_example_loads_and_the_dry_run_shown_is_what_it_prints() -> None:
     """ "The cold start as people meet it": its routes load, and the dry run's rule line is the one shown."""
-    section = README.read_text(encoding="utf-8").split("### The cold start as people meet it", 1)[1]
-    section = section.split("\n### ", 1)[0]
-    block = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
-    assert block is not None
-    config = ZeroscaleConfig(**yaml.safe_load(block.group(1))).proxy
+    text = section("how-to/http-routes.md", "## The cold start as people meet it")
+    config = ZeroscaleConfig(**yaml.safe_load(yaml_blocks(text)[0])).proxy
     shop, canary = config.routes
     assert shop.waking_page is not None
     assert [rule.when for rule in shop.never_wake] == ["cold", "always"]
     assert canary.match_headers == {"x-canary": "1"}
     navigation = [(b"Accept", b"text/html,application/xhtml+xml,*/*;q=0.8"), (b"Sec-Fetch-Mode", b"navigate")]
     verdict = route_for(config, "GET", "http://shop.example.com/", navigation)
-    shown = re.search(r"^(route: .*\nrule: .*)$", section, re.MULTILINE)
+    shown = re.search(r"^(route: .*\nrule: .*)$", text, re.MULTILINE)
     assert shown is not None
     assert "\n".join(verdict.lines[-2:]) == shown.group(1)
