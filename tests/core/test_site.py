@@ -4,12 +4,14 @@ a page under docs/ that the nav leaves out), so `make test` catches them before 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
 
 
 def _build(project: Path, site: Path) -> subprocess.CompletedProcess[str]:
@@ -40,3 +42,23 @@ def test_a_missing_anchor_or_page_fails_the_build(tmp_path: Path) -> None:
     done = _build(project, tmp_path / "site")
     assert done.returncode == 1
     assert "orphan.md" in done.stdout + done.stderr
+
+
+# Written by scripts/docs/generate.py from the code: the only pages that may state defaults in a table.
+_GENERATED = {Path("reference/configuration.md"), Path("reference/cli.md"), Path("reference/metrics.md")}
+_DEFAULT_COLUMN = re.compile(r"^\|(?:[^|\n]*\|)*\s*default\s*\|.*$", re.IGNORECASE | re.MULTILINE)
+# Tables whose defaults are not configuration keys (so not in the configuration reference): page -> header.
+_NOT_CONFIG = {"how-to/keda.md": "| key | meaning | default |"}  # a KEDA trigger's metadata, read by the scaler
+
+
+def test_no_hand_written_page_types_defaults_in_a_table() -> None:
+    """A default typed by hand drifts from the code: tables of keys link to the configuration reference instead."""
+    assert _DEFAULT_COLUMN.search("| key | default | phase |\n|---|---|---|\n")
+    typed = [
+        f"{page.relative_to(DOCS)}: {header}"
+        for page in sorted(DOCS.rglob("*.md"))
+        if page.relative_to(DOCS) not in _GENERATED
+        for header in _DEFAULT_COLUMN.findall(page.read_text(encoding="utf-8"))
+        if _NOT_CONFIG.get(str(page.relative_to(DOCS))) != header
+    ]
+    assert not typed, f"a table with a default column in {typed}: link to reference/configuration.md instead"
