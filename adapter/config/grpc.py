@@ -57,7 +57,7 @@ class GRPCServerConfig(Strict):
     # From accept to the client's HTTP/2 SETTINGS (TLS handshake and preface included). Our clients
     # (KEDA, the adapter) take milliseconds; a silent connection holds a place under max_connections
     # for this long. gRPC has no per-address cap for connections not yet authenticated: the
-    # NetworkPolicies are what keep strangers from the port (README "Security model").
+    # NetworkPolicies are what keep strangers from the port (docs/reference/security.md).
     handshake_timeout: Duration = Field(default=5.0, gt=0)
     # A connection with no call open for this long is closed (clients reconnect when they need to).
     idle_timeout: Duration = Field(default=120.0, gt=0)
