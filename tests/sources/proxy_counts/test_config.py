@@ -37,7 +37,7 @@ def test_the_docs_http_source_example_loads() -> None:
 
 
 def test_the_docs_keda_examples_use_both_trigger_types() -> None:
-    documents = yaml_documents("how-to/keda.md", "## KEDA")
+    documents = yaml_documents("how-to/keda.md", "## ScaledObjects calling the scaler")
     triggers = [trigger for document in documents for trigger in document["spec"]["triggers"]]
     assert [trigger["type"] for trigger in triggers] == ["external", "external-push"]
     for trigger in triggers:
