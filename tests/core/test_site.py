@@ -62,3 +62,19 @@ def test_no_hand_written_page_types_defaults_in_a_table() -> None:
         if _NOT_CONFIG.get(str(page.relative_to(DOCS))) != header
     ]
     assert not typed, f"a table with a default column in {typed}: link to reference/configuration.md instead"
+
+
+_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_the_readme_is_a_landing_page_whose_links_resolve() -> None:
+    """The README stays short, shows the two commands, and every page it links to exists (MkDocs checks the
+    manual's links; the README is outside docs/, so this does)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) < 200
+    assert "make demo" in text
+    assert "make test" in text
+    links = _LINK.findall(text)
+    assert "docs/getting-started/install.md" in links
+    missing = [link for link in links if not (ROOT / link).is_file()]
+    assert not missing, f"the README links to files that do not exist: {missing}"
