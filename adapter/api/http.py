@@ -4,8 +4,8 @@ No framework objects on the request path: a Request is a small slotted object, a
 status, a body and a content type, written with one `transport.write`. Requests on a
 keep-alive connection are answered in order, one at a time.
 
-Every resource is bounded and every phase of a connection has a deadline (README, "Security
-model"): connections are counted from accept, before any TLS handshake (`max_connections`);
+Every resource is bounded and every phase of a connection has a deadline (docs/reference/
+security.md): connections are counted from accept, before any TLS handshake (`max_connections`);
 the handshake and the request head get `header_timeout`, a body `body_timeout` (then 408),
 an answer `response_timeout`, and a connection between requests `idle_timeout`. A head is at
 most `max_header_bytes` (431), a body `max_body_bytes` (413), and requests read ahead of their

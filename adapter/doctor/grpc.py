@@ -16,7 +16,7 @@ from adapter.doctor.findings import Finding
 from adapter.kube.errors import KubeError
 
 CHECK = "gRPC client certificates"
-_HINT = "set grpc.<server>.tls.client_ca_file and remove allow_unauthenticated (README: Security model)"
+_HINT = "set grpc.<server>.tls.client_ca_file and remove allow_unauthenticated (docs/reference/security.md)"
 
 Get = Callable[[str], Awaitable[dict[str, Any] | None]]
 

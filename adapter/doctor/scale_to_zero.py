@@ -18,7 +18,7 @@ VERSION_CHECK = "Kubernetes version"
 CHECK = "HPA scale to zero"
 # The release where HPA scale-to-zero is on by default and the HPA records ScaledToZero.
 FULL_MINOR = 37
-# Older than this is not supported (README "Install in a cluster").
+# Older than this is not supported (docs/getting-started/install.md).
 OLDEST_MINOR = 33
 _PROBE_NAME = "zeroscale-doctor-scale-to-zero-probe"
 

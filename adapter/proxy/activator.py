@@ -458,7 +458,7 @@ class Activator:
 
     def _hint(self, err: KubeError) -> str:
         """What to grant when the API refused (403): deploy/base grants nothing of this mode, and the chart only
-        in the namespaces its routes name (README, "Security model")."""
+        in the namespaces its routes name (docs/reference/security.md)."""
         if not (isinstance(err, KubeAPIError) and err.status == 403):
             return ""
         return (

@@ -13,7 +13,7 @@ from tests.fixtures.manifests import CERTS_GENERATED, DEPLOY, OVERLAYS, Objects,
 
 @pytest.fixture(scope="session")
 def deploy_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """deploy/ copied, with the certs overlay's files generated as the README says."""
+    """deploy/ copied, with the certs overlay's files generated as docs/getting-started/install.md says."""
     copy = tmp_path_factory.mktemp("deploy") / "deploy"
     shutil.copytree(DEPLOY, copy, ignore=shutil.ignore_patterns("generated"))
     write(issue("zeroscale-adapter", "zeroscale", days=30), copy / CERTS_GENERATED)

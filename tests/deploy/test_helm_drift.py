@@ -30,7 +30,7 @@ ROLL_ANNOTATION = "checksum/config"
 _CONFIG_MAP = re.compile(r"^zeroscale-config(-[a-z0-9]{10})?$")
 # (kind, name in deploy/base) -> why the chart has no such object.
 NOT_COMPARED = {
-    # Helm installs into a namespace it does not own (`--create-namespace`); the README says to label it
+    # Helm installs into a namespace it does not own (`--create-namespace`); docs/how-to/helm.md says to label it
     # restricted, as deploy/base's Namespace is.
     ("Namespace", "zeroscale"): "helm --create-namespace",
     # Helm installs crds/ apart from the templates (`helm template` shows them with --include-crds alone); the two

@@ -1,9 +1,9 @@
 """Zeroscale beside the real KEDA v2.21 (operator and metrics server built from its Go module by scripts/keda).
 
 Zeroscale holds v1beta1.external.metrics.k8s.io with KEDA's metrics server as its `delegate`, with the RBAC of
-deploy/overlays/beside-keda. The ScaledObjects are deploy/examples/keda-*.yaml as the README shows them; the only
-changes (localize) are the loopback addresses of Redis and of the gRPC scaler, the certificates in the Secret,
-and shorter polling and cooldown, so that a scenario takes seconds.
+deploy/overlays/beside-keda. The ScaledObjects are deploy/examples/keda-*.yaml as docs/concepts/beside-keda.md
+shows them; the only changes (localize) are the loopback addresses of Redis and of the gRPC scaler, the
+certificates in the Secret, and shorter polling and cooldown, so that a scenario takes seconds.
 """
 
 from __future__ import annotations

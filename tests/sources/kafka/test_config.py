@@ -1,28 +1,23 @@
-"""The README's kafka example is a valid config, and builds a kafka source."""
+"""The manual's kafka example is a valid config, and builds a kafka source."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from adapter.config import load_config
 from adapter.config.kafka import KafkaMetric, KafkaSource
 from adapter.sources import build_source
 from adapter.sources.kafka.source import KafkaLag
-
-README = Path(__file__).resolve().parents[3] / "README.md"
-
-
-def readme_example() -> str:
-    section = README.read_text().split("### The `kafka` source", 1)[1]
-    found = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
-    assert found is not None, "the README's kafka section has no yaml example"
-    return found.group(1)
+from tests.fixtures.docs import section, yaml_blocks
 
 
-async def test_readme_example_loads(tmp_path: Path) -> None:
+def docs_example() -> str:
+    return yaml_blocks(section("how-to/kafka.md", "## The `kafka` source"))[0]
+
+
+async def test_the_docs_example_loads(tmp_path: Path) -> None:
     path = tmp_path / "zeroscale.yaml"
-    path.write_text(readme_example())
+    path.write_text(docs_example())
     config = load_config(path)
     [source] = config.sources
     [metric] = config.metrics

@@ -4,7 +4,8 @@ commits, a commit retention deleted the records of, a commit past the log end an
 The tool reports, per committed partition, the commit, the log end and LAG = end - commit. Where the
 commit is valid our committed offset, log end and lag equal those columns. Where it is not (below the
 log start, beyond the log end, or absent: the tool lists only committed partitions) the consumer will
-reset, and our lag follows the metric's policy (README: differences from KEDA), not the tool's LAG.
+reset, and our lag follows the metric's policy (docs/how-to/kafka.md: where Zeroscale differs from KEDA), not
+the tool's LAG.
 """
 
 from __future__ import annotations

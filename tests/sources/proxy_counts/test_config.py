@@ -1,40 +1,30 @@
-"""gRPC and `http` source settings: the README's examples load, and mistakes are refused with a reason."""
+"""gRPC and `http` source settings: the manual's examples load, and mistakes are refused with a reason."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from pydantic import ValidationError
 
 from adapter.config import ZeroscaleConfig
 from adapter.config.http import HTTPMetric, HTTPSource
 from adapter.sources import build_source
 from adapter.sources.proxy_counts.source import ProxyCounts
-
-README = Path(__file__).resolve().parents[3] / "README.md"
-
-
-def section_yaml(heading: str) -> list[Any]:
-    text = README.read_text(encoding="utf-8").split(heading, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
-    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
-    assert blocks, f"no yaml example under {heading!r}"
-    return [document for block in blocks for document in yaml.safe_load_all(block)]
+from tests.fixtures.docs import yaml_documents
 
 
-def test_readme_grpc_example_loads() -> None:
-    (example,) = section_yaml("## KEDA and live HTTP counts (gRPC)")
+def test_the_docs_grpc_example_loads() -> None:
+    (example,) = yaml_documents("how-to/keda.md", "## KEDA and live HTTP counts (gRPC)")
     config = ZeroscaleConfig(**example)
     assert config.grpc.scaler.enabled
     assert config.grpc.scaler.tls is not None
     assert config.grpc.counts.coalesce == 0.002
 
 
-def test_readme_http_source_example_loads() -> None:
-    example, hpa = section_yaml("### The `http` source")
+def test_the_docs_http_source_example_loads() -> None:
+    example, hpa = yaml_documents("how-to/http-routes.md", "## The `http` source")
     config = ZeroscaleConfig(**example)
     (source,) = config.sources
     assert isinstance(source, HTTPSource)
@@ -46,8 +36,8 @@ def test_readme_http_source_example_loads() -> None:
     assert hpa["metrics"][0]["external"]["metric"]["selector"] == {"matchLabels": {"route": "web"}}
 
 
-def test_readme_keda_examples_use_both_trigger_types() -> None:
-    documents = section_yaml("### KEDA")
+def test_the_docs_keda_examples_use_both_trigger_types() -> None:
+    documents = yaml_documents("how-to/keda.md", "## ScaledObjects calling the scaler")
     triggers = [trigger for document in documents for trigger in document["spec"]["triggers"]]
     assert [trigger["type"] for trigger in triggers] == ["external", "external-push"]
     for trigger in triggers:

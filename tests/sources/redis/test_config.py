@@ -1,8 +1,7 @@
-"""The `redis` source's configuration: the README's example loads, and mistakes are refused with a reason."""
+"""The `redis` source's configuration: the manual's example loads, and mistakes are refused with a reason."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -10,20 +9,16 @@ import pytest
 
 from adapter.config import ConfigError, load_config
 from adapter.config.redis import RedisMetric, RedisSource
-
-README = Path(__file__).resolve().parents[3] / "README.md"
-
-
-def readme_example() -> str:
-    section = README.read_text(encoding="utf-8").split("### The `redis` source", 1)[1]
-    match = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
-    assert match is not None, "the README's redis section has no yaml example"
-    return match.group(1)
+from tests.fixtures.docs import section, yaml_blocks
 
 
-def test_the_readme_example_loads(tmp_path: Path) -> None:
+def docs_example() -> str:
+    return yaml_blocks(section("how-to/redis.md", "## The `redis` source"))[0]
+
+
+def test_the_docs_example_loads(tmp_path: Path) -> None:
     path = tmp_path / "zeroscale.yaml"
-    path.write_text(readme_example(), encoding="utf-8")
+    path.write_text(docs_example(), encoding="utf-8")
     config = load_config(path)
     source = config.source_named("jobs")
     assert isinstance(source, RedisSource)
