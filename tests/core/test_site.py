@@ -64,6 +64,29 @@ def test_no_hand_written_page_types_defaults_in_a_table() -> None:
     assert not typed, f"a table with a default column in {typed}: link to reference/configuration.md instead"
 
 
+# A config key followed by a value in parentheses: "`cache.query_timeout` (10s)", "`server.bind:port` (default ...)".
+_TYPED_DEFAULT = re.compile(
+    r"`[a-z_]+(?:[.:][a-z_]+)*`\s+\((?:by default |default )?`?[0-9][0-9.:]*\s?(?:s|ms|m|h|KiB|MiB|GiB)?`?(?:[),]| each)"
+)
+# The contributors' design records discuss the values they chose, with the measurements behind them.
+_RECORDS = {Path("architecture.md"), Path("protocols.md")}
+
+
+def test_no_hand_written_page_types_a_default_in_prose() -> None:
+    """Nor in a sentence: a key is linked to its entry in the configuration reference, which the code writes."""
+    assert _TYPED_DEFAULT.search("bounded by `cache.max_series` (10000) and")
+    assert _TYPED_DEFAULT.search("on `server.bind:port` (default `0.0.0.0:6443`),")
+    assert not _TYPED_DEFAULT.search("[`cache.max_series`](configuration.md#cache-max_series) (the series table)")
+    assert not _TYPED_DEFAULT.search("a coding list that does not end in `chunked` (501 for `gzip, chunked`)")
+    typed = [
+        f"{page.relative_to(DOCS)}: {match.group(0)}"
+        for page in sorted(DOCS.rglob("*.md"))
+        if page.relative_to(DOCS) not in _GENERATED | _RECORDS
+        for match in _TYPED_DEFAULT.finditer(page.read_text(encoding="utf-8"))
+    ]
+    assert not typed, f"defaults typed by hand: {typed}: link the key to reference/configuration.md instead"
+
+
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
