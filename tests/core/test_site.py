@@ -66,7 +66,8 @@ def test_no_hand_written_page_types_defaults_in_a_table() -> None:
 
 # A config key followed by a value in parentheses: "`cache.query_timeout` (10s)", "`server.bind:port` (default ...)".
 _TYPED_DEFAULT = re.compile(
-    r"`[a-z_]+(?:[.:][a-z_]+)*`\s+\((?:by default |default )?`?[0-9][0-9.:]*\s?(?:s|ms|m|h|KiB|MiB|GiB)?`?(?:[),]| each)"
+    r"`[a-z_]+(?:[.:][a-z_]+)*`\s+\((?:by default |default )?"  # the key, then "(", "(default "
+    r"`?[0-9][0-9.:]*\s?(?:s|ms|m|h|KiB|MiB|GiB)?`?(?:[),]| each)"  # a value and its unit, then ")", ",", " each"
 )
 # The contributors' design records discuss the values they chose, with the measurements behind them.
 _RECORDS = {Path("architecture.md"), Path("protocols.md")}
