@@ -183,9 +183,9 @@ def test_the_chart_readme_describes_each_config_section_by_its_model() -> None:
 
 
 def test_a_docstring_citing_a_contributors_page_links_to_it() -> None:
-    """The generated pages are read on the site, where a bare `docs/architecture.md#x` cannot be followed."""
-    assert mdtext.inline("see docs/architecture.md#activator, `docs/protocols.md#a`") == (
-        "see [docs/architecture.md#activator](../architecture.md#activator), `docs/protocols.md#a`"
+    """The generated pages are read on the site, where a bare `docs/architecture.md#rules` cannot be followed."""
+    assert mdtext.inline("see docs/architecture.md#activator, `docs/architecture.md#rules`") == (
+        "see [docs/architecture.md#activator](../architecture.md#activator), `docs/architecture.md#rules`"
     )
     bare = re.compile(r"(?<!\[)docs/(?:architecture|protocols)\.md#")
     for page in (config_reference.PAGE, metrics_reference.PAGE):
