@@ -43,6 +43,27 @@ def _key_path(loc: Iterable[int | str], document: Any) -> str:
     return "".join(parts) or "(top level)"
 
 
+def _env_name(loc: Iterable[int | str]) -> str | None:
+    """The environment variable that set the value at `loc` (it, or the section holding it given as JSON), if any:
+    a bad override is named as such, not blamed on the file it overrode."""
+    names = {name.upper() for name in os.environ}
+    parts: list[str] = []
+    for item in loc:
+        if not isinstance(item, str):
+            break  # inside a list: only the whole list is set from the environment
+        parts.append(item.upper())
+        name = "ZEROSCALE_" + "__".join(parts)
+        if name in names:
+            return name
+    return None
+
+
+def _problem(origin: str, loc: tuple[int | str, ...], document: Any, message: str) -> str:
+    env = _env_name(loc)
+    where = f"{origin}: {_key_path(loc, document)}"
+    return f"{where} (from the environment, {env}): {message}" if env else f"{where}: {message}"
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -141,7 +162,7 @@ def load_config(path: Path | str | None = None, *, read_files: bool = False) -> 
     try:
         config = ZeroscaleConfig(**document)
     except ValidationError as err:
-        raise ConfigError([f"{origin}: {_key_path(e['loc'], document)}: {e['msg']}" for e in err.errors()]) from None
+        raise ConfigError([_problem(origin, e["loc"], document, e["msg"]) for e in err.errors()]) from None
     problems = _cross_references(config, origin) + _page_files(config, origin)
     if read_files:
         problems += [f"{origin}: {problem}" for problem in _unreadable_files(config, "")]

@@ -162,3 +162,14 @@ def test_a_label_pattern_may_name_the_asking_namespace(tmp_path: Path) -> None:
     broken = write(tmp_path, GOOD.replace('pattern: "[a-z]+"', 'pattern: "{namespace}_[a-z"'))
     with pytest.raises(ConfigError, match=r"metrics\[0\]\.labels\.queue\.pattern: .*not a valid regular expression"):
         load_config(broken)
+
+
+def test_a_bad_override_is_named_as_the_environment_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file is right; the variable is wrong: the message says which one to change."""
+    monkeypatch.setenv("ZEROSCALE_SERVER__PORT", "abc")
+    monkeypatch.setenv("ZEROSCALE_PROXY__SIDECAR", '{"upstream": "127.0.0.1:8081", "protocol": "h3"}')
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, GOOD))
+    protocol, port = sorted(caught.value.problems)  # by key path: proxy, then server
+    assert "server.port (from the environment, ZEROSCALE_SERVER__PORT): " in port
+    assert "proxy.sidecar.protocol (from the environment, ZEROSCALE_PROXY__SIDECAR): " in protocol

@@ -88,13 +88,24 @@ def _is_hpa_metrics(document: dict[str, Any]) -> bool:
     return any(isinstance(item, dict) and item.get("type") == "External" for item in document.get("metrics") or [])
 
 
+def _is_config(document: dict[str, Any]) -> bool:
+    """A document naming any config section is a config (so a misspelt key beside it is refused, not skipped)."""
+    return bool(set(document) & _CONFIG_SECTIONS) and not _is_hpa_metrics(document)
+
+
+def test_a_config_example_with_a_misspelt_section_is_still_checked() -> None:
+    assert _is_config({"proxy": {}, "sever": {}})
+    assert not _is_config({"apiVersion": "v1", "kind": "Pod", "spec": {}})
+    assert not _is_config({"metrics": [{"type": "External"}]})
+
+
 def test_every_yaml_example_parses_and_every_config_example_loads() -> None:
-    """Every YAML block of the manual is YAML; one made only of config sections is a config the processes load."""
+    """Every YAML block of the manual is YAML; one that names a config section is a config the processes load."""
     configs = 0
     for where, text in _blocks({"yaml"}):
         for document in yaml.safe_load_all(text):
             assert isinstance(document, dict), f"{where}: not a mapping"
-            if set(document) <= _CONFIG_SECTIONS and not _is_hpa_metrics(document):
+            if _is_config(document):
                 try:
                     ZeroscaleConfig(**document)
                 except ValidationError as error:

@@ -22,7 +22,7 @@ import adapter.telemetry.cache
 from adapter.cli import SUBCOMMANDS, build_parser
 from adapter.config import ZeroscaleConfig
 from adapter.config.base import Duration
-from scripts.docs import cli_reference, config_reference, generate, metrics_reference
+from scripts.docs import cli_reference, config_reference, generate, mdtext, metrics_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATE = ROOT / "scripts" / "docs" / "generate.py"
@@ -180,3 +180,13 @@ def test_the_chart_readme_describes_each_config_section_by_its_model() -> None:
     for name, field in ZeroscaleConfig.model_fields.items():
         assert f"| `config.{name}` |  | {field.description} " in readme, name
         assert f"(../../../docs/reference/configuration.md#{config_reference.anchor(name)})" in readme, name
+
+
+def test_a_docstring_citing_a_contributors_page_links_to_it() -> None:
+    """The generated pages are read on the site, where a bare `docs/architecture.md#rules` cannot be followed."""
+    assert mdtext.inline("see docs/architecture.md#activator, `docs/architecture.md#rules`") == (
+        "see [docs/architecture.md#activator](../architecture.md#activator), `docs/architecture.md#rules`"
+    )
+    bare = re.compile(r"(?<!\[)docs/(?:architecture|protocols)\.md#")
+    for page in (config_reference.PAGE, metrics_reference.PAGE):
+        assert not bare.search(page.read_text(encoding="utf-8")), page

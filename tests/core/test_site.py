@@ -102,3 +102,20 @@ def test_the_readme_is_a_landing_page_whose_links_resolve() -> None:
     assert "docs/getting-started/install.md" in links
     missing = [link for link in links if not (ROOT / link).is_file()]
     assert not missing, f"the README links to files that do not exist: {missing}"
+
+
+# A contributors' page cited as a path (`docs/architecture.md#rules`), not as a link: dead text on the site.
+_BARE_CITATION = re.compile(r"(?<!\]\()(?<!\[)(?<!\.\./)docs/(?:architecture|protocols)\.md#")
+
+
+def test_the_manual_links_the_contributors_pages_it_cites() -> None:
+    assert _BARE_CITATION.search("the range (docs/architecture.md#no-port-races).")
+    assert not _BARE_CITATION.search("[docs/architecture.md#no-port-races](../architecture.md#no-port-races)")
+    bare = [
+        f"{page.relative_to(DOCS)}:{number}"
+        for page in sorted(DOCS.rglob("*.md"))
+        if page.relative_to(DOCS) not in _RECORDS
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if _BARE_CITATION.search(line)
+    ]
+    assert not bare, f"write these as links, [docs/architecture.md#rules](../architecture.md#rules): {bare}"
