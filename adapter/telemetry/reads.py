@@ -84,7 +84,7 @@ def start_shared(name: str, callers: Sequence[Span | None], attributes: Mapping[
     traced = [c for c in callers if c is not None]
     sampled = [c for c in traced if c.get_span_context().trace_flags.sampled]
     parent = sampled[0] if sampled else traced[0] if traced else None
-    span = start(name, parent, SpanKind.CLIENT, {**attributes, tracing.CALLERS: len(callers)})
+    span = start(name, parent, SpanKind.CLIENT, {**attributes, tracing.CALLERS: len(traced)})
     assert span is not None
     for other in sampled[1:]:
         link(other, span.get_span_context(), "joined")

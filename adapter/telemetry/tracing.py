@@ -137,7 +137,9 @@ CACHE_OUTCOME = attribute(
 )
 VALUE_AGE = attribute("zeroscale.value.age_seconds", "Seconds since the source read the value answered")
 SOURCE = attribute("zeroscale.source.name", "The source (an entry under sources:) read")
-CALLERS = attribute("zeroscale.read.callers", "Refreshes served by one shared source read (a pipeline, a round)")
+CALLERS = attribute(
+    "zeroscale.read.callers", "Refreshes served by one shared source read (a pipeline, a round; 0: the Kafka poller's)"
+)
 KAFKA_GROUPS = attribute("zeroscale.kafka.groups", "Consumer groups read by a round")
 KEDA_ACTIVE = attribute("zeroscale.keda.active", "The activity StreamIsActive sent")
 LINK_REASON = attribute(
