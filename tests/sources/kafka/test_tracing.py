@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import Span, SpanKind
 
+from adapter.config.kafka import KafkaMetric
 from adapter.config.server import CacheConfig
 from adapter.metrics.cache import MetricCache
 from adapter.metrics.catalogue import Catalogue
 from adapter.sources.kafka.source import KafkaLag
+from adapter.telemetry import reads as spans
 from adapter.telemetry import tracing
 from tests.fixtures.traces import Traces, attributes, is_child, linked, one
 from tests.sources.kafka.helpers import KafkaDriver, lag_metric
@@ -56,3 +58,25 @@ async def test_one_round_for_two_groups_is_in_the_first_callers_trace_with_its_r
     assert attributes(round_)[tracing.CALLERS] == 2
     for step in (tracing.KAFKA_OFFSET_FETCH, tracing.KAFKA_METADATA, tracing.KAFKA_LIST_OFFSETS):
         assert is_child(one(spans, step, trace), round_)
+
+    # Above, the poller (started by the first read) opened the round and the refreshes joined it in flight; a
+    # round that refreshes open themselves (groups nobody polls) is theirs alike.
+    with Traces() as traces:
+        callers = traces.span("first"), traces.span("second")
+        await asyncio.gather(
+            *(read_as(lag_source, metric, caller, f"group={i}-{name},topic={name}") for i, caller in enumerate(callers))
+        )
+        spans = traces.ended()
+    round_ = one(spans, tracing.KAFKA_ROUND)
+    assert is_child(round_, callers[0])
+    assert attributes(round_)[tracing.CALLERS] == 2
+    assert linked(one(spans, "second"), "joined") == [round_.context.span_id]
+
+
+async def read_as(source: KafkaLag, metric: KafkaMetric, caller: Span, selector: str) -> None:
+    """Query the source as the cache's refresh `caller` would (its span current in its own task)."""
+    try:
+        with spans.refreshing(caller):
+            await source.query(Catalogue([metric]).resolve(metric.name, "default", selector)[1])
+    finally:
+        caller.end()
