@@ -467,7 +467,7 @@ class MetricCache:
     async def _traced_query(self, series: _Series, span: Span) -> None:
         """`_query` with its span current in the refresh's task, so the source's shared read finds its caller."""
         try:
-            with spans.refreshing(span):
+            with spans.current_in_task(span):
                 await self._query(series)
         finally:
             span.end()

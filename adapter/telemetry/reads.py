@@ -1,6 +1,6 @@
 """Spans of the adapter's reads, from the request down to the source (names: adapter/telemetry/tracing.py).
 
-How a read that serves many callers is traced (docs/protocols.md#tracing):
+How a read that serves many callers is traced (what a person sees: docs/how-to/tracing.md):
 
 - A request (the HPA's list call, a KEDA call) that finds no fresh value starts the series' refresh: the refresh
   span is the request span's child. A request that waits for a refresh already in flight links to it (reason
@@ -12,7 +12,7 @@ How a read that serves many callers is traced (docs/protocols.md#tracing):
   first sampled caller's span, and every other sampled caller links to it (`joined`). One read, one span, in the
   trace of the request that caused it; the others find it through their link.
 
-The refresh's own task makes the refresh span current (`refreshing`), and a source takes its caller from there
+The refresh's own task makes the refresh span current (`current_in_task`), and a source takes its caller from there
 (`caller`): `Source.query` needs no extra argument.
 """
 
@@ -58,8 +58,9 @@ def start(name: str, parent: Span | None, kind: SpanKind, attributes: Mapping[st
 
 
 @contextmanager
-def refreshing(span: Span) -> Iterator[None]:
-    """Make `span` current in the refresh's own task (entered and left in it), for the source's `caller()`."""
+def current_in_task(span: Span) -> Iterator[None]:
+    """Make `span` current in a task of its own (a refresh, a Kafka round), entered and left in it: a context
+    attached in one task cannot be detached in another."""
     token = otel_context.attach(trace.set_span_in_context(span))
     try:
         yield
@@ -68,7 +69,7 @@ def refreshing(span: Span) -> Iterator[None]:
 
 
 def caller() -> Span | None:
-    """The span of the refresh asking a source for a read (see `refreshing`); None when tracing is off or nothing
+    """The span of the refresh asking a source for a read (see `current_in_task`); None when tracing is off or nothing
     traced asks."""
     if tracing.TRACER is None:
         return None

@@ -97,7 +97,8 @@ CACHE_REFRESH = span(
 )
 REDIS_PIPELINE = span(
     "zeroscale.redis.pipeline",
-    "One batch of Redis commands (one pipeline per node) for every series read in the same batch_window",
+    "One batch of Redis commands (one pipeline per node) for every series read in the same batch_window, from the "
+    "window's end (the wait for a free connection included)",
 )
 KAFKA_ROUND = span(
     "zeroscale.kafka.round",

@@ -188,7 +188,7 @@ class GroupReader:
         span = round_.span = spans.start_shared(tracing.KAFKA_ROUND, round_.callers, attributes)
         assert span is not None
         try:
-            with spans.refreshing(span):
+            with spans.current_in_task(span):
                 await self._run(round_)
         finally:
             span.end()

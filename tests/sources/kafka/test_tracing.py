@@ -76,7 +76,7 @@ async def test_one_round_for_two_groups_is_in_the_first_callers_trace_with_its_r
 async def read_as(source: KafkaLag, metric: KafkaMetric, caller: Span, selector: str) -> None:
     """Query the source as the cache's refresh `caller` would (its span current in its own task)."""
     try:
-        with spans.refreshing(caller):
+        with spans.current_in_task(caller):
             await source.query(Catalogue([metric]).resolve(metric.name, "default", selector)[1])
     finally:
         caller.end()
