@@ -9,9 +9,13 @@ authorization review (each distinct path would cost one).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from urllib.parse import parse_qs, unquote
+
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Tracer
 
 from adapter.api import documents, negotiate
 from adapter.api.authn import Authenticator, Unauthenticated, User
@@ -26,6 +30,8 @@ from adapter.metrics.catalogue import metric_name_problem, namespace_problem
 from adapter.metrics.errors import MetricError
 from adapter.redact import redact
 from adapter.telemetry import api as telemetry
+from adapter.telemetry import reads as spans
+from adapter.telemetry import tracing
 from adapter.telemetry.throttle import LogThrottle, held_back
 
 log = logging.getLogger(__name__)
@@ -39,6 +45,9 @@ _VERSION_PATH = f"{_GROUP_PATH}/{documents.VERSION}"
 _DISCOVERY = {"/apis": documents.API_GROUP_LIST, _GROUP_PATH: documents.API_GROUP}
 # Rendered list answers, reused while the cache hands back the same Reading object.
 _RENDERED_LIMIT = 4096
+# Not traced (see _traced), and the http.route of the list call.
+_PROBES = ("/healthz", "/livez", "/readyz")
+_LIST_ROUTE = f"{_VERSION_PATH}/namespaces/{{namespace}}/{{metric}}"
 
 
 def _status(code: int, reason: str, message: str, details: dict[str, str] | None = None) -> Response:
@@ -77,7 +86,11 @@ class ExternalMetricsAPI:
 
     async def __call__(self, request: Request) -> Response:
         started = time.perf_counter()
-        route, response = await self._answer(request)
+        tracer = tracing.TRACER
+        if tracer is None:
+            route, response = await self._answer(request, None)
+        else:
+            route, response = await self._traced(tracer, request)
         telemetry.observe_request(route, response.status, time.perf_counter() - started)
         if access_log.isEnabledFor(logging.DEBUG):
             access_log.debug(
@@ -90,7 +103,38 @@ class ExternalMetricsAPI:
             )
         return response
 
-    async def _answer(self, request: Request) -> tuple[str, Response]:
+    async def _traced(self, tracer: Tracer, request: Request) -> tuple[str, Response]:
+        """`_answer` in a SERVER span continuing the caller's trace (the kube-apiserver's, when its tracing is on).
+        Health probes are not traced: a trace every few seconds per kubelet would say nothing."""
+        if request.target.startswith(_PROBES):
+            return await self._answer(request, None)
+        parent = tracing.parent_of(request.header("traceparent"), request.header("tracestate"))
+        # Not made current: the handler may finish in another task than the one it started in (http.py's eager
+        # first step), and a context attached in one cannot be detached in the other. The span is passed down.
+        span = tracer.start_span(
+            tracing.ADAPTER_REQUEST,
+            context=parent or Context(),  # never the context the connection's callback happened to run in
+            kind=SpanKind.SERVER,
+            attributes={tracing.HTTP_METHOD: request.method},
+        )
+        try:
+            route, response = await self._answer(request, span)
+            if route == "list":
+                span.set_attribute(tracing.HTTP_ROUTE, _LIST_ROUTE)
+            elif route == "discovery":  # one of three paths: its own template
+                span.set_attribute(tracing.HTTP_ROUTE, request.target.partition("?")[0].rstrip("/"))
+            span.set_attribute(tracing.HTTP_STATUS, response.status)
+            if response.status >= 500:  # a 4xx is the caller's error, not the server's (OpenTelemetry's rule)
+                spans.failed(span, _message(response))
+        except Exception as err:  # answered 500 by http.py
+            span.record_exception(err)
+            spans.failed(span, f"{type(err).__name__}: {err}")
+            raise
+        finally:
+            span.end()
+        return route, response
+
+    async def _answer(self, request: Request, span: Span | None) -> tuple[str, Response]:
         path, _, query = request.target.partition("?")
         if len(path) > 1 and path.endswith("/"):
             path = path[:-1]
@@ -134,7 +178,7 @@ class ExternalMetricsAPI:
         if route != "other" and not negotiate.accepts_json(request.header("accept")):
             return route, _NOT_ACCEPTABLE
         if is_list:
-            return route, await self._list(segments[5], metric, query, caller)
+            return route, await self._list(segments[5], metric, query, caller, span)
         if path == _VERSION_PATH:
             return route, Response(200, self._discovery())
         document = _DISCOVERY.get(path)
@@ -177,12 +221,16 @@ class ExternalMetricsAPI:
             self._union = (theirs, documents.api_resource_list(sorted(self._ours.union(theirs))))
         return self._union[1]
 
-    async def _list(self, namespace: str, metric: str, query: str, caller: str | None) -> Response:
+    async def _list(self, namespace: str, metric: str, query: str, caller: str | None, span: Span | None) -> Response:
         selector = parse_qs(query).get("labelSelector", [""])[0] if query else ""
+        if span is not None:
+            spans.describe_series(span, metric, namespace, selector)
         if self._delegate is not None and metric not in self._ours:
+            if span is not None:
+                span.set_attribute(tracing.CACHE_OUTCOME, "delegated")
             return await self._delegate.list(namespace, metric, selector, caller)
         try:
-            reading = await self._cache.read(metric, namespace, selector)
+            reading = await self._cache.read(metric, namespace, selector, span)
         except MetricError as err:
             return _status(err.code, err.reason, err.message)
         key = id(reading)
@@ -196,6 +244,15 @@ class ExternalMetricsAPI:
             rendered = (reading, body)
             self._rendered[key] = rendered
         return Response(200, rendered[1])
+
+
+def _message(response: Response) -> str:
+    """The message of a Status answer (what the HPA's event will say)."""
+    try:
+        message = json.loads(response.body).get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message) if message else response.body.decode("utf-8", "replace")
 
 
 def _forbidden(user: User, attributes: Attributes, reason: str) -> Response:

@@ -25,6 +25,7 @@ from decimal import Decimal
 from typing import NoReturn
 
 import grpc
+from opentelemetry.trace import Span
 
 from adapter.config.grpc import ScalerServerConfig
 from adapter.metrics.cache import MetricCache, Reading
@@ -33,7 +34,10 @@ from adapter.metrics.errors import BadSelector, MetricError, MetricNotFound, Met
 from adapter.rpc.generated import externalscaler_pb2 as pb
 from adapter.rpc.generated import externalscaler_pb2_grpc as pb_grpc
 from adapter.rpc.server import Context, RunningServer, StreamSlots, start_server
+from adapter.rpc.tracing import TracingInterceptor, call_span
+from adapter.telemetry import reads as spans
 from adapter.telemetry import rpc as telemetry
+from adapter.telemetry import tracing
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +107,14 @@ def parse_trigger(ref: pb.ScaledObjectRef, config: ScalerServerConfig) -> Trigge
     return Trigger(metric, namespace, meta.get("labelSelector", "").strip(), target)
 
 
+def _described(trigger: Trigger) -> Span | None:
+    """The call's span (tracing on), told which series the trigger reads."""
+    span = call_span()
+    if span is not None:
+        spans.describe_series(span, trigger.metric, trigger.namespace, trigger.selector)
+    return span
+
+
 def _round_up(value: Decimal | float) -> int:
     """The int64 field old KEDA versions read: the value rounded up, clamped to int64."""
     return max(-_INT64_MAX - 1, min(_INT64_MAX, math.ceil(value)))
@@ -128,7 +140,8 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         return pb.GetMetricSpecResponse(metricSpecs=[spec])
 
     async def _read(self, trigger: Trigger) -> Reading:
-        return await self._cache.read(trigger.metric, trigger.namespace, trigger.selector)
+        span = None if tracing.TRACER is None else _described(trigger)
+        return await self._cache.read(trigger.metric, trigger.namespace, trigger.selector, span)
 
     def _active(self, trigger: Trigger, reading: Reading) -> bool:
         threshold = self._cache.catalogue.metric(trigger.metric).activation_threshold
@@ -142,7 +155,10 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         context: Context,
     ) -> pb.GetMetricSpecResponse:
         try:
-            answer = self._spec(parse_trigger(request, self._config))
+            trigger = parse_trigger(request, self._config)
+            if tracing.TRACER is not None:
+                _described(trigger)
+            answer = self._spec(trigger)
         except MetricError as err:
             await self._fail(context, "GetMetricSpec", err)
         telemetry.GRPC_REQUESTS.labels(_SERVER, "GetMetricSpec", "OK").inc()
@@ -209,6 +225,8 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
                     now = loop.time()
                     if active is not None and (active != sent or now >= heartbeat_at):
                         kind = "change" if active != sent else "heartbeat"
+                        if kind == "change" and (span := call_span()) is not None:
+                            span.add_event(tracing.KEDA_ACTIVITY_SENT, {tracing.KEDA_ACTIVE: active})
                         telemetry.STREAM_MESSAGES.labels(_SERVER, "StreamIsActive", kind).inc()
                         yield pb.IsActiveResponse(result=active)
                         sent, heartbeat_at = active, now + self._heartbeat
@@ -258,4 +276,5 @@ async def start_scaler(config: ScalerServerConfig, cache: MetricCache) -> Runnin
         lambda server: pb_grpc.add_ExternalScalerServicer_to_server(servicer, server),  # type: ignore[no-untyped-call]
         [SERVICE],
         servicer.slots,
+        [TracingInterceptor(SERVICE, tracing.KEDA_CALLS)],
     )

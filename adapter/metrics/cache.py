@@ -54,6 +54,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
+from opentelemetry.trace import Span, SpanContext, SpanKind
+
 from adapter.config.server import CacheConfig
 from adapter.k8s_wire.quantity import unservable
 from adapter.metrics.catalogue import Catalogue, SeriesKey
@@ -61,6 +63,8 @@ from adapter.metrics.errors import MetricUnavailable
 from adapter.metrics.schedule import COALESCE, Schedule
 from adapter.sources.base import Sample, Source, SourceError, SourceQuery
 from adapter.telemetry import cache as telemetry
+from adapter.telemetry import reads as spans
+from adapter.telemetry import tracing
 from adapter.telemetry.throttle import LogThrottle, held_back
 
 log = logging.getLogger(__name__)
@@ -79,6 +83,7 @@ class Reading:
     value: Decimal
     labels: Mapping[str, str]
     timestamp: float  # wall-clock time of the source read
+    series: int = 1  # source series (samples) summed into `value`
 
 
 # Told of each new reading of a series it subscribed to.
@@ -113,6 +118,8 @@ class _Series:
         self.due: float | None = None  # when the schedule looks at it next
         self.watched = True  # the source pushes its changes (source.watch), see MetricCache._wanted
         self.in_flight: asyncio.Task[None] | None = None
+        self.refresh_span: Span | None = None  # the span of the refresh in flight (tracing on)
+        self.served_by: SpanContext | None = None  # the span of the refresh that read `reading` (tracing on)
         self.requests: list[tuple[str, str, str]] = []  # spellings of this series' requests, see _by_request
         self.labels = {key: ",".join(values) for key, values in query.params.items()}
 
@@ -178,8 +185,9 @@ class MetricCache:
     def series_count(self) -> int:
         return len(self._series)
 
-    async def read(self, name: str, namespace: str, selector: str) -> Reading:
-        """The current value of a series; raises MetricError (404, 400 or 503)."""
+    async def read(self, name: str, namespace: str, selector: str, span: Span | None = None) -> Reading:
+        """The current value of a series; raises MetricError (404, 400 or 503). `span`: the asking request's (tracing
+        on), told how it was answered; a refresh it starts is its child."""
         request = (name.lower(), namespace, selector)
         series = self._by_request.get(request)
         if series is None:
@@ -189,9 +197,12 @@ class MetricCache:
         now = self._clock()
         self._asked(series, now)
         self._watch(series)
+        outcome = "unavailable"
         if series.fresh(now):
+            outcome = "hit"
             self._pending_push(series, now)
             if now - series.read_at > series.interval:
+                outcome = "stale"
                 if series.in_flight is None:  # served now, refreshed at the next tick
                     series.stale_asked = True
                     self._schedule.at(series, max(now, series.refreshed_at + series.interval))
@@ -200,12 +211,27 @@ class MetricCache:
         else:
             recently_failed = series.error is not None and now - series.failed_at < series.interval
             if series.in_flight is not None or not recently_failed:
-                await asyncio.shield(self._refresh(series))
+                outcome = "refreshed" if series.in_flight is None else "joined"
+                await asyncio.shield(self._refresh(series, span))
             if not series.fresh(self._clock()):
+                if span is not None:
+                    span.set_attribute(tracing.CACHE_OUTCOME, "unavailable")
                 raise self._unavailable(series)
         assert series.reading is not None
-        telemetry.VALUE_AGE_SECONDS.labels(series.key.metric).observe(self._clock() - series.read_at)
+        age = self._clock() - series.read_at
+        telemetry.VALUE_AGE_SECONDS.labels(series.key.metric).observe(age)
+        if span is not None:
+            self._answered(span, series, outcome, age)
         return series.reading
+
+    @staticmethod
+    def _answered(span: Span, series: _Series, outcome: str, age: float) -> None:
+        assert series.reading is not None
+        span.set_attributes(
+            {tracing.CACHE_OUTCOME: outcome, tracing.VALUE_AGE: age, tracing.SERIES: series.reading.series}
+        )
+        if outcome in ("hit", "stale"):  # (a refresh waited for is the span's child, or linked as joined)
+            spans.link(span, series.served_by, "served")
 
     @staticmethod
     def _asked(series: _Series, now: float) -> None:
@@ -387,14 +413,31 @@ class MetricCache:
                 self._schedule.at(series, self._planned(series))
             self._schedule.at(series, max(now + COALESCE, self._unwatch_at(series)))
 
-    def _refresh(self, series: _Series) -> asyncio.Task[None]:
-        """Start a refresh, or join the one in flight (singleflight)."""
+    def _refresh(self, series: _Series, asker: Span | None = None) -> asyncio.Task[None]:
+        """Start a refresh, or join the one in flight (singleflight). `asker`: the span of the request waiting for
+        it (tracing on): the parent of the refresh it starts, linked to the one it joins."""
         if series.in_flight is None:
             series.refreshed_at = self._clock()
             series.stale_asked = series.changed = False
-            series.in_flight = asyncio.create_task(self._query(series))
+            span = None if tracing.TRACER is None else self._refresh_span(series, asker)
+            series.refresh_span = span
+            series.in_flight = asyncio.create_task(
+                self._query(series) if span is None else self._traced_query(series, span)
+            )
             series.in_flight.add_done_callback(lambda _: self._refreshed(series))
+        elif asker is not None:
+            spans.joined(series.refresh_span, asker)
         return series.in_flight
+
+    @staticmethod
+    def _refresh_span(series: _Series, asker: Span | None) -> Span | None:
+        key = series.key
+        span = spans.start(
+            tracing.CACHE_REFRESH, asker, SpanKind.INTERNAL, {tracing.SOURCE: series.query.metric.source}
+        )
+        if span is not None:
+            spans.describe_series(span, key.metric, key.namespace, key.selector)
+        return span
 
     def _refreshed(self, series: _Series) -> None:
         """A refresh ended: plan the next look at the series."""
@@ -420,6 +463,15 @@ class MetricCache:
         # When the asker may have gone: stop following the source's changes then (see _visit).
         schedule.at(series, max(now, self._unwatch_at(series)))
         schedule.at(series, series.last_access + self._config.idle_ttl)
+
+    async def _traced_query(self, series: _Series, span: Span) -> None:
+        """`_query` with its span current in the refresh's task, so the source's shared read finds its caller."""
+        try:
+            with spans.current_in_task(span):
+                await self._query(series)
+        finally:
+            span.end()
+            series.refresh_span = None
 
     async def _query(self, series: _Series) -> None:
         source_name = series.query.metric.source
@@ -468,7 +520,11 @@ class MetricCache:
             value=value,
             labels=series.labels,
             timestamp=min((asked_at if s.read_at is None else s.read_at for s in samples), default=asked_at),
+            series=len(samples),
         )
+        if series.refresh_span is not None:
+            series.served_by = series.refresh_span.get_span_context()
+            series.refresh_span.set_attribute(tracing.SERIES, len(samples))
         series.read_at = self._clock() - max(0.0, time.time() - series.reading.timestamp)
         series.resting = value <= 0 or value < series.activation
         series.answered = True
@@ -480,6 +536,8 @@ class MetricCache:
             listener(series.reading)
 
     def _failed(self, series: _Series, message: str) -> None:
+        if series.refresh_span is not None:
+            spans.failed(series.refresh_span, message)
         series.error = message
         series.failed_at = self._clock()
         telemetry.SOURCE_ERRORS.labels(series.query.metric.source, series.key.metric).inc()

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -205,11 +205,14 @@ async def start_server(
     register: Callable[[grpc.aio.Server], None],
     services: list[str],
     slots: StreamSlots,
+    outer: Sequence[grpc.aio.ServerInterceptor] = (),  # type: ignore[type-arg]
 ) -> RunningServer:
-    """Listen on `config.bind:port` with the given services added by `register`; raise OSError if that fails."""
+    """Listen on `config.bind:port` with the given services added by `register`; raise OSError if that fails.
+    `outer`: interceptors around the others (tracing, which sees the calls they refuse too)."""
     server = grpc.aio.server(
         options=server_options(config),
         interceptors=[
+            *outer,
             RequestGuard(name, config.max_message_bytes, config.client_names),
             LatencyInterceptor(name),
         ],

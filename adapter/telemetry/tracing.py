@@ -76,6 +76,78 @@ def attribute(name: str, description: str) -> str:
 # --- the proxy ---
 
 # --- the adapter ---
+# A request's span has the refresh it caused as a child and the source read that refresh made as a grandchild;
+# a read shared with other callers (a Redis pipeline, a Kafka round) is the child of its first traced caller,
+# and every other caller links to it. adapter/telemetry/reads.py holds the why.
+
+ADAPTER_REQUEST = span(
+    "zeroscale.adapter.external_metrics",
+    "SERVER: one request to the external metrics API (the HPA's list call through the kube-apiserver, discovery); "
+    "continues the caller's traceparent",
+)
+KEDA_METHODS = ("GetMetricSpec", "GetMetrics", "IsActive", "StreamIsActive", "StreamMetricSpec")
+KEDA_CALLS = {
+    method: span(f"zeroscale.adapter.keda.{method}", f"SERVER: one {method} call of KEDA's external scaler protocol")
+    for method in KEDA_METHODS
+}
+CACHE_REFRESH = span(
+    "zeroscale.cache.refresh",
+    "One source query for one series: the child of the request that found no fresh value, else (the cache keeping "
+    "the series warm) a trace of its own, sampled by tracing.sample_ratio; requests served its value link to it",
+)
+REDIS_PIPELINE = span(
+    "zeroscale.redis.pipeline",
+    "One batch of Redis commands (one pipeline per node) for every series read in the same batch_window, from the "
+    "window's end (the wait for a free connection included)",
+)
+KAFKA_ROUND = span(
+    "zeroscale.kafka.round",
+    "One round of consumer-group offset reads for every group asked in the same event-loop turn, or polled",
+)
+KAFKA_OFFSET_FETCH = span("zeroscale.kafka.offset_fetch", "The round's OffsetFetch requests: committed offsets")
+KAFKA_METADATA = span(
+    "zeroscale.kafka.metadata", "The round's partition leaders (a Metadata request unless those kept are young enough)"
+)
+KAFKA_LIST_OFFSETS = span(
+    "zeroscale.kafka.list_offsets", "The round's ListOffsets requests (log end and log start, per leader broker)"
+)
+
+KEDA_ACTIVITY_SENT = event(
+    "zeroscale.keda.activity_sent", "StreamIsActive sent a changed activity (zeroscale.keda.active); heartbeats are not"
+)
+
+HTTP_METHOD = attribute("http.request.method", "The HTTP request method")
+HTTP_ROUTE = attribute("http.route", "The route template answered, e.g. /apis/external.metrics.k8s.io/v1beta1/...")
+HTTP_STATUS = attribute("http.response.status_code", "The HTTP status code answered")
+RPC_SYSTEM = attribute("rpc.system", "grpc")
+RPC_SERVICE = attribute("rpc.service", "The gRPC service called: externalscaler.ExternalScaler")
+RPC_METHOD = attribute("rpc.method", "The gRPC method called")
+RPC_STATUS = attribute("rpc.grpc.status_code", "The gRPC status code answered (0: OK)")
+DB_SYSTEM = attribute("db.system.name", "redis, on a Redis pipeline")
+DB_BATCH_SIZE = attribute("db.operation.batch.size", "Distinct commands in a Redis pipeline (duplicates merged)")
+MESSAGING_SYSTEM = attribute("messaging.system", "kafka, on a Kafka round")
+MESSAGING_GROUP = attribute("messaging.consumer.group.name", "The consumer group a round read, when it read one")
+METRIC = attribute("zeroscale.metric.name", "The metric asked for, as asked (lower case from the kube-apiserver)")
+NAMESPACE = attribute("zeroscale.metric.namespace", "The namespace the series is read for")
+SELECTOR = attribute("zeroscale.metric.selector", "The label selector asked with, cut to 256 characters")
+SERIES = attribute("zeroscale.metric.series", "Source series summed into the value answered")
+CACHE_OUTCOME = attribute(
+    "zeroscale.cache.outcome",
+    "How the cache answered: hit (fresh value), stale (served, refreshed next tick), refreshed (waited for the "
+    "refresh it started), joined (waited for one in flight), unavailable (503), delegated (another adapter's metric)",
+)
+VALUE_AGE = attribute("zeroscale.value.age_seconds", "Seconds since the source read the value answered")
+SOURCE = attribute("zeroscale.source.name", "The source (an entry under sources:) read")
+CALLERS = attribute(
+    "zeroscale.read.callers", "Refreshes served by one shared source read (a pipeline, a round; 0: the Kafka poller's)"
+)
+KAFKA_GROUPS = attribute("zeroscale.kafka.groups", "Consumer groups read by a round")
+KEDA_ACTIVE = attribute("zeroscale.keda.active", "The activity StreamIsActive sent")
+LINK_REASON = attribute(
+    "zeroscale.link.reason",
+    "On a link: served (the refresh whose value a request was answered), joined (a refresh or source read in "
+    "flight that this one waited for instead of reading itself)",
+)
 
 
 # --- turning tracing on ---

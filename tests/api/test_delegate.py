@@ -26,9 +26,11 @@ from adapter.api.delegate import Delegate, DiscoveryError, _list_problem
 from adapter.children import port_outside_ephemeral
 from adapter.config import ZeroscaleConfig
 from adapter.config.delegate import DelegateConfig
+from adapter.telemetry import tracing
 from tests.fixtures.adapter_inprocess import DEMO_METRICS, DEMO_SOURCES, start_serving
 from tests.fixtures.httpclient import Answer, fetch
 from tests.fixtures.kube_standin import KubeStandIn
+from tests.fixtures.traces import Traces, attributes
 
 VERSION = "/apis/external.metrics.k8s.io/v1beta1"
 OURS = f"{VERSION}/namespaces/team-a/demo-queue-depth"
@@ -157,6 +159,14 @@ async def test_unknown_names_go_to_the_delegate_as_zeroscale_after_our_review(
     # (the delegate's discovery, fetched in the background, makes non-resource reviews: left out).
     assert _resource_reviews(kube) == [("alice", "s0-redis-jobs"), (ZEROSCALE_SA, "s0-redis-jobs")]
     assert {review["spec"]["token"] for review in kube.token_reviews} == {"alice-token", "zeroscale-sa-token"}
+
+
+async def test_a_forwarded_read_is_traced_as_delegated(servers: Servers) -> None:
+    with Traces() as traces:
+        assert (await _get(servers.front, THEIRS)).status == 200
+        spans = traces.ended()
+    delegated = [span for span in spans if attributes(span).get(tracing.CACHE_OUTCOME) == "delegated"]
+    assert [attributes(span)[tracing.METRIC] for span in delegated] == ["s0-redis-jobs"]
 
 
 async def test_our_names_win_a_collision_and_never_reach_the_delegate(servers: Servers, kube: KubeStandIn) -> None:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aiokafka.structs import TopicPartition
+from opentelemetry.trace import Span
 
 from adapter.sources.base import SourceError
 from adapter.sources.kafka.connection import KafkaConnection
@@ -44,6 +45,8 @@ from adapter.sources.kafka.offsets import (
     log_offsets,
 )
 from adapter.telemetry import kafka as telemetry
+from adapter.telemetry import reads as spans
+from adapter.telemetry import tracing
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,15 @@ ForgetListener = Callable[[str], None]
 class _Round:
     wanted: dict[str, set[str]]  # group -> topics named by selectors
     results: dict[str, asyncio.Future[GroupOffsets]]
+    callers: list[Span | None]  # the spans of the refreshes that asked for it (tracing on)
+    span: Span | None = None  # once it runs (tracing on)
+
+    def join(self, caller: Span | None) -> None:
+        """One more refresh waits for this round (its span is the round's parent or links to it)."""
+        if self.span is None:
+            self.callers.append(caller)
+        else:
+            spans.joined(self.span, caller)
 
 
 class GroupReader:
@@ -104,7 +116,7 @@ class GroupReader:
         self._max_age = offsets_max_age
         self._clock = clock
         self._latest: dict[str, GroupOffsets] = {}
-        self._in_flight: dict[str, tuple[frozenset[str], asyncio.Future[GroupOffsets]]] = {}
+        self._in_flight: dict[str, tuple[frozenset[str], asyncio.Future[GroupOffsets], _Round]] = {}
         self._forgotten: set[str] = set()  # forgotten while a round read them: their result is not kept
         self._next: _Round | None = None
         self._reads = itertools.count(1)
@@ -121,6 +133,8 @@ class GroupReader:
         """A new read of the group (joining one in flight that covers `topics`), whatever its age."""
         in_flight = self._in_flight.get(group)
         if in_flight is not None and topics <= in_flight[0]:
+            if tracing.TRACER is not None:
+                in_flight[2].join(spans.caller())
             return await asyncio.shield(in_flight[1])
         return await asyncio.shield(self._join(group, topics))
 
@@ -135,20 +149,23 @@ class GroupReader:
     def _join(self, group: str, topics: frozenset[str]) -> asyncio.Future[GroupOffsets]:
         self._forgotten.discard(group)  # asked for again
         if self._next is None:
-            self._next = _Round({}, {})
+            self._next = _Round({}, {}, [])
             asyncio.get_running_loop().call_soon(self._start_round)
+        if tracing.TRACER is not None:
+            self._next.join(spans.caller())
         self._next.wanted.setdefault(group, set()).update(topics)
         future = self._next.results.get(group)
         if future is None:
             future = self._next.results[group] = asyncio.get_running_loop().create_future()
             future.add_done_callback(_consume_exception)
-        self._in_flight[group] = (frozenset(self._next.wanted[group]), future)
+        self._in_flight[group] = (frozenset(self._next.wanted[group]), future, self._next)
         return future
 
     def _start_round(self) -> None:
         round_, self._next = self._next, None
         assert round_ is not None
-        task = asyncio.create_task(self._run(round_), name="kafka offsets round")
+        run = self._run(round_) if tracing.TRACER is None else self._traced_run(round_)
+        task = asyncio.create_task(run, name="kafka offsets round")
         self._rounds.add(task)
         task.add_done_callback(self._rounds.discard)
 
@@ -156,6 +173,25 @@ class GroupReader:
         for task in self._rounds:
             task.cancel()
         await asyncio.gather(*self._rounds, return_exceptions=True)
+
+    async def _traced_run(self, round_: _Round) -> None:
+        """`_run` under the round's span, shared by its callers (adapter/telemetry/reads.py), current in its task for
+        the steps' spans."""
+        groups = sorted(round_.wanted)
+        attributes: dict[str, str | int] = {
+            tracing.MESSAGING_SYSTEM: "kafka",
+            tracing.SOURCE: self._conn.source_name,
+            tracing.KAFKA_GROUPS: len(groups),
+        }
+        if len(groups) == 1:
+            attributes[tracing.MESSAGING_GROUP] = groups[0]
+        span = round_.span = spans.start_shared(tracing.KAFKA_ROUND, round_.callers, attributes)
+        assert span is not None
+        try:
+            with spans.current_in_task(span):
+                await self._run(round_)
+        finally:
+            span.end()
 
     async def _run(self, round_: _Round) -> None:
         started = self._clock()
@@ -177,7 +213,8 @@ class GroupReader:
         for group in [g for g, offsets in self._latest.items() if started - offsets.read_at > _FORGET_AFTER]:
             self.forget(group)
         for group, future in round_.results.items():
-            if self._in_flight.get(group, (None, None))[1] is future:
+            in_flight = self._in_flight.get(group)
+            if in_flight is not None and in_flight[1] is future:
                 del self._in_flight[group]
             outcome = outcomes[group]
             if isinstance(outcome, GroupOffsets):
@@ -188,36 +225,42 @@ class GroupReader:
                     self._on_read(outcome)
                 future.set_result(outcome)
             else:
+                if round_.span is not None:
+                    spans.failed(round_.span, str(outcome))
                 future.set_exception(outcome)
 
     async def _read_round(self, wanted: Mapping[str, set[str]], read: int) -> dict[str, GroupOffsets | SourceError]:
         wall = self._wall_clock()
         outcomes: dict[str, GroupOffsets | SourceError] = {}
         committed: dict[str, Committed] = {}
-        for group, result in (await self._committed.read(list(wanted))).items():
+        with spans.step(tracing.KAFKA_OFFSET_FETCH):
+            fetched = await self._committed.read(list(wanted))
+        for group, result in fetched.items():
             if isinstance(result, SourceError):
                 outcomes[group] = result
             else:
                 committed[group] = result
         committed_topics = {group: offsets.topics() for group, offsets in committed.items()}
         asked = {group: topics | wanted[group] for group, topics in committed_topics.items()}
-        metadata = await self._metadata.leaders(set().union(*asked.values()))
-        if unlisted := _unlisted(committed, metadata):
-            # Partitions are only ever added (a recreated topic's commits are removed with it): a commit on a
-            # partition the kept metadata lacks means the metadata is older than the partition. Ask again.
-            self._metadata.invalidate({tp.topic for tps in unlisted.values() for tp in tps})
+        with spans.step(tracing.KAFKA_METADATA):
             metadata = await self._metadata.leaders(set().union(*asked.values()))
-            unlisted = _unlisted(committed, metadata)
+            if unlisted := _unlisted(committed, metadata):
+                # Partitions are only ever added (a recreated topic's commits are removed with it): a commit on a
+                # partition the kept metadata lacks means the metadata is older than the partition. Ask again.
+                self._metadata.invalidate({tp.topic for tps in unlisted.values() for tp in tps})
+                metadata = await self._metadata.leaders(set().union(*asked.values()))
+                unlisted = _unlisted(committed, metadata)
         partitions = {
             group: [TopicPartition(t, p) for t in sorted(names & metadata.leaders.keys()) for p in metadata.leaders[t]]
             for group, names in asked.items()
         }
         every = {tp for tps in partitions.values() for tp in tps}
         # The start is needed for every partition: a commit below it points at records retention removed.
-        ends, starts = await asyncio.gather(
-            log_offsets(self._conn, metadata, every, LATEST),
-            log_offsets(self._conn, metadata, every, EARLIEST),
-        )
+        with spans.step(tracing.KAFKA_LIST_OFFSETS):
+            ends, starts = await asyncio.gather(
+                log_offsets(self._conn, metadata, every, LATEST),
+                log_offsets(self._conn, metadata, every, EARLIEST),
+            )
         if ends.errors or starts.errors:
             self._metadata.invalidate()  # most likely a leader moved
         now = self._clock()

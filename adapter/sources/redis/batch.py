@@ -22,13 +22,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import hiredis
+from opentelemetry.trace import Span
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from adapter.sources.base import SourceError
 from adapter.sources.redis.errors import connection_error
 from adapter.sources.redis.internals import send_packed
+from adapter.telemetry import reads as spans
 from adapter.telemetry import redis as telemetry
+from adapter.telemetry import tracing
 
 # Commands in one pipeline at most; a larger batch goes as several, one after another on its connection.
 # One pipeline of ten thousand commands holds Redis (single-threaded) for its whole length and makes
@@ -39,8 +42,8 @@ MAX_PIPELINE_COMMANDS = 500
 Command = tuple[str, ...]
 # Command -> its value or the exception it raised; a caller may find other callers' commands in it too.
 Results = Mapping[Command, Any]
-# One caller of a batch: its commands and the future its results go to.
-_Waiter = tuple[Sequence[Command], "asyncio.Future[Results]"]
+# One caller of a batch: its commands, the future its results go to, and its span (tracing on).
+_Waiter = tuple[Sequence[Command], "asyncio.Future[Results]", Span | None]
 
 
 class Batcher:
@@ -73,7 +76,7 @@ class Batcher:
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Results] = loop.create_future()
-        self._waiting.append((commands, future))
+        self._waiting.append((commands, future, spans.caller()))
         if self._timer is None:
             self._timer = loop.call_later(self._window, self._flush)
         return future
@@ -86,9 +89,10 @@ class Batcher:
 
     async def _send(self, batch: list[_Waiter]) -> None:
         live = [waiter for waiter in batch if not waiter[1].done()]  # a caller that timed out is gone
-        unique = list(dict.fromkeys([c for commands, _ in live for c in commands]))
+        unique = list(dict.fromkeys([c for commands, _, _ in live for c in commands]))
         if not unique:
             return
+        span = None if tracing.TRACER is None else self._span(live, len(unique))
         async with self._slots:
             started = time.perf_counter()
             try:
@@ -97,22 +101,35 @@ class Batcher:
                     for at in range(0, len(unique), MAX_PIPELINE_COMMANDS):
                         results += await self._pipeline(unique[at : at + MAX_PIPELINE_COMMANDS])
             except Exception as err:
-                self._fail(live, str(connection_error(err, self._target)))
+                self._fail(live, str(connection_error(err, self._target)), span)
                 return
             except asyncio.CancelledError:
-                self._fail(live, "the source is closing")
+                self._fail(live, "the source is closing", span)
                 raise
             finally:
                 telemetry.PIPELINE_SECONDS.labels(self._source).observe(time.perf_counter() - started)
+                if span is not None:
+                    span.end()
         # One table for the whole batch, shared by its callers: each looks up its own commands.
         table = dict(zip(unique, results, strict=True))
-        for _, future in live:
+        for _, future, _ in live:
             if not future.done():
                 future.set_result(table)
 
+    def _span(self, live: list[_Waiter], commands: int) -> Span | None:
+        """The batch's span, shared by its callers (adapter/telemetry/reads.py)."""
+        attributes: dict[str, str | int] = {
+            tracing.DB_SYSTEM: "redis",
+            tracing.DB_BATCH_SIZE: commands,
+            tracing.SOURCE: self._source,
+        }
+        return spans.start_shared(tracing.REDIS_PIPELINE, [caller for _, _, caller in live], attributes)
+
     @staticmethod
-    def _fail(waiters: list[_Waiter], message: str) -> None:
-        for _, future in waiters:
+    def _fail(waiters: list[_Waiter], message: str, span: Span | None = None) -> None:
+        if span is not None:
+            spans.failed(span, message)
+        for _, future, _ in waiters:
             if not future.done():
                 future.set_exception(SourceError(message))  # one exception object per caller
 
