@@ -29,10 +29,23 @@ def _load(args: argparse.Namespace) -> ZeroscaleConfig:
         raise SystemExit(2) from None
 
 
+def _traced(config: ZeroscaleConfig, service: str, run: Callable[[], int]) -> int:
+    """`run` with tracing on if the config says so, its queued spans flushed when it returns."""
+    from adapter.telemetry import tracing
+
+    stop = tracing.start(config.tracing, service)
+    try:
+        return run()
+    finally:
+        if stop is not None:
+            stop()
+
+
 def _serve(args: argparse.Namespace) -> int:
     from adapter.serve import run_adapter
 
-    return run_adapter(_load(args), args.ready_file)
+    config = _load(args)
+    return _traced(config, "zeroscale-adapter", lambda: run_adapter(config, args.ready_file))
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -51,7 +64,7 @@ def _proxy(args: argparse.Namespace) -> int:
         return dry_run.run(config.proxy, args)
     from adapter.proxy_main import run_proxy
 
-    return run_proxy(config.proxy, config.grpc.counts, args.ready_file)
+    return _traced(config, "zeroscale-proxy", lambda: run_proxy(config.proxy, config.grpc.counts, args.ready_file))
 
 
 # One row per subcommand, in the order `zeroscale --help` lists them: name, help, and what runs it.

@@ -18,10 +18,14 @@
     upstream, its connections kept) and through `zeroscale proxy` (its upstream h2c), interleaved, ROUNDS rounds;
     medians, ratios as in (a) (perf/proxy_h2.py).
 (g) Memory: RSS growth of the proxy process while it holds 10,000 HTTP/2 streams, 100 on each of 100 connections.
+(h) Tracing: wrk at 1 and 64 connections through four sidecar proxies, tracing off and on at sampling ratios 0, 0.01
+    and 1 (exporting to a stand-in OTLP collector, perf/proxy_tracing.py), interleaved, ROUNDS rounds; the p50 each
+    adds at 1 connection over tracing off.
 
 Run: python perf/proxy_bench.py   (needs nginx, wrk and h2load; last line:
 ratio_vs_nginx=<x> added_p50_us=<y> wake_p99_ms=<z> held_10k_rss_mib=<w> pipelined_rss_mib=<v>
-activator_added_p50_us=<a> switch_p99_ms=<b> h2_ratio_vs_nginx=<c> h2_added_p50_us=<d> h2_held_kib_per_stream=<e>)
+activator_added_p50_us=<a> switch_p99_ms=<b> h2_ratio_vs_nginx=<c> h2_added_p50_us=<d> h2_held_kib_per_stream=<e>
+trace_added_p50_us_ratio_0=<f> trace_added_p50_us_ratio_001=<g> trace_added_p50_us_ratio_1=<h>)
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 import activator  # noqa: E402  (perf/activator.py: this directory is on sys.path)
 import proxy_h2  # noqa: E402
+import proxy_tracing  # noqa: E402
 
 from adapter.children import listening, on_a_free_port, wait_ready_blocking  # noqa: E402
 from tests.fixtures.netutil import refused_port  # noqa: E402
@@ -235,6 +240,29 @@ def h2_path() -> dict[tuple[str, int], Figures]:
     ):
         targets = {"direct": up, "nginx": via_nginx, "zeroscale": ours}
         return interleaved(targets, load, tuple(proxy_h2.LOADS), "streams")
+
+
+def tracing_cost() -> str:
+    """(h): the p50 tracing adds at each ratio, against tracing off in the same run; the summary's figures."""
+    with nginx(UPSTREAM) as up, proxy_tracing.collector() as sink:
+        with ExitStack() as proxies:
+            targets = {
+                label: proxies.enter_context(zeroscale_proxy(up, **proxy_tracing.environment(label, sink.endpoint)))[0]
+                for label in proxy_tracing.SETTINGS
+            }
+            median = interleaved(targets, wrk, CONNECTIONS, "c")
+        spans = sink.spans  # the proxies flushed their queues as they stopped
+    off_p50, off_rps = median[("off", 1)][1], median[("off", 64)][0]
+    figures = []
+    for label in proxy_tracing.SETTINGS:
+        if label == "off":
+            continue
+        added = median[(label, 1)][1] - off_p50
+        share = median[(label, 64)][0] / off_rps
+        print(f"{label}: adds {added:.0f} us at p50 (1 connection); {share:.2f} of tracing off's req/s at 64")
+        figures.append(f"trace_added_p50_us_{label}={added:.0f}")
+    print(f"spans the stand-in collector received: {spans}")
+    return " ".join(figures)
 
 
 async def answer_once(
@@ -433,11 +461,13 @@ def main() -> None:
     print(f"held {streams:.0f} streams; RSS growth {streams_kib / 1024:.1f} MiB ({kib_per_stream:.2f} KiB each)")
     if answered:
         print(f"answered instead of held: {answered}")
+    print(f"(h) tracing: wrk {SECONDS}s per run, {ROUNDS} rounds interleaved, off and ratios 0, 0.01, 1", flush=True)
+    trace_figures = tracing_cost()
     print(
         f"ratio_vs_nginx={ratio:.2f} added_p50_us={added_p50:.0f} wake_p99_ms={wake_p99:.1f} "
         f"held_10k_rss_mib={growth_mib:.1f} pipelined_rss_mib={pipelined_mib:.1f} {activator_figures} "
         f"h2_ratio_vs_nginx={h2_ratio:.2f} h2_added_p50_us={h2_added_p50:.0f} "
-        f"h2_held_kib_per_stream={kib_per_stream:.2f}"
+        f"h2_held_kib_per_stream={kib_per_stream:.2f} {trace_figures}"
     )
 
 

@@ -15,6 +15,7 @@ from adapter.config.proxy import ProxyConfig
 from adapter.config.redis import RedisMetric, RedisSource
 from adapter.config.server import CacheConfig, ServerConfig
 from adapter.config.static import StaticMetric, StaticSource
+from adapter.config.tracing import TracingConfig
 
 # Each queue system adds its pair of models here; `type` picks the member.
 SourceConfig = Annotated[StaticSource | RedisSource | KafkaSource | HTTPSource, Field(discriminator="type")]
@@ -44,6 +45,8 @@ class ZeroscaleConfig(BaseSettings):
     """The queue systems to read, each named; `type` picks the kind."""
     metrics: list[MetricConfig] = Field(default_factory=list)
     """The external metrics served, each read from a source of its type."""
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+    """OpenTelemetry traces of the proxy's requests and the adapter's answers (off by default)."""
     delegate: DelegateConfig | None = None
     """Another external metrics API server answering the metric names not in `metrics` (adapter/api/delegate.py)."""
 

@@ -3,6 +3,8 @@
 - docs/reference/configuration.md: every key of the config file, from the models (scripts/docs/config_reference.py);
 - docs/reference/cli.md: every subcommand and option, from the argparse parsers (scripts/docs/cli_reference.py);
 - docs/reference/metrics.md: every Prometheus metric, from adapter/telemetry (scripts/docs/metrics_reference.py);
+- docs/reference/tracing.md: every span, event and attribute name, from adapter/telemetry/tracing.py's registry
+  (scripts/docs/tracing_reference.py);
 - deploy/helm/zeroscale/README.md: the chart's values, written by scripts/helm/generate.py's readme_text (that script
   also writes the chart's values.schema.json; both scripts write this README the same, from the one function).
 
@@ -21,7 +23,7 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from scripts.docs import cli_reference, config_reference, metrics_reference  # noqa: E402
+from scripts.docs import cli_reference, config_reference, metrics_reference, tracing_reference  # noqa: E402
 
 
 def _helm_generator() -> ModuleType:
@@ -46,6 +48,7 @@ def outputs() -> dict[Path, Callable[[], str]]:
         config_reference.PAGE: config_reference.page,
         cli_reference.PAGE: cli_reference.page,
         metrics_reference.PAGE: metrics_reference.page,
+        tracing_reference.PAGE: tracing_reference.page,
         ROOT / "deploy" / "helm" / "zeroscale" / "README.md": _chart_readme,
     }
 

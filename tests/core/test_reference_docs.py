@@ -10,7 +10,7 @@ import argparse
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,8 @@ import adapter.telemetry.cache
 from adapter.cli import SUBCOMMANDS, build_parser
 from adapter.config import ZeroscaleConfig
 from adapter.config.base import Duration
-from scripts.docs import cli_reference, config_reference, generate, mdtext, metrics_reference
+from adapter.telemetry import tracing
+from scripts.docs import cli_reference, config_reference, generate, mdtext, metrics_reference, tracing_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATE = ROOT / "scripts" / "docs" / "generate.py"
@@ -79,6 +80,23 @@ def new_metric() -> Iterator[Counter]:
 def test_a_metric_added_without_regenerating_is_caught(capsys: pytest.CaptureFixture[str]) -> None:
     assert "docs/reference/metrics.md" in _stale(capsys)
     assert "zeroscale_test_new_total" in metrics_reference.page()
+
+
+@pytest.mark.parametrize(
+    ("register", "table"),
+    [(tracing.span, tracing.SPANS), (tracing.event, tracing.EVENTS), (tracing.attribute, tracing.ATTRIBUTES)],
+)
+def test_a_trace_name_added_without_regenerating_is_caught(
+    register: Callable[[str, str], str], table: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = register("zeroscale.test.new", "a name a test registers")
+    try:
+        assert "docs/reference/tracing.md" in _stale(capsys)
+        assert "`zeroscale.test.new` | a name a test registers" in tracing_reference.page()
+        with pytest.raises(ValueError, match="registered twice"):
+            register(name, "again")
+    finally:
+        del table[name]
 
 
 def _properties(schema: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:

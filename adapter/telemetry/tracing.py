@@ -1,0 +1,210 @@
+"""OpenTelemetry traces of the proxy's requests and the adapter's answers: off by default (docs/how-to/tracing.md).
+
+`start()` turns them on for the process (`zeroscale proxy` and `zeroscale serve` call it before serving); until then
+`TRACER` is None, and every traced place tests that first, so tracing off costs one attribute read per request.
+Spans are exported in batches by the SDK's own thread, never on the event loop; the queue is bounded
+(`tracing.max_queued_spans`) and what it drops is counted.
+
+Context crosses processes the W3C way only (`traceparent` and `tracestate`, docs/protocols.md#tracing): a caller's
+trace is continued, with its sampling decision (parent-based), and every hop the proxy or the adapter makes carries
+its own span's context onward.
+
+The span, event and attribute names are an interface (people query by them, dashboards link to them): each is
+registered here with what it means, and docs/reference/tracing.md is generated from these tables.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import Span, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from prometheus_client import Counter
+
+from adapter import __version__
+from adapter.config.tracing import TracingConfig
+
+log = logging.getLogger(__name__)
+
+SPANS_TOTAL = Counter(
+    "zeroscale_tracing_spans_total",
+    "Spans ended while tracing is on, by outcome: exported, failed (the endpoint refused them or did not answer in "
+    "tracing.export_timeout), dropped (more than tracing.max_queued_spans waited: raise it or lower "
+    "tracing.sample_ratio)",
+    ["outcome"],
+)
+
+# None: tracing is off. Set by start(), cleared by its stop function.
+TRACER: Tracer | None = None
+
+SPANS: dict[str, str] = {}
+EVENTS: dict[str, str] = {}
+ATTRIBUTES: dict[str, str] = {}
+
+
+def _named(table: dict[str, str], name: str, description: str) -> str:
+    if name in table:
+        raise ValueError(f"{name} is registered twice")
+    table[name] = description
+    return name
+
+
+def span(name: str, description: str) -> str:
+    """A span name of the interface, with what the span covers."""
+    return _named(SPANS, name, description)
+
+
+def event(name: str, description: str) -> str:
+    """A span event name of the interface, with when it is added."""
+    return _named(EVENTS, name, description)
+
+
+def attribute(name: str, description: str) -> str:
+    """An attribute name of the interface (ours under `zeroscale.`, or OpenTelemetry's semantic conventions)."""
+    return _named(ATTRIBUTES, name, description)
+
+
+# --- the proxy ---
+
+# --- the adapter ---
+
+
+# --- turning tracing on ---
+
+
+class _Bounded(SpanProcessor):
+    """Hands ended sampled spans to the batch exporter while fewer than `limit` wait, and counts what it drops:
+    the SDK's own queue would drop silently (a warning per span, no count)."""
+
+    def __init__(self, batch: BatchSpanProcessor, limit: int) -> None:
+        self._batch = batch
+        self._limit = limit
+        self._waiting = 0
+        self._lock = threading.Lock()
+
+    def exported(self, count: int) -> None:
+        with self._lock:
+            self._waiting -= count
+
+    def on_end(self, span: ReadableSpan) -> None:
+        with self._lock:
+            full = self._waiting >= self._limit
+            if not full:
+                self._waiting += 1
+        if full:
+            SPANS_TOTAL.labels("dropped").inc()
+            return
+        self._batch.on_end(span)
+
+    def shutdown(self) -> None:
+        self._batch.shutdown()  # type: ignore[no-untyped-call]
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._batch.force_flush(timeout_millis)
+
+
+class _Counted(SpanExporter):
+    """The OTLP exporter, counting each batch's outcome (and giving its places back to `_Bounded`)."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self._exporter = exporter
+        self.bounded: _Bounded | None = None
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self._exporter.export(spans)
+        except Exception:  # the SDK's worker thread would log and lose the count
+            log.exception("exporting %d spans failed", len(spans))
+            result = SpanExportResult.FAILURE
+        outcome = "exported" if result is SpanExportResult.SUCCESS else "failed"
+        SPANS_TOTAL.labels(outcome).inc(len(spans))
+        if self.bounded is not None:
+            self.bounded.exported(len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self._exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._exporter.force_flush(timeout_millis)
+
+
+def _disabled_by_environment() -> bool:
+    return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
+def start(config: TracingConfig, service: str, exporter: SpanExporter | None = None) -> Callable[[], None] | None:
+    """Turn tracing on for this process if `config` says so; returns the function that flushes what is queued and
+    turns it off again (None: it stays off). `service`: the default `service.name`. `exporter` replaces the OTLP
+    one (the SDK's in-memory exporter, in tests)."""
+    global TRACER
+    if not config.enabled or _disabled_by_environment():
+        return None
+    name = config.service_name or os.environ.get("OTEL_SERVICE_NAME") or service
+    # Resource.create reads OTEL_RESOURCE_ATTRIBUTES; the service name and version given here win over it.
+    resource = Resource.create({"service.name": name, "service.version": __version__})
+    sampler = None if config.sample_ratio is None else ParentBased(TraceIdRatioBased(config.sample_ratio))
+    # sampler=None: the SDK reads OTEL_TRACES_SAMPLER (default: parent-based, always on).
+    provider = TracerProvider(sampler=sampler, resource=resource, shutdown_on_exit=False)
+    counted = _Counted(exporter or OTLPSpanExporter(endpoint=config.endpoint or None, timeout=config.export_timeout))
+    # The SDK's queue is as large as ours, so it never drops: _Bounded decides, and counts.
+    limit = config.max_queued_spans
+    batch = BatchSpanProcessor(counted, max_queue_size=limit + 1, max_export_batch_size=min(512, limit))
+    counted.bounded = bounded = _Bounded(batch, limit)
+    provider.add_span_processor(bounded)
+    TRACER = provider.get_tracer("zeroscale", __version__)
+    log.info("tracing on: service %s, endpoint %s", name, config.endpoint or "from OTEL_EXPORTER_OTLP_*")
+
+    def stop() -> None:
+        global TRACER
+        TRACER = None
+        provider.shutdown()  # exports what is queued, within the exporter's deadline
+
+    return stop
+
+
+# --- context across processes (W3C Trace Context) ---
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def parent_of(traceparent: str | None, tracestate: str | None = None) -> Context | None:
+    """The caller's context from its `traceparent` (and `tracestate`); None when there is none or it is malformed
+    (then the span starts a trace of its own)."""
+    if not traceparent:
+        return None
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    context = _PROPAGATOR.extract(carrier)
+    return context if context else None
+
+
+def headers_of(span: Span) -> Mapping[str, str]:
+    """The `traceparent` (and `tracestate`) that carry `span`'s context to the next hop."""
+    context = span.get_span_context()
+    headers = {"traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"}
+    state = context.trace_state.to_header()
+    if state:
+        headers["tracestate"] = state
+    return headers
+
+
+def exemplar_of(span: Span | None) -> dict[str, str] | None:
+    """The OpenMetrics exemplar labels linking an observation to `span`'s trace, if that trace is sampled (a trace
+    no backend has would be a dead link)."""
+    if span is None:
+        return None
+    context = span.get_span_context()
+    if not context.trace_flags.sampled:
+        return None
+    return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
