@@ -8,41 +8,16 @@ import socket
 from pathlib import Path
 
 import pytest
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from adapter.children import ChildFailed, listening, port_outside_ephemeral
-from tests.fixtures.jaeger import Jaeger, Ports, Span, build_jaeger
+from adapter.demo.jaeger import JaegerPorts, Span
+from tests.fixtures.jaeger import Jaeger, build_jaeger, export_parent_and_child
 
 SERVICE = "jaeger-fixture-test"
 
 
-def _export_parent_and_child(jaeger: Jaeger, service: str) -> tuple[str, str, str]:
-    """A parent span with a child that records an event, exported over OTLP/HTTP; (trace, parent, child) ids."""
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=jaeger.otlp_traces_endpoint)))
-    tracer = provider.get_tracer("tests.telemetry")
-    try:
-        with (
-            tracer.start_as_current_span("request", attributes={"route": "web"}) as parent,
-            tracer.start_as_current_span("wait") as child,
-        ):
-            child.add_event("held", {"held.requests": 3})
-            child.add_event("forwarded")
-        assert provider.force_flush(10_000), "the exporter did not flush within 10 s"
-    finally:
-        provider.shutdown()
-    return (
-        format(parent.get_span_context().trace_id, "032x"),
-        format(parent.get_span_context().span_id, "016x"),
-        format(child.get_span_context().span_id, "016x"),
-    )
-
-
 def test_a_trace_comes_back_with_its_links_and_events(jaeger: Jaeger) -> None:
-    trace_id, parent_id, child_id = _export_parent_and_child(jaeger, SERVICE)
+    trace_id, parent_id, child_id = export_parent_and_child(jaeger.otlp_traces_endpoint, SERVICE)
     spans = {span.name: span for span in jaeger.trace(trace_id, until=lambda spans: len(spans) == 2)}
     parent, child = spans["request"], spans["wait"]
     assert (parent.span_id, parent.parent_span_id, parent.service) == (parent_id, "", SERVICE)
@@ -55,7 +30,7 @@ def test_a_trace_comes_back_with_its_links_and_events(jaeger: Jaeger) -> None:
 
 def test_a_service_s_traces_are_found(jaeger: Jaeger) -> None:
     service = f"{SERVICE}-search"
-    trace_id, _, _ = _export_parent_and_child(jaeger, service)
+    trace_id, _, _ = export_parent_and_child(jaeger.otlp_traces_endpoint, service)
 
     def both_spans(spans: list[Span]) -> bool:
         return len([span for span in spans if span.trace_id == trace_id]) == 2
@@ -79,7 +54,7 @@ def test_a_taken_port_fails_at_once_as_taken(tmp_path: Path) -> None:
         jaeger = Jaeger(build_jaeger(), tmp_path)
         free = [port_outside_ephemeral() for _ in range(3)]
         with pytest.raises(ChildFailed, match="exited with code") as failed:
-            jaeger.start_on(Ports(free[0], free[1], taken, free[2]))
+            jaeger.start_on(JaegerPorts(free[0], free[1], taken, free[2]))
     assert failed.value.port_taken, failed.value.tail
 
 
