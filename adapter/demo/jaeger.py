@@ -29,6 +29,8 @@ from typing import Any
 
 BUILD = Path(__file__).resolve().parents[2] / "scripts" / "jaeger" / "build"
 HOST = "127.0.0.1"
+# Traces kept in memory (Jaeger's own all-in-one default; the oldest go first): a full demo makes a few thousand.
+MAX_TRACES = 100_000
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class JaegerPorts:
     query_grpc: int
 
 
-def jaeger_config(ports: JaegerPorts, max_traces: int = 10000) -> dict[str, Any]:
+def jaeger_config(ports: JaegerPorts, max_traces: int = MAX_TRACES) -> dict[str, Any]:
     """Jaeger v2's all-in-one config, every listener on loopback at `ports`, the last `max_traces` kept in memory."""
     return {
         "service": {
@@ -174,8 +176,9 @@ def query(url: str, path: str, **params: str) -> dict[str, Any] | None:
     return answer
 
 
-def service_traces(url: str, service: str, since_s: float = 3600, limit: int = 100) -> dict[str, Any] | None:
-    """The OTLP JSON of the latest `limit` traces with a span of `service` started in the last `since_s` seconds."""
+def service_traces(url: str, service: str, since_s: float = 3600, limit: int = MAX_TRACES - 1) -> dict[str, Any] | None:
+    """The OTLP JSON of the latest `limit` traces (Jaeger takes fewer than it keeps) with a span of `service` started
+    in the last `since_s` seconds; by default all it has."""
     now = datetime.now(UTC)
     return query(
         url,
@@ -237,7 +240,7 @@ def save_traces(url: str, path: Path) -> list[str]:
     """Every trace of the demo's processes in the Jaeger at `url`, written to `path` (the query API's OTLP JSON
     answers by service; Jaeger stops with the demo), and what to say of them: how many, and the slowest trace of
     the proxy (a cold start) drawn as text. Blocking: the demo calls it in a thread."""
-    answers = {service: service_traces(url, service, limit=1000) for service in SERVICES}
+    answers = {service: service_traces(url, service) for service in SERVICES}
     path.write_text(json.dumps(answers, indent=1) + "\n")
     spans = {service: spans_of(answer["result"]) if answer else [] for service, answer in answers.items()}
     counts = ", ".join(f"{service} {len({span.trace_id for span in spans[service]})}" for service in SERVICES)
