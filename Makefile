@@ -1,6 +1,7 @@
 # Two commands a newcomer needs: `make demo` runs Zeroscale, `make test` runs the tests.
-# Each sets up everything it needs first (Debian packages, a virtual environment, Kafka's jars, Helm built from
-# its pinned Go module into ~/.cache/zeroscale-helm: the chart tests run it).
+# Each sets up everything it needs first (Debian packages, a virtual environment, Kafka's jars, Helm and Jaeger
+# built from their pinned Go modules into ~/.cache/zeroscale-helm and ~/.cache/zeroscale-jaeger: the chart tests
+# run Helm, the tracing tests and `zeroscale demo --with-jaeger` run Jaeger).
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -18,6 +19,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 	./scripts/kafka/fetch.sh >/dev/null
 	./scripts/helm/build >/dev/null
+	./scripts/jaeger/build >/dev/null
 
 # Redis, the adapter, the proxy and two sample workloads on loopback, scaled from zero and back by
 # the v1.37 HPA algorithm; ends with a summary and the HTML report's path. DEMO_ARGS="--with-kafka" etc.

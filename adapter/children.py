@@ -93,6 +93,19 @@ def wait_ready_blocking(
     return answer
 
 
+def stop_blocking(process: subprocess.Popen[bytes] | None, within: float = 10.0) -> None:
+    """SIGTERM (a clean shutdown), SIGKILL if the child is still there after `within` seconds; reaped either
+    way. Nothing happens when there is no child or it has exited already; blocking, for tests and benchmarks."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(within)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def listening(pid: int, port: int) -> bool | None:
     """A readiness check for servers that cannot report: True once process `pid`, or one it started, listens
     on TCP `port`. Not "the port accepts": when another listener holds the port, a connection would reach it

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from adapter.argtypes import whole_number
 from adapter.children import ChildFailed, shared_port
+from adapter.demo import jaeger
 from adapter.demo.autoscaler import LocalHPA, Reading, Timing, hpa_manifests, load_hpas, run_hpas
 from adapter.demo.observe import sample_forever
 from adapter.demo.processes import Supervisor
@@ -30,6 +31,7 @@ from adapter.demo.stack import (
     KAFKA_TOPIC,
     Ports,
     StackError,
+    start_jaeger,
     start_kafka,
     start_redis,
     start_zeroscale,
@@ -49,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scenario", choices=sorted(PLANS), default="full", help="full (about 45 s) or smoke (about 20 s; CI)"
     )
     parser.add_argument("--with-kafka", action="store_true", help="add a Kafka consumer on a real broker (KRaft)")
+    parser.add_argument(
+        "--with-jaeger",
+        action="store_true",
+        help="trace every request into a local Jaeger (built from its Go module the first time: ~6 min); "
+        "the summary draws the slowest trace, traces.json keeps them all",
+    )
     parser.add_argument("--out", type=Path, help="directory for config, logs and report (default: a new temp dir)")
     parser.add_argument("--sync-period", type=_positive, default=1.0, help="HPA sync period in seconds (cluster: 15)")
     parser.add_argument(
@@ -70,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = args.out or Path(tempfile.mkdtemp(prefix="zeroscale-demo-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     timing = Timing(sync_period=args.sync_period, scale_down_window=args.scale_down_window)
-    demo = Demo(PLANS[args.scenario], timing, run_dir.resolve(), args.with_kafka)
+    demo = Demo(PLANS[args.scenario], timing, run_dir.resolve(), args.with_kafka, args.with_jaeger)
     return asyncio.run(demo.main())
 
 
@@ -90,11 +98,12 @@ def _notes(timing: Timing, with_kafka: bool) -> list[str]:
 
 
 class Demo:
-    def __init__(self, plan: Plan, timing: Timing, run_dir: Path, with_kafka: bool) -> None:
+    def __init__(self, plan: Plan, timing: Timing, run_dir: Path, with_kafka: bool, with_jaeger: bool) -> None:
         self.plan = plan
         self.timing = timing
         self.run_dir = run_dir
         self.with_kafka = with_kafka
+        self.with_jaeger = with_jaeger
         self.timeline = Timeline()
         self.supervisor = Supervisor(run_dir / "logs")
         self.ports = Ports()
@@ -186,11 +195,16 @@ class Demo:
             manifests_text = hpa_manifests(self.timing, self.with_kafka)
             (self.run_dir / "hpa.yaml").write_text(manifests_text)
             self.view.line(
-                "starting redis-server" + (", a Kafka broker" if self.with_kafka else "") + ", adapter, proxy"
+                "starting redis-server"
+                + (", a Kafka broker" if self.with_kafka else "")
+                + (", Jaeger (built the first time: about 6 min)" if self.with_jaeger else "")
+                + ", adapter, proxy"
             )
             await start_redis(self.supervisor, self.run_dir, self.ports)
             if self.with_kafka:
                 await start_kafka(self.supervisor, self.run_dir, self.ports)
+            if self.with_jaeger:
+                await self._start_jaeger()
             await start_zeroscale(self.supervisor, self.run_dir, self.ports, scaler_port, self.with_kafka)
             # As the aggregator would: HTTPS, the serving certificate checked against this run's CA.
             client = adapter_client(f"https://localhost:{self.ports.adapter}", ca_file=self.run_dir / "tls" / "ca.crt")
@@ -224,6 +238,10 @@ class Demo:
             summary = summarize(self.plan.name, self.timeline, outcome)
             report = write_report(self.run_dir, summary, self.timeline, _notes(self.timing, self.with_kafka))
             self._print_summary(summary, report)
+            if self.ports.jaeger is not None:
+                traces = self.run_dir / "traces.json"
+                for line in await asyncio.to_thread(jaeger.save_traces, jaeger.query_url(self.ports.jaeger), traces):
+                    self.view.line(line)
             return 0 if summary.passed else 1
         finally:
             for task in background:
@@ -233,6 +251,15 @@ class Demo:
                 await client.close()
             scaler.close()
             web_port.close()
+
+    async def _start_jaeger(self) -> None:
+        await start_jaeger(self.supervisor, self.run_dir, self.ports)
+        assert self.ports.jaeger is not None
+        self.view.line(
+            f"Jaeger: the adapter and the proxy send every trace to {jaeger.otlp_traces_endpoint(self.ports.jaeger)}; "
+            f"its query API is {jaeger.query_url(self.ports.jaeger)}/api/v3/traces while the demo runs (a build "
+            "from Jaeger's Go module has no UI pages)"
+        )
 
     async def _first_reads(self) -> None:
         """Wait until every HPA can read its metric (the sources connect in the background)."""

@@ -1,4 +1,5 @@
-"""The servers the demo runs on loopback: Redis, optionally Kafka, the adapter and the proxy, and their config.
+"""The servers the demo runs on loopback: Redis, optionally Kafka and Jaeger, the adapter and the proxy, and their
+config.
 
 Each has its config file in the run directory (proxy.yaml, zeroscale.yaml for the adapter), and no port is
 chosen for another process to bind: see `Ports` (docs/architecture.md#no-port-races). The adapter serves
@@ -21,6 +22,7 @@ import yaml
 
 from adapter import certs
 from adapter.children import ChildFailed, PortAttempts, log_says, port_outside_ephemeral, wait_ready
+from adapter.demo import jaeger
 from adapter.demo.processes import Supervisor
 from adapter.ready import read_ready_file
 
@@ -54,6 +56,7 @@ class Ports:
     counts: int = 0
     web: int = 0
     kafka: int = 0
+    jaeger: jaeger.JaegerPorts | None = None  # with --with-jaeger
 
     @property
     def redis_url(self) -> str:
@@ -64,9 +67,17 @@ class Ports:
         return f"{HOST}:{self.kafka}"
 
 
+def tracing_config(ports: Ports) -> dict[str, Any]:
+    """With the demo's Jaeger: a trace of every request and answer (ratio 1) sent to it; else none (tracing off)."""
+    if ports.jaeger is None:
+        return {}
+    return {"tracing": {"enabled": True, "endpoint": jaeger.otlp_traces_endpoint(ports.jaeger), "sample_ratio": 1.0}}
+
+
 def proxy_config(ports: Ports, scaler_port: int) -> dict[str, Any]:
     """The proxy's listeners on port 0 (it reports what it bound); its route to the web app's shared port."""
     return {
+        **tracing_config(ports),
         "proxy": {
             "bind": HOST,
             "port": 0,
@@ -123,6 +134,7 @@ def adapter_config(ports: Ports, tls_dir: Path, with_kafka: bool) -> dict[str, A
             }
         )
     return {
+        **tracing_config(ports),
         "server": {
             "bind": HOST,
             "port": 0,
@@ -194,6 +206,27 @@ async def start_kafka(supervisor: Supervisor, run_dir: Path, ports: Ports) -> No
 
     ports.kafka = await _start_on_a_free_port(supervisor, "kafka", argv, "Kafka Server started", within=180.0)
     await _create_topic(ports, supervisor.log_dir / "kafka.log")
+
+
+async def start_jaeger(supervisor: Supervisor, run_dir: Path, ports: Ports) -> None:
+    """Jaeger v2 (adapter/demo/jaeger.py), built by scripts/jaeger/build the first time (about 6 minutes, saying
+    so on the terminal; cached after), on loopback ports outside the ephemeral range."""
+    if not jaeger.BUILD.exists():
+        raise StackError(f"--with-jaeger runs {jaeger.BUILD}, which is not here: run the demo from a source checkout")
+    build = await asyncio.create_subprocess_exec(str(jaeger.BUILD), stdout=asyncio.subprocess.PIPE)
+    out, _ = await build.communicate()  # its progress and errors go to the terminal (stderr)
+    if build.returncode != 0:
+        raise StackError(f"{jaeger.BUILD} failed (exit {build.returncode}): see its message above")
+    binary = out.decode().strip().splitlines()[-1]
+    config = run_dir / "jaeger.yaml"
+
+    def argv(port: int) -> list[str]:
+        # Its other listeners get ports outside the ephemeral range too; one taken is retried with all anew.
+        ports.jaeger = jaeger.JaegerPorts(port, *(port_outside_ephemeral(HOST) for _ in range(3)))
+        _write(config, jaeger.jaeger_config(ports.jaeger))
+        return [binary, "--config", str(config)]
+
+    await _start_on_a_free_port(supervisor, "jaeger", argv, jaeger.READY_LINE)
 
 
 async def _create_topic(ports: Ports, log: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -27,6 +28,7 @@ from adapter.children import (
     on_a_free_port,
     port_outside_ephemeral,
     shared_port,
+    stop_blocking,
     wait_ready_blocking,
 )
 from adapter.ready import read_ready_file
@@ -211,3 +213,28 @@ def test_a_shared_port_refuses_until_a_replica_listens_and_nobody_else_can_bind_
         assert not _connects(port)  # the replica is gone: refused again, the port still held
     finally:
         holder.close()
+
+
+def _started(script: str) -> subprocess.Popen[bytes]:
+    """A Python child that has run `script`'s setup and says so on its stdout before it waits."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"{script}; print('up', flush=True); import time; time.sleep(60)"],
+        stdout=subprocess.PIPE,
+    )
+    assert child.stdout is not None
+    with child.stdout:
+        assert child.stdout.readline() == b"up\n"
+    return child
+
+
+def test_stop_blocking_terminates_and_kills_what_ignores_the_terminate() -> None:
+    polite = _started("pass")
+    stop_blocking(polite)
+    assert polite.returncode == -signal.SIGTERM
+    deaf = _started("import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)")
+    started = time.monotonic()
+    stop_blocking(deaf, within=0.5)
+    assert deaf.returncode == -signal.SIGKILL
+    assert 0.5 <= time.monotonic() - started < AT_ONCE
+    stop_blocking(deaf)  # gone already: nothing to do
+    stop_blocking(None)

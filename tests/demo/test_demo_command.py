@@ -155,3 +155,20 @@ def test_with_kafka_a_consumer_group_wakes_on_lag_and_returns_to_zero(tmp_path: 
     assert path[-1] == 0, path
     assert summary["kafka_consumed"] == summary["kafka_messages"] > 0
     assert _leftovers(run_dir) == []
+
+
+def test_with_jaeger_the_adapter_and_the_proxy_trace_into_a_local_jaeger(tmp_path: Path) -> None:
+    require_redis()
+    run_dir = tmp_path / "run"
+    command = _demo(run_dir, "--scenario", "smoke", "--with-jaeger")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)  # `make setup` built Jaeger
+    assert done.returncode == 0, done.stdout + done.stderr
+    jaeger = yaml.safe_load((run_dir / "jaeger.yaml").read_text())
+    otlp = f"http://{jaeger['receivers']['otlp']['protocols']['http']['endpoint']}/v1/traces"
+    for config in ("proxy.yaml", "zeroscale.yaml"):
+        tracing = yaml.safe_load((run_dir / config).read_text())["tracing"]
+        assert tracing == {"enabled": True, "endpoint": otlp, "sample_ratio": 1.0}, config
+    assert f"send every trace to {otlp}" in done.stdout
+    assert "traces in Jaeger: zeroscale-proxy " in done.stdout
+    assert set(json.loads((run_dir / "traces.json").read_text())) == {"zeroscale-proxy", "zeroscale-adapter"}
+    assert _leftovers(run_dir) == []

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from adapter.children import ChildFailed, wait_ready_blocking
+from adapter.children import ChildFailed, stop_blocking, wait_ready_blocking
 from adapter.ready import read_ready_file
 
 
@@ -45,14 +45,7 @@ class Managed:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_blocking(process, 30)
 
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_file.exists():
