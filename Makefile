@@ -1,7 +1,7 @@
 # Two commands a newcomer needs: `make demo` runs Zeroscale, `make test` runs the tests.
-# Each sets up everything it needs first (Debian packages, a virtual environment, Kafka's jars, Helm and Jaeger
-# built from their pinned Go modules into ~/.cache/zeroscale-helm and ~/.cache/zeroscale-jaeger: the chart tests
-# run Helm, the tracing tests and `zeroscale demo --with-jaeger` run Jaeger).
+# Each sets up everything it needs first (Debian packages, a virtual environment, Kafka's jars, Helm built from its
+# pinned Go module into ~/.cache/zeroscale-helm: the chart tests run it); `make test` also builds Jaeger the same way
+# (~/.cache/zeroscale-jaeger: the tracing tests read traces back from it).
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -19,7 +19,6 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 	./scripts/kafka/fetch.sh >/dev/null
 	./scripts/helm/build >/dev/null
-	./scripts/jaeger/build >/dev/null
 
 # Redis, the adapter, the proxy and two sample workloads on loopback, scaled from zero and back by
 # the v1.37 HPA algorithm; ends with a summary and the HTML report's path. DEMO_ARGS="--with-kafka" etc.
@@ -35,7 +34,10 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# Jaeger (tests/fixtures/jaeger.py reads traces back from it) is built here, not in setup: the demo needs it only
+# with --with-jaeger, and builds it then.
 test: setup lint
+	./scripts/jaeger/build >/dev/null
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 # End-to-end tests in a real Kubernetes control plane the repository builds itself (scripts/k8s: v1.37.2 from
