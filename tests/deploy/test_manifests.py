@@ -30,6 +30,7 @@ CRD_KINDS = {
     ("cert-manager.io/v1", "Issuer"): "cert-manager CRD",
     ("cert-manager.io/v1", "Certificate"): "cert-manager CRD",
     ("monitoring.coreos.com/v1", "PodMonitor"): "Prometheus Operator CRD",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "Prometheus Operator CRD",
     ("keda.sh/v1alpha1", "ScaledObject"): "KEDA CRD",
     ("keda.sh/v1alpha1", "TriggerAuthentication"): "KEDA CRD",
 }
