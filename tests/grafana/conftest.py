@@ -24,12 +24,11 @@ from tests.fixtures.kube_routes import (
     slices_collection,
 )
 from tests.fixtures.kube_standin import KubeStandIn
-from tests.fixtures.prometheus import Stack
+from tests.fixtures.prometheus import ACTIVATOR_PROXY_ADDRESS, Stack
 
 DEPLOYMENTS = r"/apis/apps/v1/namespaces/[^/]+/deployments"
 SERVICES = r"/api/v1/namespaces/[^/]+/services"
 LEASES = r"/apis/coordination\.k8s\.io/v1/namespaces/[^/]+/leases"
-PROXY_ADDRESS = "10.1.0.7"  # the proxy's pod as its Service's slice lists it (only written into slices, never dialled)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +45,8 @@ def kube() -> Iterator[KubeStandIn]:
         ports = [{"name": "http", "port": 80, "protocol": "TCP"}]
         service = {"kind": "Service", "apiVersion": "v1", "metadata": metadata, "spec": {"ports": ports}}
         standin.put("/api/v1/namespaces/shop/services", service)
-        proxies = endpoint_slice("zeroscale-proxy-a", "zeroscale-proxy", [(PROXY_ADDRESS, {"ready": True})], 8080)
+        ready = [(ACTIVATOR_PROXY_ADDRESS, {"ready": True})]
+        proxies = endpoint_slice("zeroscale-proxy-a", "zeroscale-proxy", ready, 8080)
         proxies["metadata"]["namespace"] = "zeroscale"
         standin.put(slices_collection("zeroscale"), proxies)
         yield standin

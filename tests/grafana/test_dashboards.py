@@ -33,8 +33,7 @@ from adapter.kube.endpointslices import MANAGED_BY
 from grafana import generate
 from tests.fixtures.kube_routes import ScaleStandIn, endpoint_slice, slices_collection
 from tests.fixtures.kube_standin import KubeStandIn
-from tests.fixtures.prometheus import API_MAX_CONNECTIONS, PROXY_MAX_CONNECTIONS, Stack
-from tests.grafana.conftest import PROXY_ADDRESS
+from tests.fixtures.prometheus import ACTIVATOR_PROXY_ADDRESS, API_MAX_CONNECTIONS, PROXY_MAX_CONNECTIONS, Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 # What Grafana puts for its built-in variables; the windows fit the few seconds this test runs.
@@ -166,7 +165,7 @@ def cold_start(stack: Stack, kube: KubeStandIn, scale: ScaleStandIn, stopped: Sc
     wait_for(lambda: activator_lists(kube) == {"127.0.0.1"}, "the activator to list the ready pod")
     at_zero = {"kind": "Deployment", "apiVersion": "apps/v1", "metadata": {"name": "web", "namespace": "shop"}}
     kube.put("/apis/apps/v1/namespaces/shop/deployments", {**at_zero, "spec": {"replicas": 0}})
-    wait_for(lambda: activator_lists(kube) == {PROXY_ADDRESS}, "the activator to list the proxy at zero")
+    wait_for(lambda: activator_lists(kube) == {ACTIVATOR_PROXY_ADDRESS}, "the activator to list the proxy at zero")
 
     # The cold start: held while at zero, woken, forwarded once an endpoint is ready.
     statuses: dict[str, int] = {}
