@@ -102,10 +102,10 @@ def tunnel(port: int, host: str) -> None:
             assert chunk, f"closed before the 101: {head!r}"
             head += chunk
         assert head.startswith(b"HTTP/1.1 101"), head
-        for _ in range(5):
+        for _ in range(8):  # for 2 s, each well within the idle timeout
             connection.sendall(b"ping")
             assert connection.recv(4) == b"ping"
-            time.sleep(0.4)
+            time.sleep(0.25)
         assert closed_at_once(connection)
 
 
@@ -172,12 +172,11 @@ def cold_start(stack: Stack, kube: KubeStandIn, scale: ScaleStandIn, stopped: Sc
     held = threading.Thread(target=lambda: statuses.update(web=proxy_get(stack.proxy_port, "web")))
     held.start()
     wait_for(lambda: scale.replicas == 1, "the proxy to patch the scale subresource to 1")
-    # A visible cold start (the pod takes a while to become ready), meanwhile the API's connections are filled:
-    # one more is refused, and the idle ones time out in their handshakes (server.header_timeout, 1 s).
+    # A visible cold start (the pod takes a while to become ready). The API's connections are filled: one more is
+    # refused, and the idle ones time out in their handshakes (server.header_timeout, 1 s) while the script goes on
+    # (it calls the API no more).
     idle = fill_connections(stack.api_port, API_MAX_CONNECTIONS)
-    time.sleep(1.5)
-    for connection in idle:
-        connection.close()
+    time.sleep(1.0)
     slice_obj = endpoint_slice("web-abc", "web", [("127.0.0.1", {"ready": True})], stack.upstream_port)
     kube.put(slices_collection("default"), slice_obj)
     held.join(30)
@@ -206,7 +205,7 @@ def cold_start(stack: Stack, kube: KubeStandIn, scale: ScaleStandIn, stopped: Sc
 
     tunnelled.join(30)
     assert not tunnel_failures, tunnel_failures
-    for connection in fill_connections(stack.proxy_port, PROXY_MAX_CONNECTIONS):
+    for connection in [*idle, *fill_connections(stack.proxy_port, PROXY_MAX_CONNECTIONS)]:
         connection.close()
 
     stack.wait_until_scraped(after=time.time())
