@@ -178,7 +178,9 @@ def scale_from_zero() -> Dashboard:
         ),
         _series(
             "Wakes and cold starts",
-            "Scale patches the proxy made (by result) and cold starts completed",
+            "Scale patches the proxy made, by result (patched: woken; already_awake; conflict: the Scale changed "
+            "meanwhile, retried; refused: see the wake decisions; error: the API failed the patch, RBAC on "
+            "deployments/scale), and cold starts completed",
             _targets(
                 (_rate("increase", "zeroscale_proxy_wakes_total", "route, result", ROUTE), "{{route}} {{result}}"),
                 (_rate("increase", "zeroscale_proxy_cold_starts_total", "route", ROUTE), "{{route}} cold starts"),
@@ -462,7 +464,9 @@ def adapter() -> Dashboard:
         ),
         _series(
             "Value age",
-            "p95 age of the values served, and time since each metric's last good refresh",
+            "p95 age of the values served, and time since each metric's last good refresh. Past cache.max_staleness "
+            "reads are answered 503 and the HPA stops scaling on the metric (alert ZeroscaleAdapterAnswering503): "
+            "see the source errors",
             _targets(
                 (_quantile(0.95, "zeroscale_metric_value_age_seconds", "metric", METRIC), "p95 age {{metric}}"),
                 (
@@ -485,7 +489,9 @@ def adapter() -> Dashboard:
         ),
         _series(
             "Source query time p95",
-            "Time one source query took",
+            "Time one source query took, successful or not, by source type: the values the HPA reads are at least "
+            "this old; near the source's deadline (sources[redis].timeout, sources[kafka].request_timeout) queries "
+            "fail (the source errors panel). Check the source itself (its load, the network), then cache.interval",
             _targets((_quantile(0.95, "zeroscale_source_query_duration_seconds", "source", ""), "{{source}}")),
             GridPos(h=8, w=12, x=0, y=16),
             unit="s",

@@ -308,6 +308,13 @@ def test_queries_with_a_typo_return_nothing(cold_start: Stack) -> None:
     assert cold_start.prometheus.query("zeroscale_proxy_held_requestz") == []
 
 
+def test_every_panel_says_what_it_shows_for_the_person_on_call() -> None:
+    for name in generate.DASHBOARDS:
+        for panel in json.loads((generate.OUT / name).read_text())["panels"]:
+            if panel["type"] != "row":
+                assert len(panel.get("description", "")) >= 40, f"{name}: {panel['title']} has no description"
+
+
 def test_the_committed_json_is_what_the_generator_makes() -> None:
     for name, build in generate.DASHBOARDS.items():
         assert (generate.OUT / name).read_text() == generate.render(build()), f"run python grafana/generate.py ({name})"
