@@ -178,7 +178,9 @@ def scale_from_zero() -> Dashboard:
         ),
         _series(
             "Wakes and cold starts",
-            "Scale patches the proxy made (by result) and cold starts completed",
+            "Scale patches the proxy made, by result (patched: woken; already_awake; conflict: the Scale changed "
+            "meanwhile, retried; refused: see the wake decisions; error: the API failed the patch, RBAC on "
+            "deployments/scale), and cold starts completed",
             _targets(
                 (_rate("increase", "zeroscale_proxy_wakes_total", "route, result", ROUTE), "{{route}} {{result}}"),
                 (_rate("increase", "zeroscale_proxy_cold_starts_total", "route", ROUTE), "{{route}} cold starts"),
@@ -252,11 +254,196 @@ def scale_from_zero() -> Dashboard:
             format="s",
             reduceCalc="lastNotNull",
         ),
+        *_wake_decisions(y=42),
     ]
     return _dashboard(
         "Zeroscale: scale from zero",
         "zeroscale-scale-from-zero",
         "Cold starts as the buffering proxy saw them: hold times, phases, errors, replicas and time at zero",
+        panels,
+        _templating("route"),
+    )
+
+
+def _wake_decisions(y: int) -> list[Panel]:
+    """What `wake: scale` routes decided from their targets' HPAs (docs/architecture.md#wake)."""
+    return [
+        RowPanel(title="Wake decisions (what the HPAs intend)", gridPos=GridPos(h=1, w=24, x=0, y=y)),
+        _series(
+            "Woken, or refused and why",
+            "Wakes of `wake: scale` routes sent (woken) or not sent, their held requests answered 503 saying why. "
+            "stopped_by_hand: the target's HPA did not scale it to 0 (ScaledToZero not True), a person did; it stays "
+            "at 0 until someone scales it (kubectl scale --replicas=1): expected after a deliberate stop, else "
+            "set the route's wake: always. no_hpa: no HPA scales the target and the route's wake_without_hpa is false. "
+            "ambiguous_hpas: two HPAs scale one target: delete one. hpas_unreadable: the proxy may not list "
+            "horizontalpodautoscalers in that namespace (its RBAC)",
+            _targets(
+                (
+                    _rate("increase", "zeroscale_proxy_wakes_total", "route", f'{ROUTE}, result="patched"'),
+                    "woken {{route}}",
+                ),
+                (
+                    _rate("increase", "zeroscale_proxy_wake_refusals_total", "route, reason", ROUTE),
+                    "refused {{reason}} {{route}}",
+                ),
+            ),
+            GridPos(h=8, w=12, x=0, y=y + 1),
+            drawStyle="bars",
+        ),
+        _series(
+            "HPA lists before wakes",
+            "Each wake first lists the namespace's HorizontalPodAutoscalers (one list shared by the routes waking "
+            "together), so that a workload a person stopped is not woken: lists sent, and the HPAs the latest list "
+            "returned (pages of 500). Many HPAs make every wake cost the API server that many objects; lists failing "
+            "show as hpas_unreadable refusals or held requests timing out (limits.hold_timeout)",
+            _targets(
+                (_rate("increase", "zeroscale_proxy_hpa_lists_total", "namespace", ""), "lists {{namespace}}"),
+                ("max by (namespace) (zeroscale_proxy_hpas_listed)", "HPAs listed {{namespace}}"),
+            ),
+            GridPos(h=8, w=12, x=12, y=y + 1),
+        ),
+    ]
+
+
+def proxy_operations() -> Dashboard:
+    """The proxy's moving parts beyond holding: the activator's Lease and slices, the limits it enforces, tunnels."""
+    at = 0
+    panels: list[Panel] = [
+        RowPanel(title="Activator (routes in mode: activator)", gridPos=GridPos(h=1, w=24, x=0, y=at)),
+        _series(
+            "Activator Lease: leader and holder",
+            "leader: 1 while the replica holds the activator Lease and writes the activator routes' EndpointSlices; "
+            "exactly one replica should be at 1. holder writes: 0 while the Lease's holder does not write the route "
+            "(nobody holds it, another installation shares the Lease, a replica of another config). Neither at 1 for "
+            "longer than activator.lease_duration: the Services follow nothing (alert ZeroscaleActivatorWriterLost): "
+            "check the Lease (kubectl get lease -n <activator.lease_namespace>), the proxies' log (RBAC on leases, the "
+            "API server), activator.lease_name",
+            _targets(
+                ("max by (instance) (zeroscale_proxy_activator_leader)", "leader {{instance}}"),
+                (
+                    f"min by (route) (zeroscale_proxy_activator_holder_serves{{{ROUTE}}})",
+                    "holder writes {{route}}",
+                ),
+            ),
+            GridPos(h=8, w=12, x=0, y=at + 1),
+            lineInterpolation="stepAfter",
+        ),
+        _series(
+            "Service on the pods (1) or on the proxy (0)",
+            "1: the route's Service lists the workload's pods, the proxy out of the path; 0: it lists the proxy's pods "
+            "(the workload has no ready pod: requests are held and counted for the HPA). At 0 while the workload has "
+            "ready pods: the Service was not switched back; see the switch time and the slice writes",
+            _targets((f"max by (route) (zeroscale_proxy_activator_direct{{{ROUTE}}})", "{{route}}")),
+            GridPos(h=8, w=12, x=12, y=at + 1),
+            lineInterpolation="stepAfter",
+            valueMin=0,
+            valueMax=1,
+        ),
+        _series(
+            "Switch time p50 / p99",
+            "From the event that decided a switch (a pod ready, the target at 0) to the Service's EndpointSlices "
+            "written, by where they now send new connections: time during which clients still reach the old "
+            "endpoints. Slow: the API server's writes (its latency), or the writer lost the Lease (the slice "
+            "writes)",
+            _targets(
+                *_percentiles(
+                    "zeroscale_proxy_activator_switch_seconds", "route to", ROUTE, " {{route}} to {{to}}", 0.5, 0.99
+                )
+            ),
+            GridPos(h=8, w=12, x=0, y=at + 9),
+            unit="s",
+        ),
+        _series(
+            "EndpointSlice writes by result",
+            "The Lease holder's writes of the activator routes' EndpointSlices. error: the API failed or refused the "
+            "write (RBAC on discovery.k8s.io endpointslices, admission webhooks); refused: the Service has a selector "
+            "or is missing (the log says which; remove the selector, Zeroscale writes its slices); conflict: a slice "
+            "changed under the writer or its name is another owner's (now and then is normal: retried). Alert "
+            "ZeroscaleActivatorSliceWritesFailing",
+            _targets(
+                (
+                    _rate("increase", "zeroscale_proxy_activator_slice_writes_total", "route, result", ROUTE),
+                    "{{result}} {{route}}",
+                )
+            ),
+            GridPos(h=8, w=12, x=12, y=at + 9),
+            drawStyle="bars",
+        ),
+    ]
+    at = 17
+    panels += [
+        RowPanel(title="Limits and refusals", gridPos=GridPos(h=1, w=24, x=0, y=at)),
+        _series(
+            "Limits reached, by config key",
+            "Requests answered or connections closed because a limit or timeout ran out; the legend names the key to "
+            "change: a route's limits.<key> (max_held_requests: its 503s, alert ZeroscaleRouteAtHoldLimit; "
+            "body_timeout, max_response_head_bytes, max_tunnels, tunnel_idle_timeout) or proxy.<key> (header_timeout, "
+            "max_header_bytes, send_timeout, max_pipelined_bytes, admin_max_connections, http2.*; no route). Raise "
+            "one only for legitimate clients: a stream of header_timeout is often a scanner or a slow client",
+            _targets((_rate("rate", "zeroscale_proxy_limit_hits_total", "route, limit", ROUTE), "{{limit}} {{route}}")),
+            GridPos(h=8, w=12, x=0, y=at + 1),
+            unit="ops",
+        ),
+        _series(
+            "Refused messages (400 / 502)",
+            "Requests (request: answered 400) and upstream responses (response: answered 502) refused for how they "
+            "are framed or routed, by reason (e.g. both Content-Length and Transfer-Encoding, bytes after a "
+            "response). request: a client, or a load balancer in front, sends malformed HTTP; response: the upstream "
+            "app answers malformed HTTP: fix the app. Neither is a limit to raise",
+            _targets(
+                (_rate("rate", "zeroscale_proxy_refused_messages_total", "side, reason", ""), "{{side}} {{reason}}")
+            ),
+            GridPos(h=8, w=12, x=12, y=at + 1),
+            unit="ops",
+        ),
+        _series(
+            "Client connections and refusals",
+            "Open client connections, and connections closed at once because proxy.max_connections were open (the "
+            "client sees a reset). Refusals: raise proxy.max_connections (and the pod's file limit) or add proxy "
+            "replicas; held requests piling up also hold connections (the scale from zero dashboard)",
+            _targets(
+                ("sum by (instance) (zeroscale_proxy_client_connections)", "open {{instance}}"),
+                (_rate("rate", "zeroscale_proxy_refused_connections_total", "instance", ""), "refused/s {{instance}}"),
+            ),
+            GridPos(h=8, w=24, x=0, y=at + 9),
+        ),
+    ]
+    at = 34
+    panels += [
+        RowPanel(title="Tunnels (upgraded connections)", gridPos=GridPos(h=1, w=24, x=0, y=at)),
+        _series(
+            "Open tunnels",
+            "Upgraded connections (WebSocket and other 101 upgrades) open through each route: each holds a client and "
+            "an upstream connection for its life, and leaves the in-flight count at its 101. Capped per route by "
+            "limits.max_tunnels; closed after limits.tunnel_idle_timeout without a byte either way",
+            _targets((f"sum by (route) (zeroscale_proxy_open_tunnels{{{ROUTE}}})", "{{route}}")),
+            GridPos(h=8, w=12, x=0, y=at + 1),
+        ),
+        _series(
+            "Tunnels refused or closed idle",
+            "max_tunnels: upgrades answered 503 because the route had limits.max_tunnels open (raise it if the clients "
+            "are legitimate); tunnel_idle_timeout: tunnels closed after limits.tunnel_idle_timeout without a byte "
+            "(raise it, or have the clients send pings more often than that)",
+            _targets(
+                (
+                    _rate(
+                        "increase",
+                        "zeroscale_proxy_limit_hits_total",
+                        "route, limit",
+                        f'{ROUTE}, limit=~"max_tunnels|tunnel_idle_timeout"',
+                    ),
+                    "{{limit}} {{route}}",
+                )
+            ),
+            GridPos(h=8, w=12, x=12, y=at + 1),
+            drawStyle="bars",
+        ),
+    ]
+    return _dashboard(
+        "Zeroscale: activator, limits and tunnels",
+        "zeroscale-proxy-operations",
+        "The proxy beyond holding: who writes the activator routes' Services and how fast they switch, the limits "
+        "and refusals it enforces, and the tunnels it carries",
         panels,
         _templating("route"),
     )
@@ -277,7 +464,9 @@ def adapter() -> Dashboard:
         ),
         _series(
             "Value age",
-            "p95 age of the values served, and time since each metric's last good refresh",
+            "p95 age of the values served, and time since each metric's last good refresh. Past cache.max_staleness "
+            "reads are answered 503 and the HPA stops scaling on the metric (alert ZeroscaleAdapterAnswering503): "
+            "see the source errors",
             _targets(
                 (_quantile(0.95, "zeroscale_metric_value_age_seconds", "metric", METRIC), "p95 age {{metric}}"),
                 (
@@ -300,7 +489,9 @@ def adapter() -> Dashboard:
         ),
         _series(
             "Source query time p95",
-            "Time one source query took",
+            "Time one source query took, successful or not, by source type: the values the HPA reads are at least "
+            "this old; near the source's deadline (sources[redis].timeout, sources[kafka].request_timeout) queries "
+            "fail (the source errors panel). Check the source itself (its load, the network), then cache.interval",
             _targets((_quantile(0.95, "zeroscale_source_query_duration_seconds", "source", ""), "{{source}}")),
             GridPos(h=8, w=12, x=0, y=16),
             unit="s",
@@ -331,6 +522,8 @@ def adapter() -> Dashboard:
             GridPos(h=8, w=12, x=12, y=24),
             unit="reqps",
         ),
+        *_adapter_limits(y=32),
+        *_delegate(y=49),
     ]
     return _dashboard(
         "Zeroscale: adapter",
@@ -341,7 +534,88 @@ def adapter() -> Dashboard:
     )
 
 
-DASHBOARDS = {"zeroscale-scale-from-zero.json": scale_from_zero, "zeroscale-adapter.json": adapter}
+def _adapter_limits(y: int) -> list[Panel]:
+    return [
+        RowPanel(title="Limits, refusals and certificates", gridPos=GridPos(h=1, w=24, x=0, y=y)),
+        _series(
+            "API connections refused and timeouts",
+            "Connections the API (api) and metrics (metrics) listeners closed: refused at once at "
+            "server.max_connections or server.max_connections_per_source (metrics: server.metrics_max_connections, "
+            "server.metrics_max_connections_per_source), or because a phase overran its deadline: handshake and head "
+            "(server.header_timeout), body (server.body_timeout), response (server.response_timeout), idle "
+            "(server.idle_timeout: normal for keep-alive). Refusals on api starve the aggregator, the HPAs' reads: "
+            "raise the limit, or find the peer taking the connections (the log names its address)",
+            _targets(
+                (_rate("rate", "zeroscale_api_connections_refused_total", "listener", ""), "refused {{listener}}"),
+                (
+                    _rate("rate", "zeroscale_api_timeouts_total", "listener, phase", ""),
+                    "timeout {{listener}} {{phase}}",
+                ),
+            ),
+            GridPos(h=8, w=12, x=0, y=y + 1),
+            unit="ops",
+        ),
+        _series(
+            "gRPC connections against max_connections",
+            "Connections open on each gRPC listener (scaler: KEDA; counts: the proxies' count streams) against its "
+            "grpc.<server>.max_connections: at the cap, gRPC closes new connections at accept and KEDA's reads fail. "
+            "Raise grpc.<server>.max_connections, or find who holds the connections",
+            _targets(
+                ("max by (server) (zeroscale_grpc_connections)", "open {{server}}"),
+                ("max by (server) (zeroscale_grpc_connection_limit)", "max_connections {{server}}"),
+            ),
+            GridPos(h=8, w=12, x=12, y=y + 1),
+        ),
+        _series(
+            "Serving certificates: time left",
+            "Time until each serving certificate in use expires, by the config key naming its files (server.tls, "
+            "grpc.scaler.tls, grpc.counts.tls; a self-signed one is made anew at each start). Alerts at 14 and 2 "
+            "days (ZeroscaleCertificateExpiresSoon, ZeroscaleCertificateExpiresImminently). Renew the files; the "
+            "process reloads them (server.tls.reload_interval, grpc.<server>.tls.reload_interval)",
+            _targets(("min by (tls) (zeroscale_certificate_expiry_timestamp_seconds) - time()", "{{tls}}")),
+            GridPos(h=8, w=24, x=0, y=y + 9),
+            unit="s",
+        ),
+    ]
+
+
+def _delegate(y: int) -> list[Panel]:
+    return [
+        RowPanel(title="Delegate (metrics Zeroscale forwards)", gridPos=GridPos(h=1, w=24, x=0, y=y)),
+        _series(
+            "Delegate calls by outcome",
+            "List calls for metrics Zeroscale does not serve, forwarded to the delegate (delegate.url or "
+            "delegate.service), by outcome. 4xx/5xx: the delegate's own answer (its log); unavailable: no answer "
+            "within delegate.timeout (the delegate down, a NetworkPolicy, delegate.ca_file not its CA); too-large: "
+            "raise delegate.max_response_bytes; malformed: the delegate is no external metrics API. saturated: "
+            "answered 429, delegate.max_in_flight calls busy (raise it; one caller may take a quarter)",
+            _targets(
+                (_rate("rate", "zeroscale_delegate_requests_total", "outcome", ""), "{{outcome}}"),
+                (f"sum (rate(zeroscale_delegate_saturated_total[{RATE}]))", "saturated"),
+            ),
+            GridPos(h=8, w=12, x=0, y=y + 1),
+            unit="ops",
+        ),
+        _series(
+            "Delegate discovery",
+            "Fetches of the delegate's discovery document (every delegate.discovery_refresh, sooner after a failure) "
+            "by outcome, and the metric names it listed, those Zeroscale serves itself left out. error: the delegate "
+            "cannot be reached or refused (see the calls); empty: it lists nothing, so no call is forwarded; names "
+            "dropping: ScaledObjects removed on the delegate's side, or names now served by Zeroscale",
+            _targets(
+                (_rate("increase", "zeroscale_delegate_discoveries_total", "outcome", ""), "fetches {{outcome}}"),
+                ("max (zeroscale_delegate_metrics)", "metrics listed"),
+            ),
+            GridPos(h=8, w=12, x=12, y=y + 1),
+        ),
+    ]
+
+
+DASHBOARDS = {
+    "zeroscale-scale-from-zero.json": scale_from_zero,
+    "zeroscale-adapter.json": adapter,
+    "zeroscale-proxy-operations.json": proxy_operations,
+}
 
 
 def render(dashboard: Dashboard) -> str:

@@ -8,6 +8,7 @@ handshake without restarting the listener. Contexts accept TLS 1.2 or newer only
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import logging
@@ -23,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from adapter.certs import builder, key_pem, x509_name
 from adapter.config.server import ServingTLSConfig
 from adapter.telemetry import api as telemetry
+from adapter.telemetry import certificates
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,7 @@ class ServingTLS:
         self._listener = self._build()
         self._listener.sni_callback = self._choose_context
         self._current = self._listener
+        self._record_expiry()
 
     @property
     def listener_context(self) -> ssl.SSLContext:
@@ -111,9 +114,19 @@ class ServingTLS:
             return False
         self._files_seen = state
         self._current = context
+        self._record_expiry()
         telemetry.TLS_RELOADS.labels("serving-certificate", "success").inc()
         log.info("serving certificate reloaded from %s", self._config.cert_file)
         return True
+
+    def _record_expiry(self) -> None:
+        """The expiry of the pair in use (the files read again: a rotation between the load and this read is seen at
+        the next poll, as the files changed)."""
+        if self._self_signed is not None:
+            certificates.record("server.tls", self._self_signed[0])
+        elif self._config.cert_file is not None:
+            with contextlib.suppress(OSError, ValueError):
+                certificates.record("server.tls", self._config.cert_file.read_bytes())
 
     def _files_state(self) -> tuple[object, ...]:
         config = self._config

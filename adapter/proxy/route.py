@@ -246,6 +246,7 @@ class Route:
             if exchange.choice == NAVIGATION and self.choices is not None and self.choices.overflow_page:
                 self._show_page(exchange, "overflow_waking_page")
                 return
+            telemetry.LIMIT_HITS.labels(self.name, "max_held_requests").inc()
             exchange.fail(
                 503,
                 f"the proxy already holds {len(self.queue)} requests for this route (limits.max_held_requests)",

@@ -18,6 +18,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from adapter.config.grpc import GRPCServerTLS
+from adapter.telemetry import certificates
 from adapter.telemetry import rpc as telemetry
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class ReloadingServerCredentials:
         cert, key = config.cert_file.read_bytes(), config.key_file.read_bytes()
         roots = config.client_ca_file.read_bytes() if config.client_ca_file is not None else None
         check_pair(cert, key, roots)
+        certificates.record(f"grpc.{self._server}.tls", cert)  # in use from here: _load's answer is taken at once
         return grpc.ssl_server_certificate_configuration([(key, cert)], roots)
 
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:

@@ -97,7 +97,7 @@ SWITCHES = list(itertools.product((True, False), (True, False), (True, False), M
 def test_every_combination_renders_valid_objects(
     helm: Path, adapter: bool, proxy: bool, api_service: bool, mode: str, extras: bool
 ) -> None:
-    """extras: NetworkPolicies, PodMonitors and KEDA's client certificate all on, or all off."""
+    """extras: NetworkPolicies, PodMonitors, the PrometheusRule and KEDA's client certificate all on, or all off."""
     options = sets(
         adapter__enabled=adapter,
         proxy__enabled=proxy,
@@ -105,6 +105,7 @@ def test_every_combination_renders_valid_objects(
         certificates__mode=mode,
         networkPolicy__enabled=extras,
         podMonitors__enabled=extras,
+        prometheusRule__enabled=extras,
         keda__clientCertificate=extras,
     )
     options += SECRET_MODE if mode == "secret" else ()
@@ -135,6 +136,7 @@ def test_every_combination_renders_valid_objects(
     assert (("ClusterRoleBinding", "zeroscale-hpa-external-metrics") in present) is api_service
     assert any(kind == "NetworkPolicy" for kind, _ in present) is (extras and (adapter or proxy))
     assert any(kind == "PodMonitor" for kind, _ in present) is extras
+    assert any(kind == "PrometheusRule" for kind, _ in present) is extras
     # Every mounted Secret is made here (generate), by cert-manager (a Certificate writes it), or is the user's.
     for secret in mounted_secrets(objects).values():
         if mode == "generate":
@@ -366,6 +368,8 @@ CHANGES: dict[str, tuple[object, str]] = {
     "delegate.caSecret": ("keda-metrics-ca", DELEGATE),
     "podMonitors.sidecars": (False, "podMonitors.enabled=true"),
     "podMonitors.labels": ({"release": "prometheus"}, "podMonitors.enabled=true"),
+    "prometheusRule.namespace": ("monitoring", "prometheusRule.enabled=true"),
+    "prometheusRule.labels": ({"release": "prometheus"}, "prometheusRule.enabled=true"),
 }
 # Read only where `helm template` cannot show it, and where that is tested instead.
 ACTS_ON_UPGRADE = {

@@ -126,7 +126,7 @@ def test_the_chart_with_an_activator_route_grants_what_the_activator_overlay_gra
 OVERLAY_VALUES = {
     "cert-manager": "certificates.mode=cert-manager",
     "keda": "certificates.mode=cert-manager,apiService.enabled=false,keda.clientCertificate=true",
-    "monitoring": "podMonitors.enabled=true",
+    "monitoring": "podMonitors.enabled=true,prometheusRule.enabled=true",
 }
 
 

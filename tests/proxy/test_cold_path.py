@@ -20,6 +20,13 @@ def errors(route_name: str, code: str) -> float:
     return value or 0.0
 
 
+def limit_hits(route_name: str, limit: str) -> float:
+    value = REGISTRY.get_sample_value(
+        "zeroscale_proxy_limit_hits_total", {"route": f"default/{route_name}", "limit": limit}
+    )
+    return value or 0.0
+
+
 async def test_thousand_held_requests_each_answered_once_with_its_own_body() -> None:
     port = refused_port()
     async with running_proxy([route("cold1k", f"127.0.0.1:{port}")], max_connections=5000) as server:
@@ -99,9 +106,11 @@ async def test_over_capacity_is_503_with_retry_after() -> None:
     async with running_proxy(routes) as server:
         held = [asyncio.create_task(request(server.port, get())) for _ in range(2)]
         await until(lambda: server.routes["default/small"].counts.held == 2)
+        hits = limit_hits("small", "max_held_requests")
         response = await request(server.port, get())
         assert response.status == 503
         assert response.headers["retry-after"] == "7"
+        assert limit_hits("small", "max_held_requests") == hits + 1  # what the hold-limit alert reads
         for task in held:
             task.cancel()
 
