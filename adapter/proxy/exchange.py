@@ -460,7 +460,8 @@ class Exchange:
             return
         telemetry.ERRORS.labels(self.route.name, str(code)).inc()
         self._close_upstream()
-        self._end(trace.ERROR, code, message)
+        # Cut off after the upstream's head: the client saw the upstream's status (its span has it already).
+        self._end(trace.ERROR, 0 if self.response_started else code, message)
         if self.response_started:
             self.client.abort()
         else:

@@ -235,6 +235,7 @@ class Route:
             self._page_timer = loop.call_at(self._page_until, self._page_over)
         if not self._cold_since:
             self._cold_since = time.monotonic()
+            self._cold_span = exchange.span  # its wake's parent: this navigation asked for it
         if self.on_cold is not None:
             self.on_cold()
 

@@ -160,6 +160,8 @@ def forwarded(span: Span, endpoint: str, attempt: int) -> None:
 def first_byte(span: Span, status: int) -> None:
     span.set_attribute(STATUS_CODE, status)
     span.add_event(FIRST_BYTE, {STATUS_CODE: status})
+    if status >= 500:  # OpenTelemetry's HTTP conventions: a server span answered with a 5xx is an error
+        span.set_status(Status(StatusCode.ERROR))
 
 
 def retried(span: Span) -> None:

@@ -354,3 +354,64 @@ async def test_tracing_off_forwards_the_clients_traceparent_as_before(upstream: 
     seen = upstream.requests[0]
     assert traceparents(seen) == [SAMPLED, UNSAMPLED]
     assert seen.headers["tracestate"] == "v=1"
+
+
+async def test_an_upstreams_5xx_is_an_error_span_and_a_response_cut_off_an_error_ending(upstream: Upstream) -> None:
+    with traces() as on:
+        async with running_proxy([route("app", upstream.address)]) as server:
+            answered = await request(server.port, get("/echo?status=503"))
+            partial = await request(server.port, get("/crash"))  # 200, then the connection breaks
+            await until(lambda: server.routes["default/app"].counts.inflight == 0)
+        forwarded, cut = sorted(on.spans(), key=lambda span: span.start_time or 0)
+    assert (answered.status, partial.status) == (503, 200)
+    assert forwarded.attributes is not None
+    assert (forwarded.attributes["zeroscale.outcome"], forwarded.attributes["http.response.status_code"]) == (
+        "forwarded",
+        503,
+    )
+    assert forwarded.status.status_code is StatusCode.ERROR
+    # The client got the upstream's 200 head, then the connection broke: the status it saw stays.
+    assert cut.attributes is not None
+    assert (cut.attributes["zeroscale.outcome"], cut.attributes["http.response.status_code"]) == ("error", 200)
+    assert cut.status.status_code is StatusCode.ERROR
+    assert "after its response began" in (cut.status.description or "")
+
+
+async def test_an_upgrade_ends_its_span_when_the_tunnel_opens(upstream: Upstream) -> None:
+    with traces() as on:
+        async with running_proxy([route("ws", upstream.address)]) as server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            try:
+                writer.write(b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+                assert head.startswith(b"HTTP/1.1 101")
+                await until(lambda: server.routes["default/ws"].tunnels == 1)
+            finally:
+                writer.close()
+        (span,) = on.spans()
+    assert span.attributes is not None
+    assert (span.attributes["zeroscale.outcome"], span.attributes["http.response.status_code"]) == ("tunnel", 101)
+
+
+async def test_a_waking_pages_request_is_the_parent_of_the_wake_it_asked_for(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    web = ColdWeb(kube)
+    navigation = "Accept: text/html\r\nSec-Fetch-Mode: navigate\r\nSec-Fetch-Dest: document\r\n"
+    paged = wake_route("paged", wake="always", waking_page={"refresh": 1})
+    with traces() as on:
+        async with running_proxy([paged], kube=kube_client) as server:
+            page = await request(server.port, get("/", extra=navigation))
+            await until(lambda: web.scale.replicas == 1)
+        (span,) = on.spans()
+        (wake,) = on.spans("zeroscale.proxy.wake")
+    assert page.status == 503
+    assert span.attributes is not None
+    assert (span.attributes["zeroscale.outcome"], span.attributes["http.response.status_code"]) == (
+        "answered_here",
+        503,
+    )
+    assert span.status.status_code is StatusCode.UNSET  # a configured answer, not a failure
+    assert event(span, "zeroscale.cold_choice") == {"zeroscale.choice": "waking_page"}
+    assert wake.parent is not None
+    assert wake.parent.span_id == span.context.span_id
