@@ -239,6 +239,15 @@ class Route:
         if self.on_cold is not None:
             self.on_cold()
 
+    def _no_waker(self) -> tuple[str, str]:
+        """Why this route patches nothing when cold (its zeroscale.wake.not_sent reason and message)."""
+        wake = self.config.wake
+        if wake == "hpa":
+            return "wake_hpa", f"route {self.name} has wake: hpa: its HPA wakes the workload from the proxy's counts"
+        if wake == "none":
+            return "wake_none", f"route {self.name} has wake: none: nothing wakes the workload"
+        return "no_api_access", f"route {self.name} cannot patch its target: the proxy has no Kubernetes API access"
+
     def _chose(self, exchange: Exchange, choice: str) -> None:
         """A cold-start choice takes `exchange` (counted, and an event of its span)."""
         telemetry.COLD_CHOICES.labels(self.name, choice).inc()
@@ -402,10 +411,7 @@ class Route:
         if not cold:
             return
         if self.on_cold is None:
-            wake = self.config.wake
-            trace.wake_not_sent(
-                span, f"wake_{wake}", f"route {self.name} has wake: {wake}: the proxy patches no target"
-            )
+            trace.wake_not_sent(span, *self._no_waker())
         elif self._wake_sent_at and self._wake_sent_at >= self._cold_since:
             trace.wake_sent(span, time.monotonic() - self._wake_sent_at)
 

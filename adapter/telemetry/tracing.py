@@ -145,7 +145,8 @@ WAKE_REASON = attribute(
     "zeroscale.wake.reason",
     "Why no wake was sent (on zeroscale.wake.not_sent): a refusal of the HPA's intent (stopped_by_hand, no_hpa, "
     "ambiguous_hpas, hpas_unreadable, as zeroscale_proxy_wake_refusals_total), a failed attempt (hpas_unread, "
-    "conflict, api_error), or the route's wake policy (wake_hpa, wake_none)",
+    "conflict: the Scale changed at each of 3 tries, api_error), or the route patching nothing itself (wake_hpa, "
+    "wake_none, no_api_access: a route that would wake, in a proxy without Kubernetes API access)",
 )
 WAKE_MESSAGE = attribute(
     "zeroscale.wake.message", "What the proxy says of a wake not sent (on zeroscale.wake.not_sent)"

@@ -21,7 +21,7 @@ from adapter.config.tracing import TracingConfig
 from adapter.kube.client import KubeClient
 from adapter.telemetry import tracing
 from tests.fixtures.h2_peers import H2Upstream, h2_request
-from tests.fixtures.kube_routes import ColdWeb, hpa, hpas_collection, wake_route, wake_standin
+from tests.fixtures.kube_routes import ColdWeb, ScaleStandIn, hpa, hpas_collection, wake_route, wake_standin
 from tests.fixtures.kube_standin import KubeStandIn
 from tests.fixtures.netutil import refused_port
 from tests.fixtures.proxy import get, request, route, running_proxy, until
@@ -294,8 +294,17 @@ async def test_an_http2_client_and_an_h2c_upstream_carry_the_context() -> None:
     assert events(span) == ["zeroscale.forwarded", "zeroscale.first_byte"]
 
 
-async def test_a_hold_timeout_ends_the_span_once_as_a_504_error() -> None:
-    routes = [route("late", f"127.0.0.1:{refused_port()}", limits={"hold_timeout": 0.3})]
+@pytest.mark.parametrize(
+    ("wake", "reason"),
+    [
+        ({"wake": "none"}, "wake_none"),
+        ({"wake": "hpa"}, "wake_hpa"),
+        # A route that would patch its target, in a proxy with no Kubernetes API access.
+        ({"wake": "always", "target": {"namespace": "default", "kind": "Deployment", "name": "web"}}, "no_api_access"),
+    ],
+)
+async def test_a_hold_timeout_ends_the_span_once_as_a_504_error(wake: dict[str, Any], reason: str) -> None:
+    routes = [route("late", f"127.0.0.1:{refused_port()}", limits={"hold_timeout": 0.3}, **wake)]
     with traces() as on:
         async with running_proxy(routes) as server:
             response = await request(server.port, get())
@@ -309,7 +318,7 @@ async def test_a_hold_timeout_ends_the_span_once_as_a_504_error() -> None:
     assert "limits.hold_timeout" in (span.status.description or "")
     # Its probe route learns it is cold from the refused connect: retried, then held, told no wake comes from here.
     assert events(span) == ["zeroscale.retried", "zeroscale.held", "zeroscale.wake.not_sent"]
-    assert event(span, "zeroscale.wake.not_sent")["zeroscale.wake.reason"] == "wake_none"
+    assert event(span, "zeroscale.wake.not_sent")["zeroscale.wake.reason"] == reason
 
 
 async def test_a_client_gone_while_held_ends_the_span_as_499() -> None:
@@ -415,3 +424,70 @@ async def test_a_waking_pages_request_is_the_parent_of_the_wake_it_asked_for(
     assert event(span, "zeroscale.cold_choice") == {"zeroscale.choice": "waking_page"}
     assert wake.parent is not None
     assert wake.parent.span_id == span.context.span_id
+
+
+async def test_a_wake_that_meets_a_conflict_is_an_error_span_and_a_failed_read_an_event(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    web = ColdWeb(kube)
+
+    def changed_meanwhile(scale: ScaleStandIn) -> None:
+        scale.before_patch = lambda _scale: None
+        scale.set(0)  # another writer, between the proxy's read and its patch: a conflict, then read again
+
+    web.scale.before_patch = changed_meanwhile
+    with traces() as on:
+        racy = wake_route("racy", wake_retry_interval=0.1, limits={"hold_timeout": 1})
+        async with running_proxy([racy], kube=kube_client) as server:
+            pending = asyncio.create_task(request(server.port, get()))
+            await until(lambda: web.scale.replicas == 1)
+            web.scale.forbidden = True  # from now on the Scale cannot be read: the next attempt sends nothing
+            web.scale.set(0)
+            response = await pending
+        (span,) = on.spans()
+        wakes = on.spans("zeroscale.proxy.wake")
+    assert response.status == 504
+    assert [(dict(wake.attributes or {})["zeroscale.wake.result"], wake.status.status_code) for wake in wakes] == [
+        ("conflict", StatusCode.ERROR),
+        ("patched", StatusCode.UNSET),
+    ]
+    not_sent = [dict(found.attributes or {}) for found in span.events if found.name == "zeroscale.wake.not_sent"]
+    assert not_sent  # one an attempt, every 0.1 s
+    assert {found["zeroscale.wake.reason"] for found in not_sent} == {"api_error"}
+    assert "forbidden" in not_sent[0]["zeroscale.wake.message"]
+
+
+async def test_a_sidecars_spans_say_so() -> None:
+    port = refused_port()
+    upstream = await Upstream(port).start()
+    try:
+        with traces() as on:
+            async with running_proxy([], sidecar={"upstream": f"127.0.0.1:{port}"}) as server:
+                assert (await request(server.port, get())).status == 200
+            (span,) = on.spans()
+    finally:
+        await upstream.stop()
+    assert span.attributes is not None
+    assert span.attributes["zeroscale.mode"] == "sidecar"
+
+
+async def test_an_http1_client_to_an_h2c_upstream_and_an_http2_client_to_an_http1_one_carry_the_context(
+    upstream: Upstream,
+) -> None:
+    h2_upstream = await H2Upstream().start()
+    routes = [
+        route("h2", h2_upstream.address, upstream={"address": h2_upstream.address, "protocol": "h2c"}),
+        route("h1", upstream.address, hosts=["h1.example"]),
+    ]
+    try:
+        with traces() as on:
+            async with running_proxy(routes) as server:
+                await request(server.port, get(extra=f"traceparent: {SAMPLED}\r\n"))
+                head = [(":method", "GET"), (":scheme", "http"), (":authority", "h1.example"), (":path", "/echo")]
+                await h2_request(server.port, [*head, ("traceparent", SAMPLED)])
+            spans = {dict(span.attributes or {})["zeroscale.route"]: span for span in on.spans()}
+    finally:
+        await h2_upstream.stop()
+    (to_h2,) = h2_upstream.requests
+    assert to_h2.header("traceparent") == f"00-{TRACE_ID}-{ids(spans['default/h2'])[1]}-01"
+    assert traceparents(upstream.requests[0]) == [f"00-{TRACE_ID}-{ids(spans['default/h1'])[1]}-01"]
