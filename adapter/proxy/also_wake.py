@@ -97,7 +97,7 @@ class AlsoWake:
         routes = ", ".join(sorted({route.name for route in self._waking}))
         log.info("routes %s: %s not woken; their held requests wait for their own upstream", routes, self.name)
 
-    def wake_failed(self, message: str, reason: str = "") -> None:
+    def wake_failed(self, message: str, reason: str) -> None:
         """Logged by the waker; a held request's 504 tells of its own target's failures, not of this one's."""
 
     def wake_parent(self) -> Span | None:

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from adapter.config.base import split_address
 from adapter.config.route import RouteConfig, ServiceUpstream
@@ -317,15 +317,8 @@ class Route:
 
     def _unqueue(self, exchange: Exchange) -> None:
         self.queue.remove(exchange)
-        self._observe_hold(exchange, time.monotonic() - exchange.held_at)
+        _observe(self._hold_seconds, time.monotonic() - exchange.held_at, exchange.span)
         self.counts.add(-1, 0)
-
-    def _observe_hold(self, exchange: Exchange, seconds: float) -> None:
-        """zeroscale_proxy_hold_duration_seconds, with the request's trace as its exemplar when it is traced."""
-        if exchange.span is None:
-            self._hold_seconds.observe(seconds)
-        else:
-            self._hold_seconds.observe(seconds, tracing.exemplar_of(exchange.span))
 
     # --- the fallback (docs/architecture.md#fallback) ---
 
@@ -423,7 +416,7 @@ class Route:
             self.stats.requests += 1
         waited = exchange.to_endpoint(endpoint)
         if waited is not None:
-            self._observe_hold(exchange, waited)
+            _observe(self._hold_seconds, waited, exchange.span)
 
     # --- time at zero ---
 
@@ -455,10 +448,7 @@ class Route:
                 began = self._wake_sent_at if self._wake_sent_at >= self._cold_since else self._cold_since
                 telemetry.COLD_STARTS.labels(self.name).inc()
                 span, self._cold_span = self._cold_span, None
-                if span is None:
-                    telemetry.WAKE_TO_READY_SECONDS.labels(self.name).observe(now - began)
-                else:
-                    telemetry.WAKE_TO_READY_SECONDS.labels(self.name).observe(now - began, tracing.exemplar_of(span))
+                _observe(telemetry.WAKE_TO_READY_SECONDS.labels(self.name), now - began, span)
                 self._traced_held(trace.endpoint_ready)
                 self.last_cold_start = now - began
                 self._cold_since = 0.0
@@ -478,12 +468,7 @@ class Route:
         """A held request's response began (`span`: its span): closes the cold start's last phase."""
         if self._await_first_byte:
             self._await_first_byte = False
-            seconds = time.monotonic() - self._ready_at
-            histogram = telemetry.READY_TO_FIRST_BYTE_SECONDS.labels(self.name)
-            if span is None:
-                histogram.observe(seconds)
-            else:
-                histogram.observe(seconds, tracing.exemplar_of(span))
+            _observe(telemetry.READY_TO_FIRST_BYTE_SECONDS.labels(self.name), time.monotonic() - self._ready_at, span)
 
     @property
     def idle(self) -> bool:
@@ -550,7 +535,7 @@ class Route:
         self.wake_refusal = ""
         self._traced_held(trace.wake_sent)
 
-    def wake_failed(self, message: str, reason: str = "") -> None:
+    def wake_failed(self, message: str, reason: str) -> None:
         self.wake_failure = message
         if message:
             self._traced_held(lambda span: trace.wake_not_sent(span, reason, message))
@@ -596,6 +581,15 @@ class Route:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _observe(histogram: Histogram, seconds: float, span: Span | None) -> None:
+    """A cold-start histogram's observation, with `span`'s trace as its exemplar when the request is traced (tracing
+    off: no exemplar is built; an unsampled trace has none, exemplar_of says)."""
+    if span is None:
+        histogram.observe(seconds)
+    else:
+        histogram.observe(seconds, tracing.exemplar_of(span))
 
 
 def fallback_name(route: str) -> str:

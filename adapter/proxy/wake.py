@@ -60,7 +60,7 @@ class WakeListener(Protocol):
         """The target is not woken (see intent.py): the held requests get `message`; `reason` labels
         zeroscale_proxy_wake_refusals_total."""
 
-    def wake_failed(self, message: str, reason: str = "") -> None:
+    def wake_failed(self, message: str, reason: str) -> None:
         """Why the latest attempt failed ("": it did not; `reason`: hpas_unread, conflict or api_error); said to held
         requests whose hold_timeout ends."""
 
