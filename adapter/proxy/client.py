@@ -32,7 +32,7 @@ from adapter.proxy.headers import (
     read_request_head,
 )
 from adapter.proxy.http1 import CONTINUE, error_response, own_response
-from adapter.proxy.trace import h1_parts, request_span
+from adapter.proxy.trace import h1_request
 from adapter.telemetry import proxy as telemetry
 from adapter.telemetry import tracing
 
@@ -429,8 +429,7 @@ class ClientConnection(asyncio.Protocol):
         span = None
         tracer = tracing.TRACER  # read once per request: off, nothing else of tracing runs for it
         if tracer is not None:
-            span = request_span(tracer, method, url, host, "1.1", route, self._headers)
-            h1_parts(request[0], span)
+            span = h1_request(tracer, method, url, host, route, self._headers, request[0])
         head = forwarded_request_head(
             request, self._peer, self._forwarded, self._forwarded_node, route.default_host, self.server.via, version
         )

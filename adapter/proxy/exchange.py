@@ -168,8 +168,8 @@ class Exchange:
         self.attempts = 0
         # Attempts an HTTP/2 upstream refused unprocessed (REFUSED_STREAM): not failures, the endpoint paces them.
         self.refusals = 0
-        # The request's span (zeroscale.proxy.request; None: tracing was off when its head was read, and nothing
-        # traces it): adapter/proxy/trace.py.
+        # The request's span (zeroscale.proxy.request; None: tracing was off when its head was read, or its trace is
+        # not sampled, and nothing traces it): adapter/proxy/trace.py.
         self.span = span
 
     # --- the request body, as the client sends it ---

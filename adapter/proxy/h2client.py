@@ -50,7 +50,7 @@ from adapter.proxy.h2wire import (
     own_fields,
 )
 from adapter.proxy.headers import CONTENT_UNDEFINED, MessageRefused
-from adapter.proxy.trace import h2_fields, request_span
+from adapter.proxy.trace import h2_request
 from adapter.telemetry import proxy as telemetry
 from adapter.telemetry import tracing
 
@@ -261,8 +261,7 @@ class H2ClientConnection(asyncio.Protocol):
         span = None
         tracer = tracing.TRACER  # read once per request: off, nothing else of tracing runs for it
         if tracer is not None:
-            span = request_span(tracer, request.method, request.path, request.authority, "2", route, headers)
-            head = h2_fields(head, span)
+            head, span = h2_request(tracer, request, route, headers, head)
         exchange = Exchange(
             stream,
             route,

@@ -3,7 +3,9 @@ held, woken for, forwarded and answered, the context it carries to the upstream,
 around a Scale PATCH. The names are adapter/telemetry/tracing.py's (`the proxy`).
 
 Nothing here runs while tracing is off: the client ends read `tracing.TRACER` once per request and keep the span on
-the exchange (None: off), and every caller tests that first (docs/architecture.md#hot-skipped-calls).
+the exchange, and every caller tests that first (docs/architecture.md#hot-skipped-calls). The exchange keeps a
+recording (sampled) span only: an unsampled request's span names it in the context sent upstream and is dropped
+there, so it pays no event, no ending and no exemplar, and its wakes get no span either (parent-based, as its own).
 
 Propagation (docs/protocols.md#tracing): the client's `traceparent` is continued only when it sent exactly one that
 parses; one sent twice, or malformed, is none (the span starts a trace of its own). Either way the upstream gets the
@@ -56,7 +58,7 @@ from adapter.telemetry.tracing import (
 )
 
 if TYPE_CHECKING:
-    from adapter.proxy.h2wire import Fields
+    from adapter.proxy.h2wire import Fields, StreamRequest
     from adapter.proxy.route import Route
 
 # zeroscale.outcome's values.
@@ -90,7 +92,36 @@ def parent(headers: Iterable[tuple[bytes, bytes]]) -> Context | None:
     return tracing.parent_of(traceparent.decode("latin-1"), state)
 
 
-def request_span(
+def h1_request(
+    tracer: Tracer,
+    method: bytes,
+    target: bytes,
+    host: bytes | None,
+    route: Route,
+    headers: Iterable[tuple[bytes, bytes]],
+    parts: list[bytes],
+) -> Span | None:
+    """An HTTP/1.1 request's span, its context in the head's pieces (headers.read_request_head's, four per header line
+    from the fifth) in place of the client's; the span to keep on the exchange (None: not sampled)."""
+    span = _request_span(tracer, method, target, host, "1.1", route, headers)
+    without_named(parts, 4, _TRACE_FIELDS)
+    for name, value in tracing.headers_of(span).items():
+        parts += (name.encode(), b": ", value.encode(), b"\r\n")
+    return span if span.is_recording() else None
+
+
+def h2_request(
+    tracer: Tracer, request: StreamRequest, route: Route, headers: Fields, head: Fields
+) -> tuple[Fields, Span | None]:
+    """An HTTP/2 request's span, and its forwarded fields carrying the span's context in place of the client's; the
+    span to keep on the exchange (None: not sampled)."""
+    span = _request_span(tracer, request.method, request.path, request.authority, "2", route, headers)
+    fields = [field for field in head if field[0] not in _TRACE_FIELDS]
+    fields += [(name.encode(), value.encode()) for name, value in tracing.headers_of(span).items()]
+    return fields, span if span.is_recording() else None
+
+
+def _request_span(
     tracer: Tracer,
     method: bytes,
     target: bytes,
@@ -116,21 +147,6 @@ def _without_port(host: bytes) -> bytes:
     if host.startswith(b"["):  # an IPv6 literal: [::1]:8080
         return host[: host.find(b"]") + 1]
     return host.partition(b":")[0]
-
-
-def h1_parts(parts: list[bytes], span: Span) -> None:
-    """A request head's pieces (headers.read_request_head's, four per header line from the fifth) carry `span`'s
-    context instead of the client's."""
-    without_named(parts, 4, _TRACE_FIELDS)
-    for name, value in tracing.headers_of(span).items():
-        parts += (name.encode(), b": ", value.encode(), b"\r\n")
-
-
-def h2_fields(head: Fields, span: Span) -> Fields:
-    """An HTTP/2 request's forwarded fields carrying `span`'s context instead of the client's."""
-    fields = [field for field in head if field[0] not in _TRACE_FIELDS]
-    fields += [(name.encode(), value.encode()) for name, value in tracing.headers_of(span).items()]
-    return fields
 
 
 # --- events ---
@@ -197,11 +213,12 @@ def held_for(held_at: float, waited: float, queued: bool) -> float:
 
 
 def wake_span(parent_span: Span | None, route: str, target: str, replicas: int) -> Span | None:
-    """The span of a Scale PATCH about to be sent (None: tracing is off), a child of `parent_span`."""
+    """The span of a Scale PATCH about to be sent, a child of `parent_span`, the sampled request that asked for it
+    (None: there is none, or tracing is off)."""
     tracer = tracing.TRACER
-    if tracer is None:
+    if tracer is None or parent_span is None:
         return None
-    context = set_span_in_context(parent_span) if parent_span is not None else None
+    context = set_span_in_context(parent_span)
     attributes: dict[str, str | int] = {ROUTE: route, TARGET: target, WAKE_REPLICAS: replicas}
     return tracer.start_span(PROXY_WAKE, context=context, kind=SpanKind.CLIENT, attributes=attributes)
 

@@ -491,3 +491,21 @@ async def test_an_http1_client_to_an_h2c_upstream_and_an_http2_client_to_an_http
     (to_h2,) = h2_upstream.requests
     assert to_h2.header("traceparent") == f"00-{TRACE_ID}-{ids(spans['default/h2'])[1]}-01"
     assert traceparents(upstream.requests[0]) == [f"00-{TRACE_ID}-{ids(spans['default/h1'])[1]}-01"]
+
+
+async def test_the_wake_of_an_unsampled_request_is_not_recorded_either(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    web = ColdWeb(kube)
+    with traces(1.0) as on:
+        async with running_proxy([wake_route("quiet")], kube=kube_client) as server:
+            pending = asyncio.create_task(request(server.port, get(extra=f"traceparent: {UNSAMPLED}\r\n")))
+            await until(lambda: web.scale.replicas == 1)
+            upstream = await Upstream(web.port).start()
+            try:
+                web.ready()
+                assert (await pending).status == 200
+            finally:
+                await upstream.stop()
+        on.stop()
+    assert on.exporter.get_finished_spans() == ()  # neither the request's span nor its wake's
