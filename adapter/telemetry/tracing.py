@@ -91,8 +91,9 @@ PROXY_WAKE = span(
 HELD = event("zeroscale.held", "The request was first held (queued): no endpoint usable (cold) or every one busy")
 WAKE_SENT = event(
     "zeroscale.wake.sent",
-    "The route's wake of its target was sent while the request was held; a request first held after this cold "
-    "start's wake went has it at its hold, with zeroscale.wake.sent_seconds_ago",
+    "The route's wake (a PATCH of its target's scale, whose result is its zeroscale.proxy.wake span) was sent while "
+    "the request was held, once a PATCH; a request first held after this cold start's wake went has it at its hold, "
+    "with zeroscale.wake.sent_seconds_ago",
 )
 WAKE_NOT_SENT = event(
     "zeroscale.wake.not_sent",
