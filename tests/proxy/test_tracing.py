@@ -17,8 +17,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import REGISTRY
 
+from adapter.config.route import RouteConfig
 from adapter.config.tracing import TracingConfig
 from adapter.kube.client import KubeClient
+from adapter.proxy.route import Route
 from adapter.telemetry import tracing
 from tests.fixtures.h2_peers import H2Upstream, h2_request
 from tests.fixtures.kube_routes import ColdWeb, ScaleStandIn, hpa, hpas_collection, wake_route, wake_standin
@@ -26,6 +28,7 @@ from tests.fixtures.kube_standin import KubeStandIn
 from tests.fixtures.netutil import refused_port
 from tests.fixtures.proxy import get, request, route, running_proxy, until
 from tests.fixtures.upstream_app import Seen, Upstream
+from tests.proxy.test_activator import activator_route
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
@@ -509,3 +512,11 @@ async def test_the_wake_of_an_unsampled_request_is_not_recorded_either(
                 await upstream.stop()
         on.stop()
     assert on.exporter.get_finished_spans() == ()  # neither the request's span nor its wake's
+
+
+async def test_an_activator_routes_spans_say_so() -> None:
+    """Its mode, as zeroscale.mode says it (a route object: serving one takes a control plane of its own,
+    tests/proxy/test_activator.py's)."""
+    config = RouteConfig.model_validate(activator_route(8080, name="mode-activator"))
+    assert Route(config).mode == "activator"
+    assert Route(RouteConfig.model_validate(route("mode-proxy", "127.0.0.1:1"))).mode == "proxy"
