@@ -144,8 +144,8 @@ def _request_span(
 
 
 def _without_port(host: bytes) -> bytes:
-    if host.startswith(b"["):  # an IPv6 literal: [::1]:8080
-        return host[: host.find(b"]") + 1]
+    if host.startswith(b"["):  # an IPv6 literal, [::1]:8080: the address alone, as OpenTelemetry writes it
+        return host[1 : host.find(b"]")]
     return host.partition(b":")[0]
 
 

@@ -520,3 +520,13 @@ async def test_an_activator_routes_spans_say_so() -> None:
     config = RouteConfig.model_validate(activator_route(8080, name="mode-activator"))
     assert Route(config).mode == "activator"
     assert Route(RouteConfig.model_validate(route("mode-proxy", "127.0.0.1:1"))).mode == "proxy"
+
+
+@pytest.mark.parametrize(("host", "address"), [("app.example:8080", "app.example"), ("[::1]:8080", "::1")])
+async def test_the_server_address_is_the_host_without_its_port(upstream: Upstream, host: str, address: str) -> None:
+    with traces() as on:
+        async with running_proxy([route("app", upstream.address)]) as server:
+            assert (await request(server.port, get(host=host))).status == 200
+        (span,) = on.spans()
+    assert span.attributes is not None
+    assert span.attributes["server.address"] == address
