@@ -110,8 +110,8 @@ FORWARDED = event(
 FIRST_BYTE = event("zeroscale.first_byte", "The upstream's response head came back (http.response.status_code)")
 RETRIED = event(
     "zeroscale.retried",
-    "The request goes back to the front of the route's queue: its connect failed, or its connection broke before any "
-    "response byte and it may be sent again",
+    "The request goes back to the front of its route's queue, to be sent again: its connect failed, its connection "
+    "broke before any response byte and it may be re-sent, or an HTTP/2 upstream refused its stream or had no room",
 )
 COLD_CHOICE = event(
     "zeroscale.cold_choice",
