@@ -113,8 +113,8 @@ class Route:
         self._probe_now = asyncio.Event()
         self._probe_idle = False
         self._cold_since = 0.0
-        # The span of the request held first in the cold start under way (None: none, or it was not traced): the
-        # parent of its wakes' spans, and the exemplar of its wake-to-ready time.
+        # The span of the first sampled request held (or shown the waking page) in the cold start under way (None:
+        # none yet): the parent of its wakes' spans, and the exemplar of its wake-to-ready time.
         self._cold_span: Span | None = None
         # How long the latest cold start took (seconds; None: none yet), for the route's status.
         self.last_cold_start: float | None = None
@@ -235,6 +235,7 @@ class Route:
             self._page_timer = loop.call_at(self._page_until, self._page_over)
         if not self._cold_since:
             self._cold_since = time.monotonic()
+        if self._cold_span is None:
             self._cold_span = exchange.span  # its wake's parent: this navigation asked for it
         if self.on_cold is not None:
             self.on_cold()
@@ -388,6 +389,7 @@ class Route:
         if not usable:
             if not self._cold_since:
                 self._cold_since = time.monotonic()
+            if self._cold_span is None:
                 self._cold_span = exchange.span
             if self.on_cold is not None:
                 self.on_cold()

@@ -84,8 +84,8 @@ PROXY_REQUEST = span(
 )
 PROXY_WAKE = span(
     "zeroscale.proxy.wake",
-    "The PATCH of the scale subresource that wakes a route's target (CLIENT), a child of the span of the request that "
-    "began that cold start (held first, or shown the waking page); none when that request is not sampled",
+    "The PATCH of the scale subresource that wakes a route's target (CLIENT), a child of the span of the first sampled "
+    "request held (or shown the waking page) in that cold start; none while no such request is sampled",
 )
 # Events of zeroscale.proxy.request, in the order they happen.
 HELD = event("zeroscale.held", "The request was first held (queued): no endpoint usable (cold) or every one busy")

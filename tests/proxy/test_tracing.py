@@ -530,3 +530,33 @@ async def test_the_server_address_is_the_host_without_its_port(upstream: Upstrea
         (span,) = on.spans()
     assert span.attributes is not None
     assert span.attributes["server.address"] == address
+
+
+async def test_a_cold_starts_wake_is_a_child_of_its_first_sampled_request(
+    kube: KubeStandIn, kube_client: KubeClient
+) -> None:
+    """At a small ratio the first request of a cold start is seldom sampled: the wake goes under the first that is."""
+    web = ColdWeb(kube)
+    web.scale.forbidden = True  # no wake until both are held
+    sampled = f"00-{'5' * 32}-{CLIENT_SPAN}-01"
+    with traces(1.0) as on:
+        async with running_proxy([wake_route("first", wake_retry_interval=0.1)], kube=kube_client) as server:
+            counts = server.routes["default/first"].counts
+            unsampled = asyncio.create_task(request(server.port, get(extra=f"traceparent: {UNSAMPLED}\r\n")))
+            await until(lambda: counts.held == 1)
+            traced = asyncio.create_task(request(server.port, get(extra=f"traceparent: {sampled}\r\n")))
+            await until(lambda: counts.held == 2)
+            web.scale.forbidden = False
+            await until(lambda: web.scale.replicas == 1)
+            upstream = await Upstream(web.port).start()
+            try:
+                web.ready()
+                await asyncio.gather(unsampled, traced)
+            finally:
+                await upstream.stop()
+        (span,) = on.spans()
+        (wake,) = on.spans("zeroscale.proxy.wake")
+    assert ids(span)[0] == "5" * 32
+    assert wake.parent is not None
+    assert wake.parent.span_id == span.context.span_id
+    assert "5" * 32 in exemplar_trace("zeroscale_proxy_cold_start_wake_to_ready_seconds", "default/first")
