@@ -7,7 +7,8 @@ Its modules by role (tests/proxy/test_package_map.py checks that each is named h
   health);
 - client ends: client.py (HTTP/1.1, and the hand-over to HTTP/2), h2client.py (HTTP/2, a stream per request);
 - upstream ends: upstream.py (HTTP/1.1 connections, `Endpoint` and its pool), h2upstream.py (h2c streams);
-- exchange: exchange.py (one request from accept to answer), flow.py (bytes and back-pressure between the ends);
+- exchange: exchange.py (one request from accept to answer), flow.py (bytes and back-pressure between the ends),
+  trace.py (its span, its events, the context it carries upstream; the wake's span);
 - wire: headers.py (the header policy), http1.py, h2wire.py and h2conn.py (each protocol's pieces);
 - routing: table.py (what the control plane hands the data plane), routing.py (request -> route), route.py
   (endpoints and held requests), choices.py and cold_rules.py (never-wake rules, the waking page);
