@@ -1,11 +1,13 @@
 """The cold-start histograms link to the trace of a request that waited: a real Prometheus, its exemplar storage on,
 scrapes the proxy's admin port (OpenMetrics) and its exemplar API returns the trace id of the proxy's span for a
 request held through a cold start (wake: scale against the Kubernetes API stand-in, an EndpointSlice turning ready,
-a real upstream). The spans go to the SDK's in-memory exporter."""
+a real upstream), also for the queries of the dashboard panels that draw exemplars. The spans go to the SDK's
+in-memory exporter."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -19,17 +21,27 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from adapter.config.tracing import TracingConfig
 from adapter.kube.client import KubeClient
 from adapter.telemetry import tracing
+from grafana import generate
 from tests.fixtures.kube_routes import ScaleStandIn, endpoint_slice, slices_collection, wake_route, wake_standin
 from tests.fixtures.kube_standin import KubeStandIn
 from tests.fixtures.prometheus import Prometheus, scrape_config
 from tests.fixtures.proxy import get, request, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
+from tests.grafana.test_dashboards import fill
 
 HISTOGRAMS = (
     "zeroscale_proxy_hold_duration_seconds",
     "zeroscale_proxy_cold_start_wake_to_ready_seconds",
     "zeroscale_proxy_cold_start_ready_to_first_byte_seconds",
 )
+
+
+def dashboard_exemplar_queries() -> list[str]:
+    """What Grafana sends Prometheus' exemplar API for the panels that draw exemplars (grafana/generate.py)."""
+    dashboard = json.loads((generate.OUT / "zeroscale-scale-from-zero.json").read_text())
+    targets = [target for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    return [fill(target["expr"], {"route": "default/web"}) for target in targets if target.get("exemplar")]
+
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus")
 
@@ -65,11 +77,11 @@ def proxy_spans(exported: InMemorySpanExporter) -> list[ReadableSpan]:
     return [span for span in exported.get_finished_spans() if span.name == "zeroscale.proxy.request"]
 
 
-async def exemplar_trace_ids(prometheus: Prometheus, histogram: str, since: float) -> set[str]:
+async def exemplar_trace_ids(prometheus: Prometheus, query: str, since: float) -> set[str]:
     data = await asyncio.to_thread(
         prometheus.get,
         "/api/v1/query_exemplars",
-        query=f"{histogram}_bucket",
+        query=query,
         start=f"{since - 60:.3f}",
         end=f"{time.time() + 60:.3f}",
     )
@@ -106,10 +118,12 @@ async def test_each_cold_start_histogram_links_to_the_held_request_trace(
             assert span.context is not None
             trace_id = f"{span.context.trace_id:032x}"
 
+            queries = [f"{name}_bucket" for name in HISTOGRAMS] + dashboard_exemplar_queries()
+            assert len(queries) >= len(HISTOGRAMS) + 2  # the hold time panel and the cold-start waits heatmap
             found: dict[str, set[str]] = {}
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:  # Prometheus scrapes every second
-                found = {name: await exemplar_trace_ids(prometheus, name, began) for name in HISTOGRAMS}
+                found = {query: await exemplar_trace_ids(prometheus, query, began) for query in queries}
                 if all(trace_id in ids for ids in found.values()):
                     break
                 await asyncio.sleep(0.5)
