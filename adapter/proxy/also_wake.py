@@ -18,12 +18,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from adapter.config.route import RouteConfig, ScaleTarget
 from adapter.kube.client import KubeClient
 from adapter.proxy.intent import Refusal
 from adapter.proxy.wake import WakeListener, Waker
 from adapter.telemetry import proxy as telemetry
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +91,18 @@ class AlsoWake:
     def wake_sent(self) -> None:
         self._count("also_wake")
 
-    def wake_refused(self, message: str) -> None:
+    def wake_refused(self, message: str, reason: str) -> None:
         # The waker logged why; the routes' held requests are not answered: they wait for their own upstream.
         self._count("also_wake_refused")
         routes = ", ".join(sorted({route.name for route in self._waking}))
         log.info("routes %s: %s not woken; their held requests wait for their own upstream", routes, self.name)
 
-    def wake_failed(self, message: str) -> None:
+    def wake_failed(self, message: str, reason: str = "") -> None:
         """Logged by the waker; a held request's 504 tells of its own target's failures, not of this one's."""
+
+    def wake_parent(self) -> Span | None:
+        """A route's whose wake this one follows: the extra target's wake is a child of that route's held request."""
+        return next((span for route in self._waking if (span := route.wake_parent()) is not None), None)
 
     def _count(self, choice: str) -> None:
         for route in self._waking:

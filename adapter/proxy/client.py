@@ -32,7 +32,9 @@ from adapter.proxy.headers import (
     read_request_head,
 )
 from adapter.proxy.http1 import CONTINUE, error_response, own_response
+from adapter.proxy.trace import h1_parts, request_span
 from adapter.telemetry import proxy as telemetry
+from adapter.telemetry import tracing
 
 if TYPE_CHECKING:
     from adapter.proxy.choices import OwnAnswer
@@ -424,6 +426,11 @@ class ClientConnection(asyncio.Protocol):
                 503,
                 f"route {route.name} has {route.limits.max_tunnels} open tunnels (raise its limits.max_tunnels)",
             )
+        span = None
+        tracer = tracing.TRACER  # read once per request: off, nothing else of tracing runs for it
+        if tracer is not None:
+            span = request_span(tracer, method, url, host, "1.1", route, self._headers)
+            h1_parts(request[0], span)
         head = forwarded_request_head(
             request, self._peer, self._forwarded, self._forwarded_node, route.default_host, self.server.via, version
         )
@@ -440,6 +447,7 @@ class ClientConnection(asyncio.Protocol):
             method == b"HEAD",
             method in IDEMPOTENT,
             not (chunked or content_length) or method not in CONTENT_UNDEFINED,
+            span,
         )
         choices = route.choices
         if choices is not None:

@@ -298,7 +298,7 @@ class ControlPlane:
             self._retire(version, message)
 
     def _start_version(self, config: RouteConfig) -> Version:
-        route = Route(config, allow_loopback=self._loopback, board=self.board)
+        route = Route(config, allow_loopback=self._loopback, board=self.board, sidecar=self.config.sidecar is not None)
         if route.fallback is not None:
             self._fallback_series.add(route.name)
         try:

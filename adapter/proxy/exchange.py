@@ -37,11 +37,14 @@ import asyncio
 from time import monotonic
 from typing import TYPE_CHECKING
 
+from adapter.proxy import trace
 from adapter.proxy.h2wire import Fields, chunk_end, h1_request_head, h2_head_of_h1
 from adapter.proxy.http1 import CHUNK_END, chunk
 from adapter.telemetry import proxy as telemetry
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
     from adapter.proxy.choices import OwnAnswer
     from adapter.proxy.client import ClientConnection
     from adapter.proxy.flow import Flow
@@ -88,6 +91,7 @@ class Exchange:
         "response_started",
         "route",
         "sent_at",
+        "span",
         "state",
         "timer",
         "trailers",
@@ -111,6 +115,7 @@ class Exchange:
         is_head: bool,
         idempotent: bool,
         pool_upstream: bool,
+        span: Span | None,
     ) -> None:
         self.client = client
         self.flow: Flow | H2Stream = client.flow
@@ -163,6 +168,9 @@ class Exchange:
         self.attempts = 0
         # Attempts an HTTP/2 upstream refused unprocessed (REFUSED_STREAM): not failures, the endpoint paces them.
         self.refusals = 0
+        # The request's span (zeroscale.proxy.request; None: tracing was off when its head was read, and nothing
+        # traces it): adapter/proxy/trace.py.
+        self.span = span
 
     # --- the request body, as the client sends it ---
 
@@ -301,6 +309,8 @@ class Exchange:
             self.flow.pair(upstream, head)  # type: ignore[arg-type]
             self.written = True
             self.attempts += 1
+            if self.span is not None:
+                self._traced_send(self.span)
             return
         frame = self.frame
         pieces = [head]
@@ -314,6 +324,8 @@ class Exchange:
         self.flow.pair(upstream, b"".join(pieces) if len(pieces) > 1 else head)  # type: ignore[arg-type]
         self.written = True
         self.attempts += 1
+        if self.span is not None:
+            self._traced_send(self.span)
         self._sent_whole(upstream)
 
     def _attach_stream(self, upstream: H2UpstreamStream) -> None:
@@ -339,7 +351,14 @@ class Exchange:
             self._body_sent()
         self.written = True
         self.attempts += 1
+        if self.span is not None:
+            self._traced_send(self.span)
         self._sent_whole(upstream)
+
+    def _traced_send(self, span: Span) -> None:
+        """The request was written upstream: an event of its span (tracing on only)."""
+        endpoint = self.endpoint
+        trace.forwarded(span, f"{endpoint.host}:{endpoint.port}" if endpoint is not None else "", self.attempts)
 
     def _body_sent(self) -> None:
         """The buffered body went upstream: kept for a replay, no longer held."""
@@ -356,17 +375,19 @@ class Exchange:
             self.sent_at = sent_at = monotonic()
             upstream.expect_response(self.route.limits.response_timeout, sent_at)
 
-    def response_begins(self, close: bool) -> None:
-        """The response's head came, and goes to the client now: nothing re-sends the request from here; `close`:
-        the client's connection ends with this response."""
+    def response_begins(self, close: bool, status: int) -> None:
+        """The response's head came (`status`), and goes to the client now: nothing re-sends the request from here;
+        `close`: the client's connection ends with this response."""
         route = self.route
+        if self.span is not None:
+            trace.first_byte(self.span, status)
         if self.sent_at:
             route.stats.upstream_seconds.observe(monotonic() - self.sent_at)
         self.response_started = True
         if close:
             self.keep_alive = False
         if self.cold:
-            route.first_byte()
+            route.first_byte(self.span)
 
     def response_withdrawn(self) -> None:
         """The head that came was refused before any of it reached the client: the proxy answers instead."""
@@ -394,7 +415,7 @@ class Exchange:
             self.route.retry(self)
         elif self.response_started:
             telemetry.ERRORS.labels(self.route.name, "502").inc()
-            self._end()
+            self._end(trace.ERROR, 0, f"the upstream {reason} after its response began")
             self.client.abort()
         else:
             self.fail(502, f"the upstream {reason} before answering")
@@ -412,7 +433,7 @@ class Exchange:
         """The upgrade succeeded: the connection now belongs to the tunnel, and the request has ended."""
         self.upstream = None
         if self.state != DONE:
-            self._end()
+            self._end(trace.TUNNEL)
 
     # --- endings ---
 
@@ -439,7 +460,7 @@ class Exchange:
             return
         telemetry.ERRORS.labels(self.route.name, str(code)).inc()
         self._close_upstream()
-        self._end()
+        self._end(trace.ERROR, code, message)
         if self.response_started:
             self.client.abort()
         else:
@@ -450,7 +471,7 @@ class Exchange:
         or sent anywhere: it ends here, having counted nowhere."""
         if self.state == DONE:
             return
-        self._end()
+        self._end(trace.ANSWERED_HERE, answer.status)
         self.client.answer_here(self, answer)
 
     def client_gone(self) -> None:
@@ -458,7 +479,7 @@ class Exchange:
             return
         telemetry.ERRORS.labels(self.route.name, "499").inc()
         self._close_upstream()
-        self._end()
+        self._end(trace.CLIENT_GONE, 499)
 
     def _close_upstream(self) -> None:
         """Close the upstream connection this exchange holds, if any; a half-done exchange leaves it unusable."""
@@ -467,7 +488,12 @@ class Exchange:
         if upstream is not None:
             upstream.abandon()
 
-    def _end(self) -> None:
+    def _end(self, outcome: str = trace.FORWARDED_OUTCOME, code: int = 0, message: str = "") -> None:
+        """The exchange's one ending (`outcome`, `code` and `message` for its span: trace.end)."""
+        span = self.span
+        if span is not None:
+            hold = trace.held_for(self.held_at, self.waited, self.state == QUEUED)
+            trace.end(span, outcome, code, message, self.cold, hold, self.attempts)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None

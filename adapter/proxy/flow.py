@@ -96,7 +96,7 @@ class Flow(Pairing):
             exchange.waited if exchange.cold else None,
             server.via,
         )
-        exchange.response_begins(close)
+        exchange.response_begins(close, status)
         self.client.transport.write(head)
 
     def data(self, data: bytes) -> None:

@@ -50,7 +50,9 @@ from adapter.proxy.h2wire import (
     own_fields,
 )
 from adapter.proxy.headers import CONTENT_UNDEFINED, MessageRefused
+from adapter.proxy.trace import h2_fields, request_span
 from adapter.telemetry import proxy as telemetry
+from adapter.telemetry import tracing
 
 if TYPE_CHECKING:
     from adapter.proxy.choices import OwnAnswer
@@ -256,6 +258,11 @@ class H2ClientConnection(asyncio.Protocol):
             return
         config = self.server.config
         head = h2_request_head(request, self._peer, self._node, route.default_host, config.via)
+        span = None
+        tracer = tracing.TRACER  # read once per request: off, nothing else of tracing runs for it
+        if tracer is not None:
+            span = request_span(tracer, request.method, request.path, request.authority, "2", route, headers)
+            head = h2_fields(head, span)
         exchange = Exchange(
             stream,
             route,
@@ -269,6 +276,7 @@ class H2ClientConnection(asyncio.Protocol):
             request.method == b"HEAD",
             request.idempotent,
             ended or request.method not in CONTENT_UNDEFINED,
+            span,
         )
         exchange.grpc = request.grpc
         choices = route.choices
@@ -665,7 +673,7 @@ class H2Stream(Pairing):
     relay_to_upstream = relay_to_client
 
     def response(self, exchange: Exchange, status: int, fields: Fields) -> None:
-        exchange.response_begins(False)
+        exchange.response_begins(False, status)
         self.send_head(h2_response_head(status, fields, exchange.waited if exchange.cold else None, self.server.via))
 
     def end(self, upstream: H2UpstreamStream, trailers: Fields | None) -> None:

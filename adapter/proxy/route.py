@@ -11,18 +11,23 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
 from adapter.config.base import split_address
 from adapter.config.route import RouteConfig, ServiceUpstream
+from adapter.proxy import trace
 from adapter.proxy.choices import NAVIGATION, ColdChoices
 from adapter.proxy.counts import CountsBoard, RouteCounts
 from adapter.proxy.exchange import ASSIGNED, QUEUED, Exchange
 from adapter.proxy.refused import RefusedEndpoints
 from adapter.proxy.upstream import Endpoint
 from adapter.telemetry import proxy as telemetry
+from adapter.telemetry import tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 # The Service port appProtocol Kubernetes defines for HTTP/2 over cleartext with prior knowledge (KEP-3726).
 H2C_APP_PROTOCOL = "kubernetes.io/h2c"
@@ -55,8 +60,11 @@ class Route:
         allow_loopback: bool = False,
         board: CountsBoard | None = None,
         name: str = "",
+        sidecar: bool = False,
     ) -> None:
         self.config = config
+        # How it is served, as its spans say (zeroscale.mode): a sidecar's route, an activator route, or in the path.
+        self.mode = "sidecar" if sidecar else "activator" if config.mode == "activator" else "proxy"
         # The route's identity in counts, metrics and logs: `<namespace>/<name>` (`name`: a fallback's, see below).
         self.name = name or config.key
         # A loopback address may be an endpoint (proxy.allow_loopback_endpoints, or a sidecar's upstream): every other
@@ -105,6 +113,9 @@ class Route:
         self._probe_now = asyncio.Event()
         self._probe_idle = False
         self._cold_since = 0.0
+        # The span of the request held first in the cold start under way (None: none, or it was not traced): the
+        # parent of its wakes' spans, and the exemplar of its wake-to-ready time.
+        self._cold_span: Span | None = None
         # How long the latest cold start took (seconds; None: none yet), for the route's status.
         self.last_cold_start: float | None = None
         self._ready_at = 0.0
@@ -123,7 +134,9 @@ class Route:
         self.fallback: Route | None = None
         self.fallback_after = 0.0
         if config.fallback is not None:
-            self.fallback = Route(fallback_config(config), allow_loopback=allow_loopback, name=fallback_name(self.name))
+            self.fallback = Route(
+                fallback_config(config), allow_loopback=allow_loopback, name=fallback_name(self.name), sidecar=sidecar
+            )
             self.fallback.on_warmth = self._send_past_due
             self.fallback_after = config.fallback.after
 
@@ -200,7 +213,7 @@ class Route:
         if choices.rules[choice].when == "cold" and self.has_usable():
             return False
         # Never held, never counted, never a wake: answered and done.
-        telemetry.COLD_CHOICES.labels(self.name, "never_wake").inc()
+        self._chose(exchange, "never_wake")
         exchange.answer_here(choices.rule_answers[choice])
         return True
 
@@ -211,7 +224,7 @@ class Route:
         choices = self.choices
         assert choices is not None
         assert choices.page is not None
-        telemetry.COLD_CHOICES.labels(self.name, choice).inc()
+        self._chose(exchange, choice)
         exchange.answer_here(choices.page)
         if self.has_usable() or self._closed:
             return  # overflow of a warm route: every endpoint is busy, nothing to wake
@@ -224,6 +237,12 @@ class Route:
             self._cold_since = time.monotonic()
         if self.on_cold is not None:
             self.on_cold()
+
+    def _chose(self, exchange: Exchange, choice: str) -> None:
+        """A cold-start choice takes `exchange` (counted, and an event of its span)."""
+        telemetry.COLD_CHOICES.labels(self.name, choice).inc()
+        if exchange.span is not None:
+            trace.cold_choice(exchange.span, choice)
 
     def _page_over(self) -> None:
         """The waking page's wait is over, unless a browser asked again meanwhile (then: until its own ends)."""
@@ -258,6 +277,8 @@ class Route:
         """Back to the front of the queue: nothing of it reached an upstream (or it may safely be re-sent). A request
         with a cold-start choice meets it again first: its endpoint may have been the last one usable (a probe route
         learns it is cold from the first refused connect)."""
+        if exchange.span is not None:
+            trace.retried(exchange.span)
         if exchange.choice is not None and self.answers_itself(exchange):
             return
         self._hold(exchange, front=True)
@@ -286,8 +307,15 @@ class Route:
 
     def _unqueue(self, exchange: Exchange) -> None:
         self.queue.remove(exchange)
-        self._hold_seconds.observe(time.monotonic() - exchange.held_at)
+        self._observe_hold(exchange, time.monotonic() - exchange.held_at)
         self.counts.add(-1, 0)
+
+    def _observe_hold(self, exchange: Exchange, seconds: float) -> None:
+        """zeroscale_proxy_hold_duration_seconds, with the request's trace as its exemplar when it is traced."""
+        if exchange.span is None:
+            self._hold_seconds.observe(seconds)
+        else:
+            self._hold_seconds.observe(seconds, tracing.exemplar_of(exchange.span))
 
     # --- the fallback (docs/architecture.md#fallback) ---
 
@@ -307,7 +335,7 @@ class Route:
         fallback = self.fallback
         if fallback is None or not fallback.has_usable():
             return False
-        telemetry.COLD_CHOICES.labels(self.name, choice).inc()
+        self._chose(exchange, choice)
         # The fallback has no cold-start choices: there the request is one as any other (its retry meets none).
         exchange.choice = None
         exchange.to_route(fallback)
@@ -344,6 +372,7 @@ class Route:
 
     def _hold(self, exchange: Exchange, *, front: bool) -> None:
         usable = self.has_usable()
+        first = not exchange.held_at
         left = exchange.to_queue(cold=not usable)
         if left is not None:
             left.inflight -= 1
@@ -356,11 +385,28 @@ class Route:
         if not usable:
             if not self._cold_since:
                 self._cold_since = time.monotonic()
+                self._cold_span = exchange.span
             if self.on_cold is not None:
                 self.on_cold()
+        if first and exchange.span is not None:
+            self._traced_hold(exchange.span, not usable)
         self._ensure_prober()
         if exchange.body:
             exchange.check_held_body()
+
+    def _traced_hold(self, span: Span, cold: bool) -> None:
+        """A traced request's first hold: when cold, also what its wake is so far (sent earlier in this cold start,
+        or none coming from this route)."""
+        trace.held(span, cold)
+        if not cold:
+            return
+        if self.on_cold is None:
+            wake = self.config.wake
+            trace.wake_not_sent(
+                span, f"wake_{wake}", f"route {self.name} has wake: {wake}: the proxy patches no target"
+            )
+        elif self._wake_sent_at and self._wake_sent_at >= self._cold_since:
+            trace.wake_sent(span, time.monotonic() - self._wake_sent_at)
 
     def _assign(self, exchange: Exchange, endpoint: Endpoint) -> None:
         self.assigned += 1
@@ -370,7 +416,7 @@ class Route:
             self.stats.requests += 1
         waited = exchange.to_endpoint(endpoint)
         if waited is not None:
-            self._hold_seconds.observe(waited)
+            self._observe_hold(exchange, waited)
 
     # --- time at zero ---
 
@@ -401,7 +447,12 @@ class Route:
                 now = time.monotonic()
                 began = self._wake_sent_at if self._wake_sent_at >= self._cold_since else self._cold_since
                 telemetry.COLD_STARTS.labels(self.name).inc()
-                telemetry.WAKE_TO_READY_SECONDS.labels(self.name).observe(now - began)
+                span, self._cold_span = self._cold_span, None
+                if span is None:
+                    telemetry.WAKE_TO_READY_SECONDS.labels(self.name).observe(now - began)
+                else:
+                    telemetry.WAKE_TO_READY_SECONDS.labels(self.name).observe(now - began, tracing.exemplar_of(span))
+                self._traced_held(trace.endpoint_ready)
                 self.last_cold_start = now - began
                 self._cold_since = 0.0
                 self._ready_at = now
@@ -416,11 +467,16 @@ class Route:
     def tunnel_closed(self) -> None:
         self.tunnels -= 1
 
-    def first_byte(self) -> None:
-        """A held request's response began: closes the cold start's last phase."""
+    def first_byte(self, span: Span | None) -> None:
+        """A held request's response began (`span`: its span): closes the cold start's last phase."""
         if self._await_first_byte:
             self._await_first_byte = False
-            telemetry.READY_TO_FIRST_BYTE_SECONDS.labels(self.name).observe(time.monotonic() - self._ready_at)
+            seconds = time.monotonic() - self._ready_at
+            histogram = telemetry.READY_TO_FIRST_BYTE_SECONDS.labels(self.name)
+            if span is None:
+                histogram.observe(seconds)
+            else:
+                histogram.observe(seconds, tracing.exemplar_of(span))
 
     @property
     def idle(self) -> bool:
@@ -485,14 +541,30 @@ class Route:
     def wake_sent(self) -> None:
         self._wake_sent_at = time.monotonic()
         self.wake_refusal = ""
+        self._traced_held(trace.wake_sent)
 
-    def wake_failed(self, message: str) -> None:
+    def wake_failed(self, message: str, reason: str = "") -> None:
         self.wake_failure = message
+        if message:
+            self._traced_held(lambda span: trace.wake_not_sent(span, reason, message))
 
-    def wake_refused(self, message: str) -> None:
+    def wake_refused(self, message: str, reason: str) -> None:
+        self._traced_held(lambda span: trace.wake_not_sent(span, reason, message))
         self.wake_refusal = message
         self.forget_page()  # no wake is coming: the page's count would keep the waker asking for nothing
         self.fail_held(503, message)
+
+    def wake_parent(self) -> Span | None:
+        """The span a wake's span is a child of: the request held first in this cold start."""
+        return self._cold_span
+
+    def _traced_held(self, event: Callable[[Span], None]) -> None:
+        """Add `event` to the span of every request held now (nothing when tracing is off)."""
+        if tracing.TRACER is None:
+            return
+        for exchange in self.queue:
+            if exchange.span is not None:
+                event(exchange.span)
 
     def fail_held(self, code: int, message: str) -> None:
         for exchange in list(self.queue):

@@ -243,7 +243,7 @@ class UpstreamConnection(asyncio.Protocol):
             exchange.waited if exchange.cold else None,
             server.via,
         )
-        exchange.response_begins(close)
+        exchange.response_begins(close, status)
         self._sink = True
         self._out.append(head)
         self._unsent_head = True

@@ -18,15 +18,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from adapter.config.kube import KubeAPIConfig
 from adapter.config.route import LocalScaleTarget, ScaleTarget
 from adapter.kube.client import KubeClient
 from adapter.kube.errors import KubeAPIError, KubeConnectionError, KubeError
-from adapter.kube.scale import get_scale, set_replicas
+from adapter.kube.scale import Scale, get_scale, set_replicas
+from adapter.proxy import trace
 from adapter.proxy.intent import Refusal
 from adapter.telemetry import proxy as telemetry
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger(__name__)
 _CONFLICT_RETRIES = 3
@@ -52,11 +56,16 @@ class WakeListener(Protocol):
     def wake_sent(self) -> None:
         """The scale subresource is about to be patched (the start of the wake-to-ready time)."""
 
-    def wake_refused(self, message: str) -> None:
-        """The target is not woken (see intent.py): the held requests get `message`."""
+    def wake_refused(self, message: str, reason: str) -> None:
+        """The target is not woken (see intent.py): the held requests get `message`; `reason` labels
+        zeroscale_proxy_wake_refusals_total."""
 
-    def wake_failed(self, message: str) -> None:
-        """Why the latest attempt failed ("": it did not); said to held requests whose hold_timeout ends."""
+    def wake_failed(self, message: str, reason: str = "") -> None:
+        """Why the latest attempt failed ("": it did not; `reason`: hpas_unread, conflict or api_error); said to held
+        requests whose hold_timeout ends."""
+
+    def wake_parent(self) -> Span | None:
+        """The span a wake's span is a child of (None: none traced)."""
 
 
 class Waker:
@@ -136,7 +145,7 @@ class Waker:
         """One attempt; returns the result also counted in zeroscale_proxy_wakes_total."""
         name, target = self._listener.name, self._target
         where = f"{target.kind} {target.namespace}/{target.name}"
-        result, failure = "error", ""
+        result, failure, reason = "error", "", ""
         for _ in range(_CONFLICT_RETRIES):
             try:
                 scale = await get_scale(self._kube, target.namespace, target.kind, target.name)
@@ -150,15 +159,13 @@ class Waker:
                     result = "refused"
                     break
                 self._listener.wake_sent()
-                woken = await set_replicas(
-                    self._kube, target.namespace, target.kind, target.name, self._replicas, scale.resource_version
-                )
+                woken = await self._patch(where, scale.resource_version)
                 self._replicas_gauge.set(woken.replicas)
                 result = "patched"
                 log.info("route %s: woke %s/%s to %d", name, target.kind, target.name, self._replicas)
                 break
             except HPAsUnread as err:
-                failure = str(err)
+                failure, reason = str(err), "hpas_unread"
                 log.warning(
                     "route %s: not waking %s: %s; the held requests wait (limits.hold_timeout) and it is read again "
                     "in %gs (wake_retry_interval)",
@@ -174,23 +181,40 @@ class Waker:
                     telemetry.WAKES.labels(name, result).inc()  # each try counted once, this one here
                     continue
                 hint = " (grant patch on the scale subresource, or use wake: hpa)" if err.status == 403 else ""
-                failure = f"cannot wake {target.name}: {err}{hint}"
+                failure, reason = f"cannot wake {target.name}: {err}{hint}", "api_error"
                 log.warning("route %s: %s", name, failure)
                 break
             except KubeError as err:
-                failure = f"cannot wake {target.name}: {err}"
+                failure, reason = f"cannot wake {target.name}: {err}", "api_error"
                 log.warning("route %s: %s", name, failure)
                 break
         else:  # every try met a conflict, each counted already
             failure = f"the Scale of {where} changed between each read and patch ({_CONFLICT_RETRIES} tries)"
             log.warning("route %s: not waking: %s; trying again in %gs", name, failure, self._retry_interval)
-            self._listener.wake_failed(failure)
+            self._listener.wake_failed(failure, "conflict")
             return result
-        self._listener.wake_failed(failure)
+        self._listener.wake_failed(failure, reason)
         telemetry.WAKES.labels(name, result).inc()
         if self._awake is not None and result in ("patched", "already_awake"):
             self._awake()
         return result
+
+    async def _patch(self, where: str, resource_version: str) -> Scale:
+        """The PATCH that wakes the target, in a `zeroscale.proxy.wake` span when tracing is on."""
+        target = self._target
+        span = trace.wake_span(self._listener.wake_parent(), self._listener.name, where, self._replicas)
+        try:
+            woken = await set_replicas(
+                self._kube, target.namespace, target.kind, target.name, self._replicas, resource_version
+            )
+        except KubeError as err:
+            if span is not None:
+                conflict = isinstance(err, KubeAPIError) and err.status == 409
+                trace.wake_done(span, "conflict" if conflict else "error", str(err))
+            raise
+        if span is not None:
+            trace.wake_done(span, "patched")
+        return woken
 
     async def _refused(self) -> bool:
         """Decide from the HPAs read now (route wake: scale): True when they refuse, the held requests answered.
@@ -206,5 +230,5 @@ class Waker:
         telemetry.WAKE_REFUSALS.labels(self._listener.name, refusal.reason).inc()
         level = logging.WARNING if refusal.needs_fix else logging.INFO
         log.log(level, "route %s: not waking: %s", self._listener.name, refusal.message)
-        self._listener.wake_refused(refusal.message)
+        self._listener.wake_refused(refusal.message, refusal.reason)
         return True

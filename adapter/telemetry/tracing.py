@@ -75,6 +75,90 @@ def attribute(name: str, description: str) -> str:
 
 # --- the proxy ---
 
+# Spans.
+PROXY_REQUEST = span(
+    "zeroscale.proxy.request",
+    "One request the proxy accepted (SERVER), from its head read to its one ending: answered by the upstream, by the "
+    "proxy's own error, by a cold-start choice, the client gone, or a tunnel opened; continues the client's "
+    "traceparent",
+)
+PROXY_WAKE = span(
+    "zeroscale.proxy.wake",
+    "The PATCH of the scale subresource that wakes a route's target (CLIENT), a child of the request span held first "
+    "in that cold start",
+)
+# Events of zeroscale.proxy.request, in the order they happen.
+HELD = event("zeroscale.held", "The request was first held (queued): no endpoint usable (cold) or every one busy")
+WAKE_SENT = event(
+    "zeroscale.wake.sent",
+    "The route's wake of its target was sent while the request was held; a request first held after this cold "
+    "start's wake went has it at its hold, with zeroscale.wake.sent_seconds_ago",
+)
+WAKE_NOT_SENT = event(
+    "zeroscale.wake.not_sent",
+    "A wake attempt while the request was held sent nothing, or the route wakes nothing itself: "
+    "zeroscale.wake.reason says why",
+)
+ENDPOINT_READY = event(
+    "zeroscale.endpoint.ready", "The route's first endpoint became usable while the request was held"
+)
+FORWARDED = event(
+    "zeroscale.forwarded",
+    "The request was written to an endpoint (zeroscale.endpoint, zeroscale.attempt); again on a retry",
+)
+FIRST_BYTE = event("zeroscale.first_byte", "The upstream's response head came back (http.response.status_code)")
+RETRIED = event(
+    "zeroscale.retried",
+    "The request goes back to the front of the route's queue: its connect failed, or its connection broke before any "
+    "response byte and it may be sent again",
+)
+COLD_CHOICE = event(
+    "zeroscale.cold_choice",
+    "A cold-start choice took the request (zeroscale.choice: never_wake, waking_page, overflow_waking_page, fallback, "
+    "overflow_fallback)",
+)
+# Attributes (OpenTelemetry's semantic conventions where one exists).
+METHOD = attribute("http.request.method", "The request's method")
+URL_PATH = attribute("url.path", "The request's path, without its query (which may carry secrets)")
+SERVER_ADDRESS = attribute("server.address", "The host the client asked for (Host or :authority), without its port")
+PROTOCOL_VERSION = attribute("network.protocol.version", "The client's HTTP: 1.1 or 2")
+STATUS_CODE = attribute(
+    "http.response.status_code", "The status the client was answered with (the upstream's, or the proxy's own)"
+)
+ROUTE = attribute("zeroscale.route", "The route that took the request: <namespace>/<name>")
+MODE = attribute("zeroscale.mode", "How the route is served: proxy (in the path), activator or sidecar")
+OUTCOME = attribute(
+    "zeroscale.outcome",
+    "How the request ended: forwarded (the upstream answered), error (the proxy's own error, or a response cut off), "
+    "client_gone (499), answered_here (a never-wake rule or the waking page), tunnel (an upgrade opened)",
+)
+COLD = attribute("zeroscale.cold", "The request was held while no endpoint of its route was usable (a cold start)")
+HOLD_SECONDS = attribute("zeroscale.hold.seconds", "How long the request was held before going upstream (or ending)")
+ATTEMPTS = attribute("zeroscale.attempts", "How many times the request was written to an endpoint")
+ENDPOINT = attribute("zeroscale.endpoint", "The endpoint a request was written to: host:port (on zeroscale.forwarded)")
+ATTEMPT = attribute("zeroscale.attempt", "Which attempt this write is, from 1 (on zeroscale.forwarded)")
+WAKE_SENT_AGO = attribute(
+    "zeroscale.wake.sent_seconds_ago",
+    "On zeroscale.wake.sent at a request's hold: how long before it was held the cold start's wake had gone out",
+)
+WAKE_REASON = attribute(
+    "zeroscale.wake.reason",
+    "Why no wake was sent (on zeroscale.wake.not_sent): a refusal of the HPA's intent (stopped_by_hand, no_hpa, "
+    "ambiguous_hpas, hpas_unreadable, as zeroscale_proxy_wake_refusals_total), a failed attempt (hpas_unread, "
+    "conflict, api_error), or the route's wake policy (wake_hpa, wake_none)",
+)
+WAKE_MESSAGE = attribute(
+    "zeroscale.wake.message", "What the proxy says of a wake not sent (on zeroscale.wake.not_sent)"
+)
+CHOICE = attribute("zeroscale.choice", "The cold-start choice taken (on zeroscale.cold_choice)")
+TARGET = attribute(
+    "zeroscale.target", "The workload a wake patches: <kind> <namespace>/<name> (on zeroscale.proxy.wake)"
+)
+WAKE_REPLICAS = attribute("zeroscale.wake.replicas", "The replicas the wake sets (on zeroscale.proxy.wake)")
+WAKE_RESULT = attribute(
+    "zeroscale.wake.result", "The PATCH's result: patched, conflict or error (on zeroscale.proxy.wake)"
+)
+
 # --- the adapter ---
 
 

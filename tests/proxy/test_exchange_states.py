@@ -863,7 +863,7 @@ async def test_a_refused_wake_answers_every_held_request_503(
     for caller in callers:
         caller.get()
     await clock.settle()
-    stage.route.wake_refused("the target was scaled to 0 by hand")
+    stage.route.wake_refused("the target was scaled to 0 by hand", "stopped_by_hand")
     await clock.settle()
     for caller in callers:
         answer = one_answer(caller)
@@ -877,7 +877,7 @@ async def test_a_refused_wake_is_unavailable_to_a_held_grpc_call(stages: Stages,
     caller = H2Caller(stage)
     caller.grpc(b"hello")
     await clock.settle()
-    stage.route.wake_refused("the target was scaled to 0 by hand")
+    stage.route.wake_refused("the target was scaled to 0 by hand", "stopped_by_hand")
     await clock.settle()
     assert _grpc_status(one_answer(caller)) == (200, "14", "the target was scaled to 0 by hand", b"")
     stage.assert_idle()
