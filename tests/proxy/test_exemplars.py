@@ -29,6 +29,9 @@ from tests.fixtures.proxy import get, request, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
 from tests.grafana.test_dashboards import fill
 
+pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus")
+
+
 HISTOGRAMS = (
     "zeroscale_proxy_hold_duration_seconds",
     "zeroscale_proxy_cold_start_wake_to_ready_seconds",
@@ -41,9 +44,6 @@ def dashboard_exemplar_queries() -> list[str]:
     dashboard = json.loads((generate.OUT / "zeroscale-scale-from-zero.json").read_text())
     targets = [target for panel in dashboard["panels"] for target in panel.get("targets", [])]
     return [fill(target["expr"], {"route": "default/web"}) for target in targets if target.get("exemplar")]
-
-
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus")
 
 
 @pytest.fixture
