@@ -29,9 +29,6 @@ from tests.fixtures.proxy import get, request, running_proxy, until
 from tests.fixtures.upstream_app import Upstream
 from tests.grafana.test_dashboards import fill
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus")
-
-
 HISTOGRAMS = (
     "zeroscale_proxy_hold_duration_seconds",
     "zeroscale_proxy_cold_start_wake_to_ready_seconds",
@@ -67,6 +64,8 @@ def exported(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
 @pytest.fixture
 async def prometheus_of(tmp_path: Path) -> AsyncIterator[list[Prometheus]]:
     """Started by the test once it knows the port to scrape (on a thread: the proxy's loop must keep answering)."""
+    if shutil.which("prometheus") is None:
+        pytest.fail("Debian's prometheus is not installed (scripts/setup-system.sh installs it)")
     started: list[Prometheus] = []
     yield started
     for running in started:
