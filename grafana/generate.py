@@ -40,12 +40,26 @@ METRIC = 'metric=~"$metric"'
 SCALER = 'server="scaler"'
 
 
-def _target(expr: str, legend: str, ref: str, **extra: object) -> Target:
-    return Target(expr=expr, legendFormat=legend, refId=ref, datasource=DATASOURCE, **extra)
+class _ExemplarTarget(Target):  # type: ignore[misc]
+    """A target whose panel also draws its histogram's exemplars: a point per sampled request, which opens the
+    request's trace (the Prometheus data source's exemplarTraceIdDestinations, grafana/provisioning). grafanalib's
+    Target has no field for it."""
+
+    def to_json_data(self) -> dict[str, object]:
+        return {**super().to_json_data(), "exemplar": True}
 
 
-def _targets(*pairs: tuple[str, str]) -> list[Target]:
-    return [_target(expr, legend, chr(ord("A") + index)) for index, (expr, legend) in enumerate(pairs)]
+def _target(expr: str, legend: str, ref: str, exemplar: bool = False, **extra: object) -> Target:
+    kind = _ExemplarTarget if exemplar else Target
+    return kind(expr=expr, legendFormat=legend, refId=ref, datasource=DATASOURCE, **extra)
+
+
+def _targets(*pairs: tuple[str, str], exemplars: bool = False) -> list[Target]:
+    """`exemplars`: the panel draws them, asked by its first target only (each asking would draw each point again)."""
+    return [
+        _target(expr, legend, chr(ord("A") + index), exemplars and index == 0)
+        for index, (expr, legend) in enumerate(pairs)
+    ]
 
 
 def _rate(function: str, series: str, by: str, selector: str, window: str = RATE) -> str:
@@ -133,7 +147,7 @@ def scale_from_zero() -> Dashboard:
         _series(
             "Hold time p50 / p95 / p99",
             "How long requests waited in the proxy before being forwarded or answered",
-            _targets(*_percentiles(hold, "", ROUTE, "", 0.5, 0.95, 0.99)),
+            _targets(*_percentiles(hold, "", ROUTE, "", 0.5, 0.95, 0.99), exemplars=True),
             GridPos(h=8, w=12, x=0, y=1),
             unit="s",
         ),
@@ -142,7 +156,9 @@ def scale_from_zero() -> Dashboard:
             description="Distribution of the time requests were held, per interval",
             dataSource=DATASOURCE,
             targets=[
-                _target(f"sum by (le) (increase({hold}_bucket{{{ROUTE}}}[{RATE}]))", "{{le}}", "A", format="heatmap")
+                _target(
+                    f"sum by (le) (increase({hold}_bucket{{{ROUTE}}}[{RATE}]))", "{{le}}", "A", True, format="heatmap"
+                )
             ],
             gridPos=GridPos(h=8, w=12, x=12, y=1),
             dataFormat="tsbuckets",

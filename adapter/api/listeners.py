@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
 from adapter.api.http import Limits, Request, Response
 from adapter.api.routes import HEALTH_PATHS
 from adapter.config.server import ServerConfig
+from adapter.telemetry.exposition import Format, negotiate
 
 _NOT_FOUND = Response(404, b"not found\n", "text/plain; charset=utf-8")
 _OK = Response(200, b"ok", "text/plain; charset=utf-8")
@@ -39,7 +38,8 @@ def listener_limits(server: ServerConfig, listener: str) -> Limits:
 
 
 class MetricsPage:
-    """The Prometheus page, rendered at most once per `ttl` seconds and shared by every scrape in between.
+    """The Prometheus page, rendered at most once per `ttl` seconds and shared by every scrape in between; one page
+    per format (adapter/telemetry/exposition.py: OpenMetrics or the classic text, as the `Accept` header asks).
 
     The metrics port answers anyone, and rendering runs on the event loop: over 10,000 series the page is
     about 1 MB and 70 ms of CPU, so each scrape rendering its own would let one peer stall the API.
@@ -47,17 +47,21 @@ class MetricsPage:
 
     def __init__(self, ttl: float) -> None:
         self._ttl = ttl
-        self._page = Response(200, b"", CONTENT_TYPE_LATEST)
-        self._rendered_at = -ttl
+        self._pages: dict[Format, tuple[float, Response]] = {}  # at most one per format: negotiate() has two
 
     async def __call__(self, request: Request) -> Response:
         path = request.target.partition("?")[0]
         if path == "/metrics":
-            now = time.monotonic()
-            if now - self._rendered_at >= self._ttl:
-                self._page = Response(200, generate_latest(), CONTENT_TYPE_LATEST)
-                self._rendered_at = now
-            return self._page
+            return self._page(negotiate(request.header("accept")))
         if path in HEALTH_PATHS:
             return _OK
         return _NOT_FOUND
+
+    def _page(self, page: Format) -> Response:
+        now = time.monotonic()
+        cached = self._pages.get(page)
+        if cached is not None and now - cached[0] < self._ttl:
+            return cached[1]
+        response = Response(200, page.render(), page.content_type)
+        self._pages[page] = (now, response)
+        return response

@@ -11,9 +11,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
 from adapter.telemetry import proxy as telemetry
+from adapter.telemetry.exposition import negotiate
 
 _MAX_HEAD = 8192
 _DEADLINE = 5.0
@@ -25,11 +24,21 @@ def _reply(status: str, content_type: str, body: bytes) -> bytes:
     ).encode() + body
 
 
+def _accept(head: bytes) -> str | None:
+    """The request's first `Accept` header (the head is at most _MAX_HEAD bytes)."""
+    for line in head.split(b"\r\n")[1:]:
+        name, colon, value = line.partition(b":")
+        if colon and name.strip().lower() == b"accept":
+            return value.strip().decode("latin-1")
+    return None
+
+
 def _answer(head: bytes, ready: Callable[[], bool]) -> bytes:
     parts = head.split(b" ", 2)
     path = parts[1].split(b"?", 1)[0] if len(parts) > 1 else b""
     if path == b"/metrics":
-        return _reply("200 OK", CONTENT_TYPE_LATEST, generate_latest())
+        page = negotiate(_accept(head))  # OpenMetrics (with the exemplars) for Prometheus, else the classic format
+        return _reply("200 OK", page.content_type, page.render())
     if path in (b"/healthz", b"/livez"):
         return _reply("200 OK", "text/plain", b"ok\n")
     if path == b"/readyz":
