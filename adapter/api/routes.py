@@ -115,7 +115,7 @@ class ExternalMetricsAPI:
             tracing.ADAPTER_REQUEST,
             context=parent or Context(),  # never the context the connection's callback happened to run in
             kind=SpanKind.SERVER,
-            attributes={tracing.HTTP_METHOD: request.method},
+            attributes={tracing.METHOD: request.method},
         )
         try:
             route, response = await self._answer(request, span)
@@ -123,7 +123,7 @@ class ExternalMetricsAPI:
                 span.set_attribute(tracing.HTTP_ROUTE, _LIST_ROUTE)
             elif route == "discovery":  # one of three paths: its own template
                 span.set_attribute(tracing.HTTP_ROUTE, request.target.partition("?")[0].rstrip("/"))
-            span.set_attribute(tracing.HTTP_STATUS, response.status)
+            span.set_attribute(tracing.STATUS_CODE, response.status)
             if response.status >= 500:  # a 4xx is the caller's error, not the server's (OpenTelemetry's rule)
                 spans.failed(span, _message(response))
         except Exception as err:  # answered 500 by http.py

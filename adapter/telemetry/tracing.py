@@ -73,6 +73,14 @@ def attribute(name: str, description: str) -> str:
     return _named(ATTRIBUTES, name, description)
 
 
+# --- both ---
+
+METHOD = attribute("http.request.method", "The HTTP request's method")
+STATUS_CODE = attribute(
+    "http.response.status_code",
+    "The HTTP status answered: to the proxy's client (the upstream's, or the proxy's own), or to the adapter's caller",
+)
+
 # --- the proxy ---
 
 # Spans.
@@ -119,13 +127,9 @@ COLD_CHOICE = event(
     "overflow_fallback)",
 )
 # Attributes (OpenTelemetry's semantic conventions where one exists).
-METHOD = attribute("http.request.method", "The request's method")
 URL_PATH = attribute("url.path", "The request's path, without its query (which may carry secrets)")
 SERVER_ADDRESS = attribute("server.address", "The host the client asked for (Host or :authority), without its port")
 PROTOCOL_VERSION = attribute("network.protocol.version", "The client's HTTP: 1.1 or 2")
-STATUS_CODE = attribute(
-    "http.response.status_code", "The status the client was answered with (the upstream's, or the proxy's own)"
-)
 ROUTE = attribute("zeroscale.route", "The route that took the request: <namespace>/<name>")
 MODE = attribute("zeroscale.mode", "How the route is served: proxy (in the path), activator or sidecar")
 OUTCOME = attribute(
@@ -202,9 +206,7 @@ KEDA_ACTIVITY_SENT = event(
     "zeroscale.keda.activity_sent", "StreamIsActive sent a changed activity (zeroscale.keda.active); heartbeats are not"
 )
 
-HTTP_METHOD = attribute("http.request.method", "The HTTP request method")
 HTTP_ROUTE = attribute("http.route", "The route template answered, e.g. /apis/external.metrics.k8s.io/v1beta1/...")
-HTTP_STATUS = attribute("http.response.status_code", "The HTTP status code answered")
 RPC_SYSTEM = attribute("rpc.system", "grpc")
 RPC_SERVICE = attribute("rpc.service", "The gRPC service called: externalscaler.ExternalScaler")
 RPC_METHOD = attribute("rpc.method", "The gRPC method called")

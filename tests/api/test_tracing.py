@@ -31,14 +31,14 @@ async def test_discovery_has_its_path_as_route_and_a_callers_error_is_not_the_se
 
     discovery, missing = traces.ended()
     assert attributes(discovery) == {
-        tracing.HTTP_METHOD: "GET",
+        tracing.METHOD: "GET",
         tracing.HTTP_ROUTE: VERSION,
-        tracing.HTTP_STATUS: 200,
+        tracing.STATUS_CODE: 200,
     }
     assert attributes(missing) == {
-        tracing.HTTP_METHOD: "GET",
+        tracing.METHOD: "GET",
         tracing.HTTP_ROUTE: VERSION + "/namespaces/{namespace}/{metric}",
-        tracing.HTTP_STATUS: 404,
+        tracing.STATUS_CODE: 404,
         tracing.METRIC: "nope",
         tracing.NAMESPACE: "default",
         tracing.SELECTOR: "a=b",

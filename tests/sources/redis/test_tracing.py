@@ -95,9 +95,9 @@ async def test_an_hpa_read_is_traced_down_to_the_redis_pipeline(
     request, _, _ = chain(traces.ended(), tracing.ADAPTER_REQUEST)
     assert request.parent is None  # no traceparent: a trace of its own
     assert request.attributes == {
-        tracing.HTTP_METHOD: "GET",
+        tracing.METHOD: "GET",
         tracing.HTTP_ROUTE: "/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/{metric}",
-        tracing.HTTP_STATUS: 200,
+        tracing.STATUS_CODE: 200,
         tracing.METRIC: "redis-jobs",
         tracing.NAMESPACE: "default",
         tracing.SELECTOR: "key=jobs",
@@ -169,7 +169,7 @@ async def test_redis_down_marks_every_span_of_the_read_as_an_error_with_its_caus
         assert top.status.status_code is StatusCode.ERROR
         assert cause in (top.status.description or "")
         assert attributes(top)[tracing.CACHE_OUTCOME] == "unavailable"
-    assert attributes(one(spans, tracing.ADAPTER_REQUEST))[tracing.HTTP_STATUS] == 503
+    assert attributes(one(spans, tracing.ADAPTER_REQUEST))[tracing.STATUS_CODE] == 503
     assert attributes(one(spans, tracing.KEDA_CALLS["GetMetrics"]))[tracing.RPC_STATUS] == 14
     for name in (tracing.CACHE_REFRESH, tracing.REDIS_PIPELINE):
         found = named(spans, name)
